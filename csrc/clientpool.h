@@ -1,0 +1,250 @@
+/*
+ * clientpool.h - the public C ABI of the clientpool engine.
+ *
+ * The engine is a pure state machine: it owns the accounting of records
+ * (physical clients), leases, waiters, keys, budgets and deadlines.  It does
+ * no I/O, reads no clock and calls no callbacks.  Every call takes the
+ * current time as an argument, returns a decision, and may queue events
+ * (wake a waiter, destroy a record, arm a timer, forget a key) that the
+ * driver drains with clientpool_next_event() and carries out.
+ *
+ * This header is parsed by LuaJIT's ffi.cdef (see `make cdef`): outside the
+ * include guard and the two standard includes it holds plain declarations
+ * only: no macros, no bool, no long.
+ *
+ * Identities.  Records, leases and waiters live in slot arrays; a slot is an
+ * int32 index and each slot carries a uint32 generation that changes every
+ * time the slot is reused.  A (slot, gen) pair that no longer matches is
+ * stale: calls that take one are no-ops and say so, so a second release can
+ * never touch another holder's lease.
+ *
+ * Time.  Seconds as double, from any monotonic clock the driver chooses.
+ * The engine clamps time so it never runs backwards.  A negative duration
+ * or deadline means "none".
+ *
+ * Memory.  Slot arrays grow by doubling when more objects exist at once than
+ * ever before; a steady-state acquire/release pair allocates nothing.  No
+ * call blocks.
+ */
+#ifndef CLIENTPOOL_H
+#define CLIENTPOOL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+typedef struct clientpool clientpool_t;
+
+/* Counts are int32; durations are seconds, < 0 = none. */
+typedef struct clientpool_config {
+  int32_t min_idle;            /* warm floor per warm key */
+  int32_t max_idle;            /* idle records, whole pool */
+  int32_t max_live;            /* records open or being created, whole pool */
+  int32_t max_concurrency;     /* leases held at once, whole pool */
+  int32_t max_waiting;         /* queued acquisitions, 0 = fail fast */
+  int32_t capacity;            /* leases one record may carry (only 1 yet) */
+  int32_t key_max_live;        /* per-key cap on live records, < 0 = none */
+  int32_t key_max_idle;        /* per-key cap on idle records, < 0 = none */
+  int32_t max_keys;            /* keys that may exist at once, < 0 = none */
+  int32_t reserved;
+  double idle_timeout;         /* retire records idle this long */
+  double max_lifetime;         /* retire records this old */
+  double lifetime_jitter;      /* fraction in [0,1): lifetime shortened by up to it */
+  double validate_after_idle;  /* validate only if idle at least this long */
+  double leak_threshold;       /* report leases held longer */
+  uint64_t seed;               /* seed of the per-pool jitter generator */
+} clientpool_config_t;
+
+/* Return codes of clientpool_new / clientpool_key_open. */
+enum {
+  CLIENTPOOL_OK = 0,
+  CLIENTPOOL_EINVAL = -1,      /* bad config or argument */
+  CLIENTPOOL_ENOMEM = -2,      /* allocation failed */
+  CLIENTPOOL_EKEYS = -3,       /* max_keys keys exist already */
+  CLIENTPOOL_ECLOSED = -4      /* the pool is closed */
+};
+
+/* Decisions returned in clientpool_grant_t.status. */
+enum {
+  CLIENTPOOL_GRANT_IDLE = 1,   /* an idle record is leased to the caller */
+  CLIENTPOOL_GRANT_CREATE = 2, /* a record is reserved: create its client */
+  CLIENTPOOL_MUST_WAIT = 3,    /* acquire: nothing free, a waiter may queue */
+  CLIENTPOOL_PENDING = 4,      /* claim: the waiter is still queued */
+  CLIENTPOOL_FULL = 5,         /* max_waiting acquisitions wait already */
+  CLIENTPOOL_CLOSED = 6,       /* the pool is closed */
+  CLIENTPOOL_TIMEOUT = 7,      /* the waiter's deadline passed */
+  CLIENTPOOL_CANCELLED = 8,    /* the waiter was cancelled */
+  CLIENTPOOL_STALE = 9         /* the (slot, gen) handle is no longer valid */
+};
+
+/* Why a record was destroyed: the index into clientpool_stats_t.closed_by. */
+enum {
+  CLIENTPOOL_BY_IDLE = 0,      /* idle past idle_timeout */
+  CLIENTPOOL_BY_LIFETIME = 1,  /* past max_lifetime */
+  CLIENTPOOL_BY_INVALID = 2,   /* validate or unpark failed */
+  CLIENTPOOL_BY_ERROR = 3,     /* released with reuse = false */
+  CLIENTPOOL_BY_MAX_IDLE = 4,  /* released while max_idle were idle */
+  CLIENTPOOL_BY_DRAIN = 5,     /* pool closed or draining */
+  CLIENTPOOL_BY_LEAKED = 6,    /* its lease was collected while held */
+  CLIENTPOOL_BY_RETIRED = 7,   /* retired by the driver */
+  CLIENTPOOL_BY_EVICTED = 8,   /* idle, destroyed to make room for another key */
+  CLIENTPOOL_BY_COUNT = 9
+};
+
+/* Event types returned by clientpool_next_event. */
+enum {
+  CLIENTPOOL_EV_NONE = 0,
+  CLIENTPOOL_EV_WAKE = 1,      /* a = waiter slot, b = its gen: it has a result */
+  CLIENTPOOL_EV_DESTROY = 2,   /* a = record slot, b = reason, c = key */
+  CLIENTPOOL_EV_TIMER = 3,     /* t = the earliest deadline, earlier than armed */
+  CLIENTPOOL_EV_KEY_FREE = 4,  /* a = key id: it is empty and forgotten */
+  CLIENTPOOL_EV_LEAK = 5,      /* a = lease slot, b = gen, c = key: held past leak_threshold */
+  CLIENTPOOL_EV_CREATED = 6    /* a = record slot, c = key: reservation turned live */
+};
+
+/* The answer of acquire, claim and cancel. */
+typedef struct clientpool_grant {
+  int32_t status;              /* one of the decisions above */
+  int32_t record;              /* GRANT_*: the record slot */
+  int32_t lease;               /* GRANT_*: the lease slot */
+  uint32_t lease_gen;          /* GRANT_*: the lease generation */
+  int32_t key;                 /* the key id */
+  int32_t validate;            /* GRANT_IDLE: 1 if the driver should validate */
+  double idle;                 /* GRANT_IDLE: seconds the record sat idle */
+  double waited;               /* claim/cancel: seconds spent queued */
+} clientpool_grant_t;
+
+typedef struct clientpool_event {
+  int32_t type;
+  int32_t a;
+  int32_t b;
+  int32_t c;
+  double t;
+} clientpool_event_t;
+
+/* Counters of the whole pool or of one key. */
+typedef struct clientpool_stats {
+  double opened;               /* records created successfully */
+  double reused;               /* idle records granted */
+  double closed;               /* records destroyed after opening */
+  double leaked;               /* leases collected while held */
+  double timeouts;             /* waiters that reached their deadline */
+  double rejected;             /* acquisitions refused: full */
+  double cancelled;            /* waiters cancelled or abandoned */
+  double create_failed;        /* reservations forfeited by a failed create */
+  double wait_count;           /* waits that ended, whatever the outcome */
+  double wait_time;            /* seconds spent in those waits */
+  double closed_by[9];         /* indexed by CLIENTPOOL_BY_* */
+  int32_t live;                /* records open (opened - closed) */
+  int32_t idle;                /* records idle */
+  int32_t active;              /* records carrying leases */
+  int32_t leases;              /* leases held */
+  int32_t creating;            /* reservations whose client is being created */
+  int32_t waiting;             /* queued waiters */
+} clientpool_stats_t;
+
+/* Creates an engine.  Returns CLIENTPOOL_OK and sets *out, or EINVAL for a
+ * config outside the envelope, or ENOMEM. */
+int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out);
+
+/* Frees the engine and everything it holds.  NULL is accepted. */
+void clientpool_free(clientpool_t *p);
+
+/* Opens a new key and returns its id (>= 0), or EKEYS when max_keys keys
+ * exist, or ECLOSED.  Key ids are small integers reused after the key is
+ * forgotten (EV_KEY_FREE).  A key is forgotten once it holds no record, lease
+ * or waiter, unless it is pinned. */
+int32_t clientpool_key_open(clientpool_t *p);
+
+/* Pins (1) or unpins (0) a key: a pinned key is never forgotten. */
+int clientpool_key_pin(clientpool_t *p, int32_t key, int32_t pinned);
+
+/* Forgets a key that holds nothing (for the driver, after an acquisition
+ * that could not wait); a key in use or pinned is left alone.  Returns 1 if
+ * the key was forgotten (an EV_KEY_FREE is queued), else 0. */
+int clientpool_key_forget(clientpool_t *p, int32_t key);
+
+/* Acquire for key at time now.  Fills *g with GRANT_IDLE, GRANT_CREATE,
+ * MUST_WAIT, FULL or CLOSED and returns g->status.  MUST_WAIT changes nothing:
+ * the driver then calls clientpool_wait or gives up.  Expired idle records met
+ * on the way are destroyed (events). */
+int clientpool_acquire(clientpool_t *p, int32_t key, double now, clientpool_grant_t *g);
+
+/* Queues a waiter for key with an absolute deadline (< 0 = none).  Returns
+ * the waiter slot (>= 0) and sets *gen, or CLIENTPOOL_FULL, or
+ * CLIENTPOOL_CLOSED (as a negative number: -status). */
+int32_t clientpool_wait(clientpool_t *p, int32_t key, double deadline, double now, uint32_t *gen);
+
+/* Reports the outcome of a GRANT_CREATE reservation: ok = 1 makes the record
+ * live and its lease valid; ok = 0 forfeits the reservation and hands the
+ * capacity on.  Returns 0, or STALE. */
+int clientpool_created(clientpool_t *p, int32_t record, int32_t ok, double now);
+
+/* Ends a lease.  reason < 0 returns the record for reuse (it is destroyed
+ * anyway when the pool is closed, the record is past max_lifetime or retired,
+ * or max_idle records are idle); reason >= 0 (CLIENTPOOL_BY_*) destroys it.
+ * Returns 0, or STALE for a lease already ended (a no-op). */
+int clientpool_release(clientpool_t *p, int32_t lease, uint32_t gen, int32_t reason, double now);
+
+/* Reads a waiter's result.  Fills *g: PENDING while queued; otherwise the
+ * final result (GRANT_*, TIMEOUT, CANCELLED, CLOSED), and the waiter slot is
+ * freed.  STALE for an unknown handle. */
+int clientpool_claim(clientpool_t *p, int32_t waiter, uint32_t gen, double now, clientpool_grant_t *g);
+
+/* Ends a waiter on the caller's behalf: a queued waiter leaves the queue with
+ * `status` (TIMEOUT or CANCELLED); a waiter already resolved keeps its result.
+ * Either way *g is filled as by claim and the slot is freed. */
+int clientpool_cancel(clientpool_t *p, int32_t waiter, uint32_t gen, int32_t status, double now, clientpool_grant_t *g);
+
+/* Ends a waiter whose caller is gone: queued, it is cancelled; granted, the
+ * grant goes back to the pool (an idle record to the next waiter or the idle
+ * stack, a reservation is forfeited).  Returns 0 or STALE. */
+int clientpool_abandon(clientpool_t *p, int32_t waiter, uint32_t gen, double now);
+
+/* A lease was collected while held: its record is destroyed (BY_LEAKED) and
+ * the leaked counter rises.  Returns 0 or STALE. */
+int clientpool_leak(clientpool_t *p, int32_t lease, uint32_t gen, double now);
+
+/* Marks a record so it is destroyed at release (or at once if idle). */
+int clientpool_retire(clientpool_t *p, int32_t record, double now);
+
+/* Processes deadlines up to now: idle and lifetime expiry of idle records,
+ * waiter timeouts, leak_threshold reports. */
+void clientpool_tick(clientpool_t *p, double now);
+
+/* The earliest pending deadline, or -1 when there is none. */
+double clientpool_next_deadline(const clientpool_t *p);
+
+/* Stops admission: queued waiters end with CLOSED, idle records are
+ * destroyed (BY_DRAIN); leases stay with their holders and their records are
+ * destroyed at release.  Idempotent. */
+void clientpool_close(clientpool_t *p, double now);
+
+/* Pops the next queued event into *ev.  Returns its type, EV_NONE when the
+ * queue is empty. */
+int clientpool_next_event(clientpool_t *p, clientpool_event_t *ev);
+
+/* The number of queued events. */
+int32_t clientpool_pending(const clientpool_t *p);
+
+/* Fills *s with the pool's counters (key < 0) or one key's.  Returns 0, or
+ * EINVAL for an unknown key. */
+int clientpool_stats(const clientpool_t *p, int32_t key, clientpool_stats_t *s);
+
+/* The key of a record, or -1. */
+int32_t clientpool_record_key(const clientpool_t *p, int32_t record);
+
+/* Seconds since a lease was granted, or -1 for a stale handle. */
+double clientpool_lease_age(const clientpool_t *p, int32_t lease, uint32_t gen, double now);
+
+/* Whether the pool is closed (1) or not (0). */
+int clientpool_is_closed(const clientpool_t *p);
+
+/* CLOCK_MONOTONIC in seconds: a convenience for drivers, not used by the
+ * engine itself. */
+double clientpool_monotime(void);
+
+/* Sleeps s seconds (nanosleep, resumed after signals): blocks the thread;
+ * for the built-in loop when nothing is ready. */
+void clientpool_sleep(double s);
+
+#endif

@@ -1,0 +1,28 @@
+/* compat.h - the few differences between Lua 5.1 (and LuaJIT) and 5.2-5.4
+ * that the binding meets.  Only lclientpool.c includes it. */
+#ifndef CLIENTPOOL_COMPAT_H
+#define CLIENTPOOL_COMPAT_H
+
+#include <lua.h>
+#include <lauxlib.h>
+
+#if LUA_VERSION_NUM == 501
+/* luaL_setfuncs with upvalues; LuaJIT exports its own luaL_setfuncs, so the
+ * shim has a name of ours. */
+static void lcp_setfuncs(lua_State *L, const luaL_Reg *l, int nup) {
+  luaL_checkstack(L, nup, "too many upvalues");
+  for (; l->name; l++) {
+    int i;
+    for (i = 0; i < nup; i++) lua_pushvalue(L, -nup);
+    lua_pushcclosure(L, l->func, nup);
+    lua_setfield(L, -(nup + 2), l->name);
+  }
+  lua_pop(L, nup);
+}
+#define lcp_newlib(L, l) (lua_newtable(L), lcp_setfuncs(L, l, 0))
+#else
+#define lcp_setfuncs luaL_setfuncs
+#define lcp_newlib luaL_newlib
+#endif
+
+#endif

@@ -1,0 +1,1067 @@
+/*
+ * engine.c - the clientpool state machine.
+ *
+ * No Lua, no I/O, no clock reads, no callbacks: see clientpool.h for the
+ * contract and docs/decisions.md for the data-structure choices.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NONE (-1)
+
+enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED };
+enum { W_FREE = 0, W_QUEUED, W_DONE };
+enum { H_LIFETIME = 0, H_WAITER, H_LEASE };
+
+typedef struct record {
+  uint32_t gen;
+  int32_t state;
+  int32_t key;
+  int32_t nleases;
+  int32_t retire;        /* destroy at release */
+  int32_t res_lease;     /* while creating: the reservation's lease */
+  int32_t hpos;          /* position in the deadline heap (lifetime), or NONE */
+  int32_t kprev, knext;  /* per-key idle stack; knext points down the stack */
+  int32_t gprev, gnext;  /* pool-wide idle list, oldest first */
+  int32_t next_free;
+  double created, expires, idle_since;
+} record_t;
+
+typedef struct lease {
+  uint32_t gen;
+  int32_t record;        /* NONE when free */
+  int32_t hpos;          /* leak_threshold entry, or NONE */
+  int32_t next_free;
+  double since;
+} lease_t;
+
+typedef struct waiter {
+  uint32_t gen;
+  int32_t state;
+  int32_t key;
+  int32_t result;        /* when W_DONE: a clientpool status */
+  int32_t record, lease;
+  uint32_t lease_gen;
+  int32_t validate;
+  int32_t prev, next;    /* the key's FIFO queue */
+  int32_t hpos;          /* deadline entry, or NONE */
+  int32_t next_free;
+  uint64_t seq;
+  double enq, idle, waited;
+} waiter_t;
+
+typedef struct key {
+  int32_t used, pinned;
+  int32_t idle_top;      /* top of the LIFO idle stack */
+  int32_t wq_head, wq_tail;
+  int32_t rpos;          /* position in the ready-keys heap, or NONE */
+  int32_t next_free;
+  clientpool_stats_t st;
+} key_t_;
+
+typedef struct hent {
+  double t;
+  int32_t kind;
+  int32_t idx;
+} hent_t;
+
+struct clientpool {
+  clientpool_config_t cfg;
+  int32_t closed;
+  double now;            /* the latest time seen: time never runs backwards */
+  double armed;          /* the deadline the driver's timer is set for */
+  uint64_t rng;
+  uint64_t seq;
+
+  record_t *rec; int32_t nrec, rec_free;
+  lease_t *lea; int32_t nlea, lea_free;
+  waiter_t *wai; int32_t nwai, wai_free;
+  key_t_ *keys; int32_t nkeys, key_free, keys_used;
+  int32_t g_oldest, g_newest;   /* pool-wide idle list */
+
+  hent_t *heap; int32_t hlen, hcap;   /* deadlines */
+  int32_t *rheap; int32_t rlen;       /* ready keys, sized nkeys */
+
+  clientpool_event_t *ev; int32_t evcap, evhead, evlen;
+  clientpool_stats_t st;
+};
+
+/* ---- small helpers ---------------------------------------------------- */
+
+static int has(double d) { return d >= 0; }
+
+static void *grow(void *ptr, int32_t *cap, size_t elem, int32_t min) {
+  int32_t n = *cap ? *cap : 8;
+  void *q;
+  while (n < min) n *= 2;
+  if (n == *cap) return ptr;
+  q = realloc(ptr, (size_t)n * elem);
+  if (q) *cap = n;
+  return q;
+}
+
+static double rnd(clientpool_t *p) {   /* xorshift64*, [0,1) */
+  uint64_t x = p->rng;
+  x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+  p->rng = x;
+  return (double)((x * 2685821657736338717ULL) >> 11) / 9007199254740992.0;
+}
+
+static void push_event(clientpool_t *p, int32_t type, int32_t a, int32_t b, int32_t c, double t) {
+  clientpool_event_t *e;
+  if (p->evlen == p->evcap) {
+    int32_t ncap = p->evcap ? p->evcap * 2 : 64, i;
+    clientpool_event_t *q = malloc((size_t)ncap * sizeof *q);
+    if (!q) abort();   /* events cannot be dropped: losing one leaks a client */
+    for (i = 0; i < p->evlen; i++) q[i] = p->ev[(p->evhead + i) % p->evcap];
+    free(p->ev);
+    p->ev = q; p->evcap = ncap; p->evhead = 0;
+  }
+  e = &p->ev[(p->evhead + p->evlen) % p->evcap];
+  e->type = type; e->a = a; e->b = b; e->c = c; e->t = t;
+  p->evlen++;
+}
+
+#define BOTH(p, k, field, delta) do { (p)->st.field += (delta); (p)->keys[k].st.field += (delta); } while (0)
+
+/* ---- deadline heap ---------------------------------------------------- */
+
+static int32_t *hpos_of(clientpool_t *p, const hent_t *e) {
+  switch (e->kind) {
+  case H_LIFETIME: return &p->rec[e->idx].hpos;
+  case H_WAITER: return &p->wai[e->idx].hpos;
+  default: return &p->lea[e->idx].hpos;
+  }
+}
+
+static void hset(clientpool_t *p, int32_t i, hent_t e) {
+  p->heap[i] = e;
+  *hpos_of(p, &p->heap[i]) = i;
+}
+
+static void hup(clientpool_t *p, int32_t i) {
+  hent_t e = p->heap[i];
+  while (i > 0) {
+    int32_t parent = (i - 1) / 2;
+    if (p->heap[parent].t <= e.t) break;
+    hset(p, i, p->heap[parent]);
+    i = parent;
+  }
+  hset(p, i, e);
+}
+
+static void hdown(clientpool_t *p, int32_t i) {
+  hent_t e = p->heap[i];
+  for (;;) {
+    int32_t c = 2 * i + 1;
+    if (c >= p->hlen) break;
+    if (c + 1 < p->hlen && p->heap[c + 1].t < p->heap[c].t) c++;
+    if (e.t <= p->heap[c].t) break;
+    hset(p, i, p->heap[c]);
+    i = c;
+  }
+  hset(p, i, e);
+}
+
+static int hpush(clientpool_t *p, double t, int32_t kind, int32_t idx) {
+  hent_t e;
+  if (p->hlen == p->hcap) {
+    hent_t *q = grow(p->heap, &p->hcap, sizeof *q, p->hlen + 1);
+    if (!q) return CLIENTPOOL_ENOMEM;
+    p->heap = q;
+  }
+  e.t = t; e.kind = kind; e.idx = idx;
+  p->heap[p->hlen++] = e;
+  hup(p, p->hlen - 1);
+  return 0;
+}
+
+static void hremove(clientpool_t *p, int32_t *pos) {
+  int32_t i = *pos;
+  if (i == NONE) return;
+  *pos = NONE;
+  p->hlen--;
+  if (i == p->hlen) return;
+  hset(p, i, p->heap[p->hlen]);
+  hup(p, i);
+  hdown(p, *hpos_of(p, &p->heap[i]));
+}
+
+/* ---- ready-keys heap: keys with a servable waiter, by head arrival ---- */
+
+static uint64_t kseq(const clientpool_t *p, int32_t k) {
+  return p->wai[p->keys[k].wq_head].seq;
+}
+
+static void rset(clientpool_t *p, int32_t i, int32_t k) {
+  p->rheap[i] = k;
+  p->keys[k].rpos = i;
+}
+
+static void rup(clientpool_t *p, int32_t i) {
+  int32_t k = p->rheap[i];
+  while (i > 0) {
+    int32_t parent = (i - 1) / 2;
+    if (kseq(p, p->rheap[parent]) <= kseq(p, k)) break;
+    rset(p, i, p->rheap[parent]);
+    i = parent;
+  }
+  rset(p, i, k);
+}
+
+static void rdown(clientpool_t *p, int32_t i) {
+  int32_t k = p->rheap[i];
+  for (;;) {
+    int32_t c = 2 * i + 1;
+    if (c >= p->rlen) break;
+    if (c + 1 < p->rlen && kseq(p, p->rheap[c + 1]) < kseq(p, p->rheap[c])) c++;
+    if (kseq(p, k) <= kseq(p, p->rheap[c])) break;
+    rset(p, i, p->rheap[c]);
+    i = c;
+  }
+  rset(p, i, k);
+}
+
+static int key_servable(const clientpool_t *p, int32_t k) {
+  const key_t_ *key = &p->keys[k];
+  if (key->wq_head == NONE || p->closed) return 0;
+  if (key->idle_top != NONE) return 1;
+  return p->cfg.key_max_live < 0 || key->st.live + key->st.creating < p->cfg.key_max_live;
+}
+
+/* Puts key k where it belongs in the ready heap after any change to it. */
+static void key_refresh(clientpool_t *p, int32_t k) {
+  key_t_ *key = &p->keys[k];
+  int want = key_servable(p, k);
+  if (key->rpos == NONE) {
+    if (!want) return;
+    p->rheap[p->rlen++] = k;
+    key->rpos = p->rlen - 1;
+    rup(p, key->rpos);
+  } else if (want) {
+    rup(p, key->rpos);
+    rdown(p, key->rpos);
+  } else {
+    int32_t i = key->rpos;
+    key->rpos = NONE;
+    p->rlen--;
+    if (i == p->rlen) return;
+    rset(p, i, p->rheap[p->rlen]);
+    rup(p, i);
+    rdown(p, p->keys[p->rheap[i]].rpos);
+  }
+}
+
+/* ---- keys ------------------------------------------------------------- */
+
+static int key_empty(const clientpool_t *p, int32_t k) {
+  const key_t_ *key = &p->keys[k];
+  return key->st.live == 0 && key->st.creating == 0 && key->st.leases == 0 &&
+         key->wq_head == NONE;
+}
+
+static int key_maybe_free(clientpool_t *p, int32_t k) {
+  key_t_ *key = &p->keys[k];
+  if (!key->used || key->pinned || !key_empty(p, k)) return 0;
+  key->used = 0;
+  key->next_free = p->key_free;
+  p->key_free = k;
+  p->keys_used--;
+  push_event(p, CLIENTPOOL_EV_KEY_FREE, k, 0, 0, 0);
+  return 1;
+}
+
+int32_t clientpool_key_open(clientpool_t *p) {
+  int32_t k;
+  key_t_ *key;
+  if (p->closed) return CLIENTPOOL_ECLOSED;
+  if (p->cfg.max_keys >= 0 && p->keys_used >= p->cfg.max_keys) return CLIENTPOOL_EKEYS;
+  if (p->key_free == NONE) {
+    int32_t cap = p->nkeys, i;
+    key_t_ *q = grow(p->keys, &cap, sizeof *q, p->nkeys + 1);
+    int32_t *rh;
+    if (!q) return CLIENTPOOL_ENOMEM;
+    p->keys = q;
+    rh = realloc(p->rheap, (size_t)cap * sizeof *rh);
+    if (!rh) return CLIENTPOOL_ENOMEM;
+    p->rheap = rh;
+    for (i = cap - 1; i >= p->nkeys; i--) {
+      p->keys[i].used = 0;
+      p->keys[i].next_free = p->key_free;
+      p->key_free = i;
+    }
+    p->nkeys = cap;
+  }
+  k = p->key_free;
+  key = &p->keys[k];
+  p->key_free = key->next_free;
+  memset(key, 0, sizeof *key);
+  key->used = 1;
+  key->idle_top = key->wq_head = key->wq_tail = key->rpos = NONE;
+  key->next_free = NONE;
+  p->keys_used++;
+  return k;
+}
+
+static int key_ok(const clientpool_t *p, int32_t k) {
+  return k >= 0 && k < p->nkeys && p->keys[k].used;
+}
+
+int clientpool_key_pin(clientpool_t *p, int32_t k, int32_t pinned) {
+  if (!key_ok(p, k)) return CLIENTPOOL_EINVAL;
+  p->keys[k].pinned = pinned != 0;
+  if (!pinned) key_maybe_free(p, k);
+  return 0;
+}
+
+int clientpool_key_forget(clientpool_t *p, int32_t k) {
+  if (!key_ok(p, k)) return 0;
+  return key_maybe_free(p, k);
+}
+
+/* ---- records ---------------------------------------------------------- */
+
+static int32_t rec_alloc(clientpool_t *p) {
+  int32_t r;
+  if (p->rec_free == NONE) {
+    int32_t cap = p->nrec, i;
+    record_t *q = grow(p->rec, &cap, sizeof *q, p->nrec + 1);
+    if (!q) return NONE;
+    p->rec = q;
+    for (i = cap - 1; i >= p->nrec; i--) {
+      memset(&q[i], 0, sizeof q[i]);
+      q[i].next_free = p->rec_free;
+      p->rec_free = i;
+    }
+    p->nrec = cap;
+  }
+  r = p->rec_free;
+  p->rec_free = p->rec[r].next_free;
+  return r;
+}
+
+static void idle_unlink(clientpool_t *p, int32_t r) {
+  record_t *x = &p->rec[r];
+  key_t_ *key = &p->keys[x->key];
+  /* per-key stack */
+  if (x->kprev != NONE) p->rec[x->kprev].knext = x->knext; else key->idle_top = x->knext;
+  if (x->knext != NONE) p->rec[x->knext].kprev = x->kprev;
+  /* pool-wide list */
+  if (x->gprev != NONE) p->rec[x->gprev].gnext = x->gnext; else p->g_oldest = x->gnext;
+  if (x->gnext != NONE) p->rec[x->gnext].gprev = x->gprev; else p->g_newest = x->gprev;
+  BOTH(p, x->key, idle, -1);
+}
+
+static void idle_push(clientpool_t *p, int32_t r, double now) {
+  record_t *x = &p->rec[r];
+  key_t_ *key = &p->keys[x->key];
+  x->state = R_IDLE;
+  x->idle_since = now;
+  x->kprev = NONE;
+  x->knext = key->idle_top;
+  if (key->idle_top != NONE) p->rec[key->idle_top].kprev = r;
+  key->idle_top = r;
+  x->gnext = NONE;
+  x->gprev = p->g_newest;
+  if (p->g_newest != NONE) p->rec[p->g_newest].gnext = r; else p->g_oldest = r;
+  p->g_newest = r;
+  BOTH(p, x->key, idle, 1);
+}
+
+static void rec_free(clientpool_t *p, int32_t r) {
+  record_t *x = &p->rec[r];
+  x->state = R_FREE;
+  x->gen++;
+  x->next_free = p->rec_free;
+  p->rec_free = r;
+}
+
+/* Destroys a live record (idle, or leased with no lease left). */
+static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
+  record_t *x = &p->rec[r];
+  int32_t k = x->key;
+  if (x->state == R_IDLE) idle_unlink(p, r);
+  hremove(p, &x->hpos);
+  BOTH(p, k, live, -1);
+  BOTH(p, k, closed, 1);
+  BOTH(p, k, closed_by[reason], 1);
+  push_event(p, CLIENTPOOL_EV_DESTROY, r, reason, k, 0);
+  rec_free(p, r);
+  key_refresh(p, k);
+  key_maybe_free(p, k);
+}
+
+static int idle_expired(const clientpool_t *p, const record_t *x, double now, int32_t *why) {
+  if (x->retire) { *why = CLIENTPOOL_BY_RETIRED; return 1; }
+  if (has(p->cfg.max_lifetime) && now >= x->expires) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
+  if (has(p->cfg.idle_timeout) && now - x->idle_since >= p->cfg.idle_timeout) {
+    *why = CLIENTPOOL_BY_IDLE; return 1;
+  }
+  return 0;
+}
+
+/* ---- leases ----------------------------------------------------------- */
+
+static int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
+  int32_t l;
+  lease_t *x;
+  if (p->lea_free == NONE) {
+    int32_t cap = p->nlea, i;
+    lease_t *q = grow(p->lea, &cap, sizeof *q, p->nlea + 1);
+    if (!q) return NONE;
+    p->lea = q;
+    for (i = cap - 1; i >= p->nlea; i--) {
+      memset(&q[i], 0, sizeof q[i]);
+      q[i].record = NONE;
+      q[i].hpos = NONE;
+      q[i].next_free = p->lea_free;
+      p->lea_free = i;
+    }
+    p->nlea = cap;
+  }
+  l = p->lea_free;
+  x = &p->lea[l];
+  p->lea_free = x->next_free;
+  x->record = r;
+  x->since = now;
+  x->hpos = NONE;
+  p->rec[r].nleases++;
+  BOTH(p, p->rec[r].key, leases, 1);
+  if (has(p->cfg.leak_threshold) && hpush(p, now + p->cfg.leak_threshold, H_LEASE, l) != 0)
+    x->hpos = NONE;    /* out of memory: the report is lost, the lease is not */
+  return l;
+}
+
+static void lease_free(clientpool_t *p, int32_t l) {
+  lease_t *x = &p->lea[l];
+  record_t *r = &p->rec[x->record];
+  hremove(p, &x->hpos);
+  r->nleases--;
+  BOTH(p, r->key, leases, -1);
+  x->record = NONE;
+  x->gen++;
+  x->next_free = p->lea_free;
+  p->lea_free = l;
+}
+
+static lease_t *lease_get(clientpool_t *p, int32_t l, uint32_t gen) {
+  if (l < 0 || l >= p->nlea) return NULL;
+  if (p->lea[l].record == NONE || p->lea[l].gen != gen) return NULL;
+  return &p->lea[l];
+}
+
+/* ---- grants ----------------------------------------------------------- */
+
+static void fill_idle(clientpool_t *p, int32_t r, int32_t l, double now, clientpool_grant_t *g) {
+  record_t *x = &p->rec[r];
+  g->status = CLIENTPOOL_GRANT_IDLE;
+  g->record = r;
+  g->lease = l;
+  g->lease_gen = p->lea[l].gen;
+  g->key = x->key;
+  g->idle = now - x->idle_since;
+  g->validate = !has(p->cfg.validate_after_idle) || g->idle >= p->cfg.validate_after_idle;
+}
+
+/* Leases the top idle record of k that is still fresh; expired ones met on
+ * the way are destroyed.  Returns 1 with *g filled, or 0. */
+static int take_idle(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
+  for (;;) {
+    int32_t r = p->keys[k].idle_top, why, l;
+    record_t *x;
+    if (r == NONE) return 0;
+    x = &p->rec[r];
+    if (idle_expired(p, x, now, &why)) { destroy(p, r, why); continue; }
+    l = lease_alloc(p, r, now);
+    if (l == NONE) return 0;
+    idle_unlink(p, r);
+    x->state = R_LEASED;
+    BOTH(p, k, active, 1);
+    BOTH(p, k, reused, 1);
+    fill_idle(p, r, l, now, g);
+    return 1;
+  }
+}
+
+static int room_to_create(const clientpool_t *p, int32_t k) {
+  const key_t_ *key = &p->keys[k];
+  if (p->cfg.key_max_live >= 0 && key->st.live + key->st.creating >= p->cfg.key_max_live) return 0;
+  return p->st.live + p->st.creating < p->cfg.max_live || p->st.idle > 0;
+}
+
+/* Reserves a record for k (evicting the least recently used idle record of
+ * another key if max_live is reached).  Returns 1 with *g filled, or 0. */
+static int reserve(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
+  int32_t r, l;
+  record_t *x;
+  if (!room_to_create(p, k)) return 0;
+  if (p->st.live + p->st.creating >= p->cfg.max_live) destroy(p, p->g_oldest, CLIENTPOOL_BY_EVICTED);
+  r = rec_alloc(p);
+  if (r == NONE) return 0;
+  x = &p->rec[r];
+  x->state = R_CREATING;
+  x->key = k;
+  x->nleases = 0;
+  x->retire = 0;
+  x->hpos = NONE;
+  x->kprev = x->knext = x->gprev = x->gnext = NONE;
+  x->created = x->expires = x->idle_since = now;
+  l = lease_alloc(p, r, now);
+  if (l == NONE) { rec_free(p, r); return 0; }
+  x->res_lease = l;
+  BOTH(p, k, creating, 1);
+  g->status = CLIENTPOOL_GRANT_CREATE;
+  g->record = r;
+  g->lease = l;
+  g->lease_gen = p->lea[l].gen;
+  g->key = k;
+  g->validate = 0;
+  g->idle = 0;
+  return 1;
+}
+
+/* ---- waiters ---------------------------------------------------------- */
+
+static waiter_t *waiter_get(clientpool_t *p, int32_t w, uint32_t gen) {
+  if (w < 0 || w >= p->nwai) return NULL;
+  if (p->wai[w].state == W_FREE || p->wai[w].gen != gen) return NULL;
+  return &p->wai[w];
+}
+
+/* Takes a queued waiter out of its key's queue and ends it with status;
+ * the caller fills in the grant fields. */
+static void waiter_dequeue(clientpool_t *p, int32_t w, int32_t status, double now) {
+  waiter_t *x = &p->wai[w];
+  key_t_ *key = &p->keys[x->key];
+  if (x->prev != NONE) p->wai[x->prev].next = x->next; else key->wq_head = x->next;
+  if (x->next != NONE) p->wai[x->next].prev = x->prev; else key->wq_tail = x->prev;
+  hremove(p, &x->hpos);
+  x->state = W_DONE;
+  x->result = status;
+  x->waited = now - x->enq;
+  BOTH(p, x->key, waiting, -1);
+  BOTH(p, x->key, wait_count, 1);
+  BOTH(p, x->key, wait_time, x->waited);
+  if (status == CLIENTPOOL_TIMEOUT) BOTH(p, x->key, timeouts, 1);
+  if (status == CLIENTPOOL_CANCELLED) BOTH(p, x->key, cancelled, 1);
+  key_refresh(p, x->key);
+}
+
+static void waiter_free(clientpool_t *p, int32_t w) {
+  waiter_t *x = &p->wai[w];
+  int32_t k = x->key;
+  x->state = W_FREE;
+  x->gen++;
+  x->next_free = p->wai_free;
+  p->wai_free = w;
+  if (key_ok(p, k)) key_maybe_free(p, k);
+}
+
+static void fill_result(clientpool_t *p, int32_t w, clientpool_grant_t *g) {
+  waiter_t *x = &p->wai[w];
+  g->status = x->result;
+  g->record = x->record;
+  g->lease = x->lease;
+  g->lease_gen = x->lease_gen;
+  g->key = x->key;
+  g->validate = x->validate;
+  g->idle = x->idle;
+  (void)p;
+}
+
+/* Serves queued waiters, earliest servable first, while anything is free. */
+static void dispatch(clientpool_t *p, double now) {
+  while (p->rlen > 0 && p->st.leases < p->cfg.max_concurrency) {
+    int32_t k = p->rheap[0], w = p->keys[k].wq_head;
+    clientpool_grant_t g;
+    waiter_t *x;
+    if (!take_idle(p, k, now, &g) && !reserve(p, k, now, &g)) {
+      /* take_idle may have destroyed expired records and so changed k */
+      if (p->rlen > 0 && p->rheap[0] == k && p->keys[k].wq_head == w) break;
+      continue;
+    }
+    waiter_dequeue(p, w, g.status, now);
+    x = &p->wai[w];
+    x->record = g.record;
+    x->lease = g.lease;
+    x->lease_gen = g.lease_gen;
+    x->validate = g.validate;
+    x->idle = g.idle;
+    push_event(p, CLIENTPOOL_EV_WAKE, w, (int32_t)x->gen, k, 0);
+  }
+}
+
+/* ---- deadlines -------------------------------------------------------- */
+
+double clientpool_next_deadline(const clientpool_t *p) {
+  double d = -1;
+  if (p->hlen > 0) d = p->heap[0].t;
+  if (has(p->cfg.idle_timeout) && p->g_oldest != NONE) {
+    double t = p->rec[p->g_oldest].idle_since + p->cfg.idle_timeout;
+    if (d < 0 || t < d) d = t;
+  }
+  return d;
+}
+
+/* Ends every public mutating call: serves waiters and tells the driver about
+ * a deadline earlier than its timer. */
+static void finish(clientpool_t *p, double now) {
+  double d;
+  dispatch(p, now);
+  d = clientpool_next_deadline(p);
+  if (d >= 0 && (p->armed < 0 || d < p->armed)) {
+    p->armed = d;
+    push_event(p, CLIENTPOOL_EV_TIMER, 0, 0, 0, d);
+  }
+}
+
+static double clamp(clientpool_t *p, double now) {
+  if (!(now >= p->now)) now = p->now;   /* also rejects NaN */
+  p->now = now;
+  return now;
+}
+
+/* ---- public API ------------------------------------------------------- */
+
+static int config_ok(const clientpool_config_t *c) {
+  if (c->max_live < 1 || c->max_concurrency < 1 || c->capacity != 1) return 0;
+  if (c->min_idle < 0 || c->max_idle < c->min_idle || c->max_idle > c->max_live) return 0;
+  if (c->max_waiting < 0) return 0;
+  if (c->key_max_live >= 0 && (c->key_max_live < 1 || c->key_max_live > c->max_live)) return 0;
+  if (c->key_max_idle >= 0 && c->key_max_idle > c->max_idle) return 0;
+  if (c->max_keys == 0) return 0;
+  if (!(c->lifetime_jitter >= 0 && c->lifetime_jitter < 1)) return 0;
+  return 1;
+}
+
+int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
+  clientpool_t *p;
+  *out = NULL;
+  if (!cfg || !config_ok(cfg)) return CLIENTPOOL_EINVAL;
+  p = calloc(1, sizeof *p);
+  if (!p) return CLIENTPOOL_ENOMEM;
+  p->cfg = *cfg;
+  p->armed = -1;
+  p->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ULL;
+  p->rec_free = p->lea_free = p->wai_free = p->key_free = NONE;
+  p->g_oldest = p->g_newest = NONE;
+  *out = p;
+  return CLIENTPOOL_OK;
+}
+
+void clientpool_free(clientpool_t *p) {
+  if (!p) return;
+  free(p->rec); free(p->lea); free(p->wai); free(p->keys);
+  free(p->heap); free(p->rheap); free(p->ev);
+  free(p);
+}
+
+int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
+  memset(g, 0, sizeof *g);
+  g->key = k;
+  now = clamp(p, now);
+  if (p->closed) { g->status = CLIENTPOOL_CLOSED; return g->status; }
+  if (!key_ok(p, k)) { g->status = CLIENTPOOL_STALE; return g->status; }
+  /* never barge past queued waiters of this key, nor past the concurrency cap */
+  if (p->keys[k].wq_head == NONE && p->st.leases < p->cfg.max_concurrency &&
+      (take_idle(p, k, now, g) || reserve(p, k, now, g))) {
+    finish(p, now);
+    return g->status;
+  }
+  if (p->st.waiting >= p->cfg.max_waiting) {
+    BOTH(p, k, rejected, 1);
+    g->status = CLIENTPOOL_FULL;
+    key_maybe_free(p, k);
+  } else {
+    g->status = CLIENTPOOL_MUST_WAIT;
+  }
+  finish(p, now);
+  return g->status;
+}
+
+int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now, uint32_t *gen) {
+  int32_t w;
+  waiter_t *x;
+  key_t_ *key;
+  now = clamp(p, now);
+  if (p->closed) return -CLIENTPOOL_CLOSED;
+  if (!key_ok(p, k)) return -CLIENTPOOL_STALE;
+  if (p->st.waiting >= p->cfg.max_waiting) {
+    BOTH(p, k, rejected, 1);
+    key_maybe_free(p, k);
+    return -CLIENTPOOL_FULL;
+  }
+  if (p->wai_free == NONE) {
+    int32_t cap = p->nwai, i;
+    waiter_t *q = grow(p->wai, &cap, sizeof *q, p->nwai + 1);
+    if (!q) return CLIENTPOOL_ENOMEM;
+    p->wai = q;
+    for (i = cap - 1; i >= p->nwai; i--) {
+      memset(&q[i], 0, sizeof q[i]);
+      q[i].next_free = p->wai_free;
+      p->wai_free = i;
+    }
+    p->nwai = cap;
+  }
+  w = p->wai_free;
+  x = &p->wai[w];
+  p->wai_free = x->next_free;
+  x->state = W_QUEUED;
+  x->key = k;
+  x->result = CLIENTPOOL_PENDING;
+  x->record = x->lease = NONE;
+  x->lease_gen = 0;
+  x->validate = 0;
+  x->seq = ++p->seq;
+  x->enq = now;
+  x->idle = x->waited = 0;
+  x->hpos = NONE;
+  key = &p->keys[k];
+  x->next = NONE;
+  x->prev = key->wq_tail;
+  if (key->wq_tail != NONE) p->wai[key->wq_tail].next = w; else key->wq_head = w;
+  key->wq_tail = w;
+  BOTH(p, k, waiting, 1);
+  if (has(deadline) && hpush(p, deadline, H_WAITER, w) != 0) x->hpos = NONE;
+  key_refresh(p, k);
+  *gen = x->gen;
+  finish(p, now);
+  return w;
+}
+
+/* Gives a reservation back: its lease and record slot are freed. */
+static void forfeit(clientpool_t *p, int32_t r, int failed) {
+  record_t *x = &p->rec[r];
+  int32_t k = x->key;
+  BOTH(p, k, creating, -1);
+  if (failed) BOTH(p, k, create_failed, 1);
+  lease_free(p, x->res_lease);
+  rec_free(p, r);
+  key_refresh(p, k);
+  key_maybe_free(p, k);
+}
+
+int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
+  record_t *x;
+  int32_t k;
+  now = clamp(p, now);
+  if (r < 0 || r >= p->nrec || p->rec[r].state != R_CREATING) return CLIENTPOOL_STALE;
+  x = &p->rec[r];
+  k = x->key;
+  if (ok) {
+    BOTH(p, k, creating, -1);
+    x->state = R_LEASED;
+    x->created = now;
+    x->expires = has(p->cfg.max_lifetime)
+      ? now + p->cfg.max_lifetime * (1.0 - p->cfg.lifetime_jitter * rnd(p)) : -1;
+    if (has(p->cfg.max_lifetime) && hpush(p, x->expires, H_LIFETIME, r) != 0) x->hpos = NONE;
+    BOTH(p, k, live, 1);
+    BOTH(p, k, opened, 1);
+    BOTH(p, k, active, 1);
+    push_event(p, CLIENTPOOL_EV_CREATED, r, 0, k, 0);
+  } else {
+    forfeit(p, r, 1);
+  }
+  finish(p, now);
+  return 0;
+}
+
+/* Ends lease l; reason < 0 asks for reuse. */
+static void release(clientpool_t *p, int32_t l, int32_t reason, double now) {
+  int32_t r = p->lea[l].record, k;
+  uint32_t gen;
+  record_t *x = &p->rec[r];
+  k = x->key;
+  lease_free(p, l);
+  if (x->nleases > 0) return;          /* co-holders keep the record */
+  BOTH(p, k, active, -1);
+  if (reason < 0) {
+    if (p->closed) reason = CLIENTPOOL_BY_DRAIN;
+    else if (x->retire) reason = CLIENTPOOL_BY_RETIRED;
+    else if (has(p->cfg.max_lifetime) && now >= x->expires) reason = CLIENTPOOL_BY_LIFETIME;
+  }
+  if (reason >= 0) {
+    destroy(p, r, reason);
+    return;
+  }
+  idle_push(p, r, now);
+  key_refresh(p, k);
+  gen = x->gen;
+  dispatch(p, now);                     /* a waiter of k may take it at once */
+  x = &p->rec[r];                       /* dispatch may have grown the array */
+  if (x->state == R_IDLE && x->gen == gen &&
+      (p->st.idle > p->cfg.max_idle ||
+       (p->cfg.key_max_idle >= 0 && p->keys[k].st.idle > p->cfg.key_max_idle)))
+    destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
+}
+
+int clientpool_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason, double now) {
+  lease_t *x;
+  now = clamp(p, now);
+  x = lease_get(p, l, gen);
+  if (!x || p->rec[x->record].state != R_LEASED) return CLIENTPOOL_STALE;
+  if (reason >= CLIENTPOOL_BY_COUNT) reason = CLIENTPOOL_BY_ERROR;
+  release(p, l, reason, now);
+  finish(p, now);
+  return 0;
+}
+
+int clientpool_leak(clientpool_t *p, int32_t l, uint32_t gen, double now) {
+  lease_t *x;
+  int32_t k;
+  now = clamp(p, now);
+  x = lease_get(p, l, gen);
+  if (!x || p->rec[x->record].state != R_LEASED) return CLIENTPOOL_STALE;
+  k = p->rec[x->record].key;
+  BOTH(p, k, leaked, 1);
+  release(p, l, CLIENTPOOL_BY_LEAKED, now);
+  finish(p, now);
+  return 0;
+}
+
+int clientpool_claim(clientpool_t *p, int32_t w, uint32_t gen, double now, clientpool_grant_t *g) {
+  waiter_t *x = waiter_get(p, w, gen);
+  (void)now;
+  memset(g, 0, sizeof *g);
+  if (!x) { g->status = CLIENTPOOL_STALE; return g->status; }
+  if (x->state == W_QUEUED) {
+    g->status = CLIENTPOOL_PENDING;
+    g->key = x->key;
+    return g->status;
+  }
+  fill_result(p, w, g);
+  g->waited = x->waited;
+  waiter_free(p, w);
+  return g->status;
+}
+
+int clientpool_cancel(clientpool_t *p, int32_t w, uint32_t gen, int32_t status, double now,
+                      clientpool_grant_t *g) {
+  waiter_t *x = waiter_get(p, w, gen);
+  now = clamp(p, now);
+  if (x && x->state == W_QUEUED) {
+    if (status != CLIENTPOOL_TIMEOUT) status = CLIENTPOOL_CANCELLED;
+    waiter_dequeue(p, w, status, now);
+  }
+  clientpool_claim(p, w, gen, now, g);
+  finish(p, now);
+  return g->status;
+}
+
+int clientpool_abandon(clientpool_t *p, int32_t w, uint32_t gen, double now) {
+  waiter_t *x = waiter_get(p, w, gen);
+  now = clamp(p, now);
+  if (!x) return CLIENTPOOL_STALE;
+  if (x->state == W_QUEUED) {
+    waiter_dequeue(p, w, CLIENTPOOL_CANCELLED, now);
+  } else if (x->result == CLIENTPOOL_GRANT_IDLE || x->result == CLIENTPOOL_GRANT_CREATE) {
+    BOTH(p, x->key, cancelled, 1);
+    if (x->result == CLIENTPOOL_GRANT_CREATE) forfeit(p, x->record, 0);
+    else if (lease_get(p, x->lease, x->lease_gen)) {
+      BOTH(p, x->key, reused, -1);     /* handed back unused */
+      release(p, x->lease, -1, now);
+    }
+  }
+  waiter_free(p, w);
+  finish(p, now);
+  return 0;
+}
+
+int clientpool_retire(clientpool_t *p, int32_t r, double now) {
+  now = clamp(p, now);
+  if (r < 0 || r >= p->nrec || p->rec[r].state == R_FREE) return CLIENTPOOL_STALE;
+  p->rec[r].retire = 1;
+  if (p->rec[r].state == R_IDLE) destroy(p, r, CLIENTPOOL_BY_RETIRED);
+  finish(p, now);
+  return 0;
+}
+
+void clientpool_tick(clientpool_t *p, double now) {
+  now = clamp(p, now);
+  p->armed = -1;
+  for (;;) {
+    if (has(p->cfg.idle_timeout) && p->g_oldest != NONE &&
+        now >= p->rec[p->g_oldest].idle_since + p->cfg.idle_timeout) {
+      destroy(p, p->g_oldest, CLIENTPOOL_BY_IDLE);
+      continue;
+    }
+    if (p->hlen > 0 && p->heap[0].t <= now) {
+      hent_t e = p->heap[0];
+      hremove(p, hpos_of(p, &p->heap[0]));
+      if (e.kind == H_WAITER) {
+        waiter_dequeue(p, e.idx, CLIENTPOOL_TIMEOUT, now);
+        push_event(p, CLIENTPOOL_EV_WAKE, e.idx, (int32_t)p->wai[e.idx].gen, p->wai[e.idx].key, 0);
+      } else if (e.kind == H_LIFETIME) {
+        /* a leased record is retired at its release */
+        if (p->rec[e.idx].state == R_IDLE) destroy(p, e.idx, CLIENTPOOL_BY_LIFETIME);
+      } else {
+        lease_t *x = &p->lea[e.idx];
+        push_event(p, CLIENTPOOL_EV_LEAK, e.idx, (int32_t)x->gen, p->rec[x->record].key, x->since);
+      }
+      continue;
+    }
+    break;
+  }
+  finish(p, now);
+}
+
+void clientpool_close(clientpool_t *p, double now) {
+  int32_t k;
+  now = clamp(p, now);
+  if (p->closed) return;
+  p->closed = 1;
+  for (k = 0; k < p->nkeys; k++) {
+    key_t_ *key = &p->keys[k];
+    if (!key->used) continue;
+    key->pinned = 0;
+    while (key->wq_head != NONE) {
+      int32_t w = key->wq_head;
+      waiter_dequeue(p, w, CLIENTPOOL_CLOSED, now);
+      push_event(p, CLIENTPOOL_EV_WAKE, w, (int32_t)p->wai[w].gen, k, 0);
+    }
+    while (key->idle_top != NONE) destroy(p, key->idle_top, CLIENTPOOL_BY_DRAIN);
+    key_maybe_free(p, k);
+  }
+  finish(p, now);
+}
+
+int clientpool_next_event(clientpool_t *p, clientpool_event_t *ev) {
+  if (p->evlen == 0) { ev->type = CLIENTPOOL_EV_NONE; return ev->type; }
+  *ev = p->ev[p->evhead];
+  p->evhead = (p->evhead + 1) % p->evcap;
+  p->evlen--;
+  return ev->type;
+}
+
+int32_t clientpool_pending(const clientpool_t *p) { return p->evlen; }
+
+int clientpool_stats(const clientpool_t *p, int32_t k, clientpool_stats_t *s) {
+  if (k < 0) { *s = p->st; return 0; }
+  if (!key_ok(p, k)) return CLIENTPOOL_EINVAL;
+  *s = p->keys[k].st;
+  return 0;
+}
+
+int32_t clientpool_record_key(const clientpool_t *p, int32_t r) {
+  if (r < 0 || r >= p->nrec || p->rec[r].state == R_FREE) return NONE;
+  return p->rec[r].key;
+}
+
+double clientpool_lease_age(const clientpool_t *p, int32_t l, uint32_t gen, double now) {
+  if (l < 0 || l >= p->nlea || p->lea[l].record == NONE || p->lea[l].gen != gen) return -1;
+  return now - p->lea[l].since;
+}
+
+int clientpool_is_closed(const clientpool_t *p) { return p->closed; }
+
+/* ---- invariants (tests and fuzzing) ----------------------------------- */
+
+#define CHECK(cond, ...) do { if (!(cond)) { snprintf(buf, n, __VA_ARGS__); return -1; } } while (0)
+
+static int check_counts(const clientpool_stats_t *a, const clientpool_stats_t *b,
+                        const char *what, char *buf, size_t n) {
+  CHECK(a->live == b->live, "%s: live %d, counted %d", what, a->live, b->live);
+  CHECK(a->idle == b->idle, "%s: idle %d, counted %d", what, a->idle, b->idle);
+  CHECK(a->active == b->active, "%s: active %d, counted %d", what, a->active, b->active);
+  CHECK(a->leases == b->leases, "%s: leases %d, counted %d", what, a->leases, b->leases);
+  CHECK(a->creating == b->creating, "%s: creating %d, counted %d", what, a->creating, b->creating);
+  CHECK(a->waiting == b->waiting, "%s: waiting %d, counted %d", what, a->waiting, b->waiting);
+  CHECK(a->opened - a->closed == a->live, "%s: opened - closed != live", what);
+  return 0;
+}
+
+int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
+  clientpool_stats_t tot, *per;
+  int32_t i, k, used = 0, ready = 0;
+  const clientpool_config_t *c = &p->cfg;
+  memset(&tot, 0, sizeof tot);
+  per = calloc((size_t)(p->nkeys ? p->nkeys : 1), sizeof *per);
+  CHECK(per != NULL, "out of memory");
+#define FAIL(...) do { free(per); snprintf(buf, n, __VA_ARGS__); return -1; } while (0)
+  for (i = 0; i < p->nrec; i++) {
+    const record_t *x = &p->rec[i];
+    clientpool_stats_t *s;
+    if (x->state == R_FREE) continue;
+    if (!key_ok(p, x->key)) FAIL("record %d on dead key %d", i, x->key);
+    s = &per[x->key];
+    if (x->state == R_CREATING) { s->creating++; tot.creating++; continue; }
+    s->live++; tot.live++;
+    if (x->state == R_IDLE) {
+      s->idle++; tot.idle++;
+      if (x->nleases != 0) FAIL("idle record %d has %d leases", i, x->nleases);
+    } else {
+      if (x->nleases < 1) FAIL("leased record %d has no lease", i);
+      s->active++; tot.active++;
+    }
+  }
+  for (i = 0; i < p->nlea; i++) {
+    const lease_t *x = &p->lea[i];
+    if (x->record == NONE) continue;
+    if (p->rec[x->record].state == R_FREE || p->rec[x->record].state == R_IDLE)
+      FAIL("lease %d points at record %d in state %d", i, x->record, p->rec[x->record].state);
+    per[p->rec[x->record].key].leases++; tot.leases++;
+  }
+  for (i = 0; i < p->nwai; i++) {
+    const waiter_t *x = &p->wai[i];
+    if (x->state != W_QUEUED) continue;
+    per[x->key].waiting++; tot.waiting++;
+  }
+  tot.opened = p->st.opened; tot.closed = p->st.closed;
+  if (check_counts(&p->st, &tot, "pool", buf, n)) { free(per); return -1; }
+  for (k = 0; k < p->nkeys; k++) {
+    const key_t_ *key = &p->keys[k];
+    int32_t w, last = NONE, cnt = 0;
+    uint64_t prev = 0;
+    if (!key->used) continue;
+    used++;
+    per[k].opened = key->st.opened; per[k].closed = key->st.closed;
+    if (check_counts(&key->st, &per[k], "key", buf, n)) { free(per); return -1; }
+    if (c->key_max_live >= 0 && key->st.live + key->st.creating > c->key_max_live)
+      FAIL("key %d over its max_live", k);
+    for (w = key->wq_head; w != NONE; w = p->wai[w].next) {
+      if (p->wai[w].prev != last) FAIL("key %d queue broken", k);
+      if (p->wai[w].seq <= prev) FAIL("key %d queue out of order", k);
+      prev = p->wai[w].seq; last = w; cnt++;
+    }
+    if (last != key->wq_tail) FAIL("key %d queue tail wrong", k);
+    cnt = 0;
+    for (w = key->idle_top; w != NONE; w = p->rec[w].knext) {
+      if (p->rec[w].state != R_IDLE || p->rec[w].key != k) FAIL("key %d idle stack broken", k);
+      cnt++;
+    }
+    if (cnt != key->st.idle) FAIL("key %d idle stack holds %d, counted %d", k, cnt, key->st.idle);
+    if ((key->rpos != NONE) != key_servable(p, k)) FAIL("key %d ready-heap membership wrong", k);
+    if (key->rpos != NONE) ready++;
+  }
+  free(per);
+#undef FAIL
+  CHECK(used == p->keys_used, "keys used %d, counted %d", p->keys_used, used);
+  CHECK(c->max_keys < 0 || used <= c->max_keys, "more than max_keys keys");
+  CHECK(ready == p->rlen, "ready heap holds %d, counted %d", p->rlen, ready);
+  CHECK(p->st.live + p->st.creating <= c->max_live, "live %d + creating %d > max_live %d",
+        p->st.live, p->st.creating, c->max_live);
+  CHECK(p->st.leases <= c->max_concurrency, "leases %d > max_concurrency", p->st.leases);
+  CHECK(p->st.waiting <= c->max_waiting, "waiting %d > max_waiting", p->st.waiting);
+  for (i = 0; i < p->rlen; i++) {
+    int32_t l = 2 * i + 1;
+    CHECK(p->keys[p->rheap[i]].rpos == i, "ready heap position wrong");
+    if (l < p->rlen) CHECK(kseq(p, p->rheap[i]) <= kseq(p, p->rheap[l]), "ready heap order");
+    if (l + 1 < p->rlen) CHECK(kseq(p, p->rheap[i]) <= kseq(p, p->rheap[l + 1]), "ready heap order");
+  }
+  for (i = 0; i < p->hlen; i++) {
+    int32_t l = 2 * i + 1;
+    CHECK(*hpos_of((clientpool_t *)p, &p->heap[i]) == i, "deadline heap position wrong");
+    if (l < p->hlen) CHECK(p->heap[i].t <= p->heap[l].t, "deadline heap order");
+    if (l + 1 < p->hlen) CHECK(p->heap[i].t <= p->heap[l + 1].t, "deadline heap order");
+  }
+  /* after dispatch nothing queued could have been served */
+  CHECK(p->rlen == 0 || p->st.leases >= c->max_concurrency ||
+        (p->st.live + p->st.creating >= c->max_live && p->st.idle == 0 &&
+         p->keys[p->rheap[0]].idle_top == NONE),
+        "a servable waiter is left queued");
+  return 0;
+}

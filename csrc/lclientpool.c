@@ -1,0 +1,479 @@
+/*
+ * lclientpool.c - the Lua C API binding of the engine: clientpool.core.
+ *
+ * Thin on purpose: it converts arguments and results and nothing more; every
+ * decision is the engine's, every action the Lua driver's (init.lua).
+ *
+ * Objects:
+ *   clientpool.Pool   an engine handle (the driver's, not the user's pool)
+ *   clientpool.Lease  a leak sentinel: on Lua 5.1 and LuaJIT, where tables
+ *                     have no __gc, a lease table holds one so a lease
+ *                     collected while held is reported to the engine.
+ * Both point at a shared, reference-counted box, so a sentinel collected
+ * after its pool never touches freed memory.
+ *
+ * A `now` argument left out (nil) means CLOCK_MONOTONIC read here, so a hot
+ * call is one C call, not two.
+ */
+#include "clientpool.h"
+#include "compat.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define POOL_MT "clientpool.Pool"
+#define LEASE_MT "clientpool.Lease"
+
+typedef struct lcp_box {
+  clientpool_t *p;     /* NULL once the pool is freed */
+  int refs;
+} lcp_box;
+
+typedef struct lcp_sentinel {
+  lcp_box *box;
+  int32_t lease;
+  uint32_t gen;
+} lcp_guard;
+
+static void box_unref(lcp_box *b) {
+  if (--b->refs == 0) free(b);
+}
+
+/* The pool metatable is upvalue 1 of every method: checking a self argument
+ * is one lua_rawequal instead of a registry lookup (luaL_checkudata). */
+static clientpool_t *lcp_self(lua_State *L) {
+  lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
+  int same;
+  if (u == NULL || !lua_getmetatable(L, 1)) luaL_argerror(L, 1, "clientpool.Pool expected");
+  same = lua_rawequal(L, -1, lua_upvalueindex(1));
+  lua_pop(L, 1);
+  if (!same) luaL_argerror(L, 1, "clientpool.Pool expected");
+  if ((*u)->p == NULL) luaL_argerror(L, 1, "clientpool.Pool is freed");
+  return (*u)->p;
+}
+
+static double opt_now(lua_State *L, int i) {
+  return lua_isnoneornil(L, i) ? clientpool_monotime() : (double)lua_tonumber(L, i);
+}
+
+static int32_t opt_int(lua_State *L, int t, const char *name, int32_t def) {
+  int32_t v = def;
+  lua_getfield(L, t, name);
+  if (!lua_isnil(L, -1)) v = (int32_t)luaL_checkinteger(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static double opt_num(lua_State *L, int t, const char *name, double def) {
+  double v = def;
+  lua_getfield(L, t, name);
+  if (!lua_isnil(L, -1)) v = (double)luaL_checknumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* core.new(cfg): cfg is already validated by the driver; the engine checks
+ * the envelope again and an inconsistent one raises here. */
+static int lcp_new(lua_State *L) {
+  clientpool_config_t c;
+  clientpool_t *p;
+  lcp_box **u;
+  int rc;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  memset(&c, 0, sizeof c);
+  c.max_live = opt_int(L, 1, "max_live", 0);
+  c.min_idle = opt_int(L, 1, "min_idle", 0);
+  c.max_idle = opt_int(L, 1, "max_idle", c.max_live);
+  c.capacity = opt_int(L, 1, "capacity", 1);
+  c.max_concurrency = opt_int(L, 1, "max_concurrency", c.max_live * c.capacity);
+  c.max_waiting = opt_int(L, 1, "max_waiting", 1024);
+  c.key_max_live = opt_int(L, 1, "key_max_live", -1);
+  c.key_max_idle = opt_int(L, 1, "key_max_idle", -1);
+  c.max_keys = opt_int(L, 1, "max_keys", -1);
+  c.idle_timeout = opt_num(L, 1, "idle_timeout", -1);
+  c.max_lifetime = opt_num(L, 1, "max_lifetime", -1);
+  c.lifetime_jitter = opt_num(L, 1, "lifetime_jitter", 0);
+  c.validate_after_idle = opt_num(L, 1, "validate_after_idle", -1);
+  c.leak_threshold = opt_num(L, 1, "leak_threshold", -1);
+  c.seed = (uint64_t)opt_num(L, 1, "seed", 0);
+  u = (lcp_box **)lua_newuserdata(L, sizeof *u);
+  *u = NULL;
+  rc = clientpool_new(&c, &p);
+  if (rc == CLIENTPOOL_EINVAL) return luaL_error(L, "clientpool: options outside the capacity envelope");
+  if (rc != CLIENTPOOL_OK) return luaL_error(L, "clientpool: out of memory");
+  *u = (lcp_box *)malloc(sizeof **u);
+  if (*u == NULL) { clientpool_free(p); return luaL_error(L, "clientpool: out of memory"); }
+  (*u)->p = p;
+  (*u)->refs = 1;
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
+/* One idempotent free backs :free() and __gc. */
+static int lcp_pool__gc(lua_State *L) {
+  lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
+  if (u && *u) {
+    clientpool_free((*u)->p);
+    (*u)->p = NULL;
+    box_unref(*u);
+    *u = NULL;
+  }
+  return 0;
+}
+
+static int lcp_pool__tostring(lua_State *L) {
+  lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
+  if (u && *u) lua_pushfstring(L, POOL_MT ": %p", (void *)u);
+  else lua_pushfstring(L, POOL_MT ": %p (freed)", (void *)u);
+  return 1;
+}
+
+static int push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p, int waited) {
+  lua_pushinteger(L, g->status);
+  lua_pushinteger(L, g->record);
+  lua_pushinteger(L, g->lease);
+  lua_pushinteger(L, (lua_Integer)g->lease_gen);
+  lua_pushboolean(L, g->validate);
+  lua_pushnumber(L, g->idle);
+  lua_pushinteger(L, clientpool_pending(p));
+  if (!waited) return 7;
+  lua_pushnumber(L, g->waited);
+  return 8;
+}
+
+/* E:acquire(key [, now]) -> status, record, lease, gen, validate, idle, pending */
+static int lcp_acquire(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  clientpool_grant_t g;
+  clientpool_acquire(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3), &g);
+  return push_grant(L, &g, p, 0);
+}
+
+/* E:release(lease, gen, reason [, now]) -> ok, pending */
+static int lcp_release(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  int rc = clientpool_release(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
+                              (int32_t)luaL_optinteger(L, 4, -1), opt_now(L, 5));
+  lua_pushboolean(L, rc == 0);
+  lua_pushinteger(L, clientpool_pending(p));
+  return 2;
+}
+
+/* E:wait(key, deadline [, now]) -> waiter, gen, pending | nil, status */
+static int lcp_wait(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  uint32_t gen = 0;
+  int32_t w = clientpool_wait(p, (int32_t)lua_tointeger(L, 2), (double)luaL_optnumber(L, 3, -1),
+                              opt_now(L, 4), &gen);
+  if (w < 0) {
+    lua_pushnil(L);
+    lua_pushinteger(L, -w);
+    return 2;
+  }
+  lua_pushinteger(L, w);
+  lua_pushinteger(L, (lua_Integer)gen);
+  lua_pushinteger(L, clientpool_pending(p));
+  return 3;
+}
+
+/* E:claim(waiter, gen [, now]) -> status, record, lease, gen, validate, idle, pending, waited */
+static int lcp_claim(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  clientpool_grant_t g;
+  clientpool_claim(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3), opt_now(L, 4), &g);
+  return push_grant(L, &g, p, 1);
+}
+
+/* E:cancel(waiter, gen, status [, now]) -> as claim */
+static int lcp_cancel(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  clientpool_grant_t g;
+  clientpool_cancel(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
+                    (int32_t)lua_tointeger(L, 4), opt_now(L, 5), &g);
+  return push_grant(L, &g, p, 1);
+}
+
+static int push_rc(lua_State *L, int rc, clientpool_t *p) {
+  lua_pushboolean(L, rc == 0);
+  lua_pushinteger(L, clientpool_pending(p));
+  return 2;
+}
+
+/* E:created(record, ok [, now]) -> ok, pending */
+static int lcp_created(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_created(p, (int32_t)lua_tointeger(L, 2), lua_toboolean(L, 3),
+                                       opt_now(L, 4)), p);
+}
+
+/* E:abandon(waiter, gen [, now]) -> ok, pending */
+static int lcp_abandon(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_abandon(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
+                                       opt_now(L, 4)), p);
+}
+
+/* E:leak(lease, gen [, now]) -> ok, pending */
+static int lcp_leak(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_leak(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
+                                    opt_now(L, 4)), p);
+}
+
+/* E:retire(record [, now]) -> ok, pending */
+static int lcp_retire(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_retire(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3)), p);
+}
+
+/* E:tick([now]) -> pending */
+static int lcp_tick(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  clientpool_tick(p, opt_now(L, 2));
+  lua_pushinteger(L, clientpool_pending(p));
+  return 1;
+}
+
+/* E:close([now]) -> pending */
+static int lcp_close(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  clientpool_close(p, opt_now(L, 2));
+  lua_pushinteger(L, clientpool_pending(p));
+  return 1;
+}
+
+/* E:key_open() -> key | nil, status */
+static int lcp_key_open(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  int32_t k = clientpool_key_open(p);
+  if (k < 0) {
+    lua_pushnil(L);
+    lua_pushinteger(L, k);
+    return 2;
+  }
+  lua_pushinteger(L, k);
+  return 1;
+}
+
+static int lcp_key_pin(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  lua_pushboolean(L, clientpool_key_pin(p, (int32_t)lua_tointeger(L, 2), lua_toboolean(L, 3)) == 0);
+  return 1;
+}
+
+static int lcp_key_forget(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  lua_pushboolean(L, clientpool_key_forget(p, (int32_t)lua_tointeger(L, 2)));
+  return 1;
+}
+
+/* E:next_event() -> type, a, b, c, t | nil */
+static int lcp_next_event(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  clientpool_event_t ev;
+  if (clientpool_next_event(p, &ev) == CLIENTPOOL_EV_NONE) return 0;
+  lua_pushinteger(L, ev.type);
+  lua_pushinteger(L, ev.a);
+  lua_pushinteger(L, ev.b);
+  lua_pushinteger(L, ev.c);
+  lua_pushnumber(L, ev.t);
+  return 5;
+}
+
+static int lcp_pending(lua_State *L) {
+  lua_pushinteger(L, clientpool_pending(lcp_self(L)));
+  return 1;
+}
+
+static int lcp_next_deadline(lua_State *L) {
+  double d = clientpool_next_deadline(lcp_self(L));
+  if (d < 0) lua_pushnil(L); else lua_pushnumber(L, d);
+  return 1;
+}
+
+static int lcp_is_closed(lua_State *L) {
+  lua_pushboolean(L, clientpool_is_closed(lcp_self(L)));
+  return 1;
+}
+
+static int lcp_lease_age(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  double a = clientpool_lease_age(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
+                                  opt_now(L, 4));
+  if (a < 0) lua_pushnil(L); else lua_pushnumber(L, a);
+  return 1;
+}
+
+static const char *const by_names[CLIENTPOOL_BY_COUNT] = {
+  "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted"
+};
+
+static void set_num(lua_State *L, const char *k, double v) {
+  lua_pushnumber(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* Counters are whole numbers: integers on Lua 5.3+ so they print as such. */
+static void set_count(lua_State *L, const char *k, double v) {
+  lua_pushinteger(L, (lua_Integer)v);
+  lua_setfield(L, -2, k);
+}
+
+static void set_int(lua_State *L, const char *k, int32_t v) {
+  lua_pushinteger(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* E:stats(key, t) -> t filled (key < 0: the whole pool), or nil */
+static int lcp_stats(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  clientpool_stats_t s;
+  int i;
+  if (clientpool_stats(p, (int32_t)luaL_optinteger(L, 2, -1), &s) != 0) return 0;
+  if (lua_type(L, 3) == LUA_TTABLE) lua_pushvalue(L, 3); else lua_newtable(L);
+  set_count(L, "opened", s.opened);
+  set_count(L, "reused", s.reused);
+  set_count(L, "closed", s.closed);
+  set_count(L, "leaked", s.leaked);
+  set_count(L, "timeouts", s.timeouts);
+  set_count(L, "rejected", s.rejected);
+  set_count(L, "cancelled", s.cancelled);
+  set_count(L, "create_failed", s.create_failed);
+  set_count(L, "wait_count", s.wait_count);
+  set_num(L, "wait_time", s.wait_time);
+  set_int(L, "live", s.live);
+  set_int(L, "idle", s.idle);
+  set_int(L, "active", s.active);
+  set_int(L, "leases", s.leases);
+  set_int(L, "creating", s.creating);
+  set_int(L, "waiting", s.waiting);
+  lua_getfield(L, -1, "closed_by");
+  if (!lua_istable(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -3, "closed_by");
+  }
+  for (i = 0; i < CLIENTPOOL_BY_COUNT; i++) set_count(L, by_names[i], s.closed_by[i]);
+  lua_pop(L, 1);
+  return 1;
+}
+
+/* E:sentinel(lease, gen) -> a userdata that reports the lease as leaked when
+ * it is collected (Lua 5.1 / LuaJIT leases hold one). */
+static int lcp_sentinel(lua_State *L) {
+  lcp_box **u;
+  lcp_guard *s;
+  lcp_self(L);
+  u = (lcp_box **)lua_touserdata(L, 1);
+  s = (lcp_guard *)lua_newuserdata(L, sizeof *s);
+  s->box = *u;
+  s->box->refs++;
+  s->lease = (int32_t)lua_tointeger(L, 2);
+  s->gen = (uint32_t)lua_tointeger(L, 3);
+  luaL_getmetatable(L, LEASE_MT);
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
+static int lcp_lease__gc(lua_State *L) {
+  lcp_guard *s = (lcp_guard *)luaL_checkudata(L, 1, LEASE_MT);
+  if (s->box) {
+    /* a released lease is stale: the engine ignores it */
+    if (s->box->p) clientpool_leak(s->box->p, s->lease, s->gen, clientpool_monotime());
+    box_unref(s->box);
+    s->box = NULL;
+  }
+  return 0;
+}
+
+static int lcp_lease__tostring(lua_State *L) {
+  lua_pushfstring(L, LEASE_MT ": %p", lua_touserdata(L, 1));
+  return 1;
+}
+
+static int lcp_monotime(lua_State *L) {
+  lua_pushnumber(L, clientpool_monotime());
+  return 1;
+}
+
+static int lcp_sleep(lua_State *L) {
+  clientpool_sleep((double)luaL_checknumber(L, 1));
+  return 0;
+}
+
+static const luaL_Reg pool_methods[] = {
+  {"acquire", lcp_acquire}, {"release", lcp_release}, {"wait", lcp_wait},
+  {"claim", lcp_claim}, {"cancel", lcp_cancel}, {"created", lcp_created},
+  {"abandon", lcp_abandon}, {"leak", lcp_leak}, {"retire", lcp_retire},
+  {"tick", lcp_tick}, {"close", lcp_close}, {"key_open", lcp_key_open},
+  {"key_pin", lcp_key_pin}, {"key_forget", lcp_key_forget},
+  {"next_event", lcp_next_event}, {"pending", lcp_pending},
+  {"next_deadline", lcp_next_deadline}, {"is_closed", lcp_is_closed},
+  {"lease_age", lcp_lease_age}, {"stats", lcp_stats}, {"sentinel", lcp_sentinel},
+  {NULL, NULL}
+};
+
+int luaopen_clientpool_core(lua_State *L);
+
+int luaopen_clientpool_core(lua_State *L) {
+  static const luaL_Reg funcs[] = {
+    {"monotime", lcp_monotime}, {"sleep", lcp_sleep}, {NULL, NULL}
+  };
+  /* Lease sentinel metatable */
+  luaL_newmetatable(L, LEASE_MT);
+  lua_pushcfunction(L, lcp_lease__gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, lcp_lease__tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+
+  lcp_newlib(L, funcs);
+  /* Pool metatable: methods carry it as upvalue 1 */
+  luaL_newmetatable(L, POOL_MT);
+  lua_pushvalue(L, -1);
+  lcp_setfuncs(L, pool_methods, 1);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, lcp_pool__gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, lcp_pool__gc);
+  lua_setfield(L, -2, "free");
+  lua_pushcfunction(L, lcp_pool__tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pushvalue(L, -1);
+  lua_pushcclosure(L, lcp_new, 1);
+  lua_setfield(L, -3, "new");
+  lua_pop(L, 1);
+
+  /* status and reason codes, so the driver names them once */
+  lua_pushinteger(L, CLIENTPOOL_GRANT_IDLE); lua_setfield(L, -2, "GRANT_IDLE");
+  lua_pushinteger(L, CLIENTPOOL_GRANT_CREATE); lua_setfield(L, -2, "GRANT_CREATE");
+  lua_pushinteger(L, CLIENTPOOL_MUST_WAIT); lua_setfield(L, -2, "MUST_WAIT");
+  lua_pushinteger(L, CLIENTPOOL_PENDING); lua_setfield(L, -2, "PENDING");
+  lua_pushinteger(L, CLIENTPOOL_FULL); lua_setfield(L, -2, "FULL");
+  lua_pushinteger(L, CLIENTPOOL_CLOSED); lua_setfield(L, -2, "CLOSED");
+  lua_pushinteger(L, CLIENTPOOL_TIMEOUT); lua_setfield(L, -2, "TIMEOUT");
+  lua_pushinteger(L, CLIENTPOOL_CANCELLED); lua_setfield(L, -2, "CANCELLED");
+  lua_pushinteger(L, CLIENTPOOL_STALE); lua_setfield(L, -2, "STALE");
+  lua_pushinteger(L, CLIENTPOOL_EKEYS); lua_setfield(L, -2, "EKEYS");
+  lua_pushinteger(L, CLIENTPOOL_EV_WAKE); lua_setfield(L, -2, "EV_WAKE");
+  lua_pushinteger(L, CLIENTPOOL_EV_DESTROY); lua_setfield(L, -2, "EV_DESTROY");
+  lua_pushinteger(L, CLIENTPOOL_EV_TIMER); lua_setfield(L, -2, "EV_TIMER");
+  lua_pushinteger(L, CLIENTPOOL_EV_KEY_FREE); lua_setfield(L, -2, "EV_KEY_FREE");
+  lua_pushinteger(L, CLIENTPOOL_EV_LEAK); lua_setfield(L, -2, "EV_LEAK");
+  lua_pushinteger(L, CLIENTPOOL_EV_CREATED); lua_setfield(L, -2, "EV_CREATED");
+  {
+    int i;
+    lua_newtable(L);
+    for (i = 0; i < CLIENTPOOL_BY_COUNT; i++) {
+      lua_pushinteger(L, i);
+      lua_setfield(L, -2, by_names[i]);
+    }
+    lua_setfield(L, -2, "BY");
+  }
+  lua_pushliteral(L, "clientpool.core");
+  lua_setfield(L, -2, "_NAME");
+  return 1;
+}

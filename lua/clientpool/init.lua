@@ -1,0 +1,861 @@
+--- clientpool: a pool of outbound clients with coroutine-native waiting.
+--
+-- This file is the public API and the driver: it validates options, calls
+-- the engine (clientpool.core, a C state machine), and carries out what the
+-- engine decides: calling the user's hooks, waking coroutines through the
+-- scheduler adapter, arming the pool's timer. See docs/decisions.md.
+-- @module clientpool
+
+local core = require "clientpool.core"
+
+local type, error, pcall, select, setmetatable, tostring = type, error, pcall, select, setmetatable, tostring
+local pairs, ipairs, rawget, getmetatable = pairs, ipairs, rawget, getmetatable
+local math_floor, math_huge, string_format = math.floor, math.huge, string.format
+local co_create, co_resume, co_status, co_yield = coroutine.create, coroutine.resume, coroutine.status, coroutine.yield
+local unpack = table.unpack or unpack
+local monotime = core.monotime
+
+local GRANT_IDLE, GRANT_CREATE = core.GRANT_IDLE, core.GRANT_CREATE
+local MUST_WAIT, PENDING, FULL, CLOSED = core.MUST_WAIT, core.PENDING, core.FULL, core.CLOSED
+local TIMEOUT, CANCELLED = core.TIMEOUT, core.CANCELLED
+local EV_WAKE, EV_DESTROY, EV_TIMER = core.EV_WAKE, core.EV_DESTROY, core.EV_TIMER
+local EV_KEY_FREE, EV_LEAK = core.EV_KEY_FREE, core.EV_LEAK
+local BY = core.BY
+local BY_NAME = {}
+for name, code in pairs(BY) do BY_NAME[code] = name end
+
+local _M = { _VERSION = "0.1.0" }
+
+--- Runtime outcome codes, returned as the second value of a failed acquire.
+_M.codes = { timeout = "timeout", full = "full", closed = "closed", cancelled = "cancelled",
+             create = "create", paused = "paused" }
+
+local DEFAULT = "" -- the default key's name: hooks receive nil for it
+
+-- Tables have __gc from Lua 5.2 on; on 5.1 and LuaJIT a lease carries a C
+-- sentinel userdata instead.
+local TABLE_GC = _VERSION ~= "Lua 5.1" and not rawget(_G, "jit")
+
+---------------------------------------------------------------------------
+-- Protected calls that let the function yield.
+---------------------------------------------------------------------------
+
+local pack = table.pack or function(...) return { n = select("#", ...), ... } end
+
+-- pcall is yieldable on Lua 5.2+ and LuaJIT. On PUC Lua 5.1 the function runs
+-- in its own coroutine and every yield is passed up to the caller's
+-- scheduler, whose resume values are passed back down.
+local ycall = pcall
+if _VERSION == "Lua 5.1" and not rawget(_G, "jit") then
+  ycall = function(fn, ...)
+    local co = co_create(fn)
+    local r = pack(co_resume(co, ...))
+    while r[1] and co_status(co) == "suspended" do
+      r = pack(co_resume(co, co_yield(unpack(r, 2, r.n))))
+    end
+    return unpack(r, 1, r.n)
+  end
+end
+
+---------------------------------------------------------------------------
+-- Option validation: every bad option raises naming the option and the rule.
+---------------------------------------------------------------------------
+
+local function fail(fmt, ...)
+  error("clientpool: " .. string_format(fmt, ...), 3)
+end
+
+local function is_int(v)
+  return type(v) == "number" and v == v and v ~= math_huge and v ~= -math_huge and math_floor(v) == v
+end
+
+local KNOWN = {
+  create = true, destroy = true, validate = true, park = true, unpark = true,
+  min_idle = true, max_idle = true, max_live = true, max_concurrency = true,
+  max_waiting = true, per_key = true, keys = true, capacity = true,
+  acquire_timeout = true, idle_timeout = true, max_lifetime = true,
+  lifetime_jitter = true, validate_after_idle = true, max_keys = true,
+  leak_threshold = true, policy = true, pause_mode = true, probe = true,
+  restarts = true, scheduler = true, seed = true,
+}
+
+local function check_count(o, name, min, default)
+  local v = o[name]
+  if v == nil then return default end
+  if not is_int(v) then
+    fail("option '%s' must be an integer, got %s", name, type(v) == "number" and tostring(v) or type(v))
+  end
+  if v < min then fail("option '%s' must be >= %d, got %d", name, min, v) end
+  if v > 2147483647 then fail("option '%s' must be <= 2147483647, got %s", name, tostring(v)) end
+  return v
+end
+
+local function check_duration(o, name)
+  local v = o[name]
+  if v == nil then return nil end
+  if type(v) ~= "number" then fail("option '%s' must be a number of seconds, got %s", name, type(v)) end
+  if v ~= v or v == math_huge or v == -math_huge then
+    fail("option '%s' must be finite, got %s", name, tostring(v))
+  end
+  if v <= 0 then fail("option '%s' must be > 0 seconds, got %s", name, tostring(v)) end
+  return v
+end
+
+local function check_fn(o, name, required)
+  local v = o[name]
+  if v == nil and not required then return nil end
+  if type(v) ~= "function" then
+    fail("option '%s' must be a function, got %s", name, type(v))
+  end
+  return v
+end
+
+local function validate_options(o)
+  if type(o) ~= "table" then
+    error("clientpool: new() expects an options table, got " .. type(o), 3)
+  end
+  for k in pairs(o) do
+    if not KNOWN[k] then fail("unknown option '%s'", tostring(k)) end
+  end
+  local c = {}
+  c.create = check_fn(o, "create", true)
+  c.destroy = check_fn(o, "destroy")
+  c.validate = check_fn(o, "validate")
+  c.park = check_fn(o, "park")
+  c.unpark = check_fn(o, "unpark")
+  if (c.park == nil) ~= (c.unpark == nil) then
+    fail("options 'park' and 'unpark' go together: give both or neither")
+  end
+  c.policy = check_fn(o, "policy")
+  if o.max_live == nil then fail("option 'max_live' is required (an integer >= 1)") end
+  c.max_live = check_count(o, "max_live", 1)
+  c.capacity = check_count(o, "capacity", 1, 1)
+  c.min_idle = check_count(o, "min_idle", 0, 0)
+  c.max_idle = check_count(o, "max_idle", 0, c.max_live)
+  c.max_concurrency = check_count(o, "max_concurrency", 1, c.max_live * c.capacity)
+  c.max_waiting = check_count(o, "max_waiting", 0, 1024)
+  c.max_keys = check_count(o, "max_keys", 1)
+  c.restarts = check_count(o, "restarts", 0, 3)
+  if c.max_idle > c.max_live then
+    fail("option 'max_idle' (%d) must be <= max_live (%d)", c.max_idle, c.max_live)
+  end
+  if c.min_idle > c.max_idle then
+    fail("option 'min_idle' (%d) must be <= max_idle (%d)", c.min_idle, c.max_idle)
+  end
+  if c.capacity > 1 then
+    fail("option 'capacity' > 1 (shared leases) is not available in this version")
+  end
+  if o.per_key ~= nil then
+    local pk = o.per_key
+    if type(pk) ~= "table" then fail("option 'per_key' must be a table, got %s", type(pk)) end
+    for k in pairs(pk) do
+      if k ~= "max_live" and k ~= "max_idle" then fail("unknown option 'per_key.%s'", tostring(k)) end
+    end
+    if pk.max_live ~= nil then
+      if not is_int(pk.max_live) or pk.max_live < 1 then
+        fail("option 'per_key.max_live' must be an integer >= 1, got %s", tostring(pk.max_live))
+      end
+      if pk.max_live > c.max_live then
+        fail("option 'per_key.max_live' (%d) must be <= max_live (%d)", pk.max_live, c.max_live)
+      end
+      c.key_max_live = pk.max_live
+    end
+    if pk.max_idle ~= nil then
+      if not is_int(pk.max_idle) or pk.max_idle < 0 then
+        fail("option 'per_key.max_idle' must be an integer >= 0, got %s", tostring(pk.max_idle))
+      end
+      if pk.max_idle > c.max_idle then
+        fail("option 'per_key.max_idle' (%d) must be <= max_idle (%d)", pk.max_idle, c.max_idle)
+      end
+      if c.key_max_live and pk.max_idle > c.key_max_live then
+        fail("option 'per_key.max_idle' (%d) must be <= per_key.max_live (%d)", pk.max_idle, c.key_max_live)
+      end
+      if c.min_idle > pk.max_idle then
+        fail("option 'min_idle' (%d) must be <= per_key.max_idle (%d)", c.min_idle, pk.max_idle)
+      end
+      c.key_max_idle = pk.max_idle
+    end
+  end
+  if o.keys ~= nil then
+    if type(o.keys) ~= "table" then fail("option 'keys' must be a list of strings, got %s", type(o.keys)) end
+    local seen = {}
+    for i, k in ipairs(o.keys) do
+      if type(k) ~= "string" then fail("option 'keys' must hold strings, item %d is a %s", i, type(k)) end
+      if seen[k] then fail("option 'keys' lists '%s' twice", k) end
+      seen[k] = true
+    end
+    for k in pairs(o.keys) do
+      if type(k) ~= "number" or not seen[o.keys[k]] then fail("option 'keys' must be a list (array)") end
+    end
+    if c.max_keys and #o.keys > c.max_keys then
+      fail("option 'keys' lists %d keys, more than max_keys (%d)", #o.keys, c.max_keys)
+    end
+    c.keys = o.keys
+  end
+  c.acquire_timeout = check_duration(o, "acquire_timeout")
+  c.idle_timeout = check_duration(o, "idle_timeout")
+  c.max_lifetime = check_duration(o, "max_lifetime")
+  c.validate_after_idle = check_duration(o, "validate_after_idle")
+  c.leak_threshold = check_duration(o, "leak_threshold")
+  if o.lifetime_jitter ~= nil then
+    local j = o.lifetime_jitter
+    if type(j) ~= "number" or j ~= j then fail("option 'lifetime_jitter' must be a number, got %s", tostring(j)) end
+    if j < 0 or j >= 1 then fail("option 'lifetime_jitter' must be in [0, 1), got %s", tostring(j)) end
+    if not c.max_lifetime then fail("option 'lifetime_jitter' needs max_lifetime") end
+    c.lifetime_jitter = j
+  end
+  if o.pause_mode ~= nil and o.pause_mode ~= "queue" and o.pause_mode ~= "fail" then
+    fail("option 'pause_mode' must be \"queue\" or \"fail\", got %s", tostring(o.pause_mode))
+  end
+  if o.probe ~= nil and type(o.probe) ~= "boolean" then
+    fail("option 'probe' must be a boolean, got %s", type(o.probe))
+  end
+  if o.seed ~= nil and (not is_int(o.seed) or o.seed < 0) then
+    fail("option 'seed' must be an integer >= 0, got %s", tostring(o.seed))
+  end
+  c.seed = o.seed
+  return c
+end
+
+---------------------------------------------------------------------------
+-- Schedulers
+---------------------------------------------------------------------------
+
+local ADAPTER_FIELDS = { "now", "current", "wait", "wake", "spawn", "sleep" }
+
+local function resolve_scheduler(s)
+  if s == nil then
+    local ngx = rawget(_G, "ngx")
+    if type(ngx) == "table" and type(ngx.get_phase) == "function" then s = "ngx" else s = "loop" end
+  end
+  if type(s) == "string" then
+    local ok, mod = pcall(require, "clientpool.sched." .. s)
+    if not ok then
+      error("clientpool: option 'scheduler': no scheduler named '" .. s .. "' (" .. tostring(mod) .. ")", 3)
+    end
+    s = mod
+  end
+  if type(s) ~= "table" then
+    error("clientpool: option 'scheduler' must be a name or an adapter table, got " .. type(s), 3)
+  end
+  for _, f in ipairs(ADAPTER_FIELDS) do
+    if type(s[f]) ~= "function" then
+      error("clientpool: option 'scheduler': the adapter lacks function '" .. f .. "'", 3)
+    end
+  end
+  return s
+end
+
+---------------------------------------------------------------------------
+-- Cancel tokens
+---------------------------------------------------------------------------
+
+local Token = {}
+Token.__index = Token
+
+--- A cancel token: pass it as `opts.cancel` to acquire; `token:cancel()`
+-- ends the acquisitions waiting on it with `nil, "cancelled"`.
+function _M.token()
+  return setmetatable({ _cancelled = false, _waits = {} }, Token)
+end
+
+function Token:cancelled()
+  return self._cancelled
+end
+
+function Token:cancel()
+  if self._cancelled then return end
+  self._cancelled = true
+  local waits = self._waits
+  self._waits = {}
+  for handle, adapter in pairs(waits) do adapter.wake(handle) end
+end
+
+---------------------------------------------------------------------------
+-- Details of timeout and full: counts, printable like HikariCP's message.
+---------------------------------------------------------------------------
+
+local Detail = {}
+Detail.__index = Detail
+Detail.__tostring = function(d)
+  local head
+  if d.reason == "timeout" then
+    head = string_format("timeout after %.3fs", d.waited or 0)
+  elseif d.reason == "max_keys" then
+    head = "max_keys keys exist"
+  else
+    head = "max_waiting acquisitions wait already"
+  end
+  return string_format("%s (live=%d, idle=%d, active=%d, waiting=%d)", head, d.live, d.idle, d.active, d.waiting)
+end
+Detail.__concat = function(a, b) return tostring(a) .. tostring(b) end
+
+---------------------------------------------------------------------------
+-- Pool
+---------------------------------------------------------------------------
+
+local Pool = {}
+Pool.__index = Pool
+local Lease = {}
+Lease.__index = Lease
+
+local EVENTS = { create = true, acquire = true, release = true, destroy = true,
+                 pause = true, resume = true, timeout = true, leak = true }
+
+local function log(self, msg)
+  local l = self._sched.log
+  if l then pcall(l, msg) else io.stderr:write("clientpool: ", msg, "\n") end
+end
+
+local function emit(self, name, ...)
+  local ls = self._on[name]
+  if not ls then return end
+  for i = 1, #ls do
+    local ok, err = pcall(ls[i], ...)
+    if not ok then log(self, "listener for '" .. name .. "' failed: " .. tostring(err)) end
+  end
+end
+
+local function hook_key(name)
+  if name == DEFAULT then return nil end
+  return name
+end
+
+-- The engine's time argument: nil lets the C binding read the monotonic clock.
+local function now_of(self)
+  if self._mono then return nil end
+  return self._sched.now()
+end
+
+local function clock(self)
+  if self._mono then return monotime() end
+  return self._sched.now()
+end
+
+local pump
+
+local function run_destroy(self, client, name, reason)
+  local destroy = self._destroy
+  if destroy then
+    self._sched.spawn(function()
+      local ok, err = ycall(destroy, client, hook_key(name))
+      if not ok then log(self, "destroy hook failed: " .. tostring(err)) end
+    end)
+  end
+  emit(self, "destroy", hook_key(name), client, reason)
+end
+
+-- The pool's timer: one background task waits for the engine's next
+-- deadline and ticks it; EV_TIMER moves the deadline earlier.
+local function timer_task(self)
+  local sched = self._sched
+  local h = sched.current()
+  self._timer_h = h
+  while self._timer_at and not self._closed do
+    local t = self._timer_at
+    if clock(self) < t then sched.wait(h, t) end
+    if self._timer_at and clock(self) >= self._timer_at then
+      self._timer_at = nil
+      self._e:tick(now_of(self))
+      pump(self)
+    end
+  end
+  self._timer_h = nil
+end
+
+local function arm(self, t)
+  if self._closed then return end
+  if self._timer_at and self._timer_at <= t then return end
+  self._timer_at = t
+  if self._timer_h then
+    self._sched.wake(self._timer_h)
+  elseif not self._timer_spawned then
+    self._timer_spawned = true
+    local bg = self._sched.background or self._sched.spawn
+    bg(function()
+      local ok, err = ycall(timer_task, self)
+      self._timer_spawned = false
+      self._timer_h = nil
+      if not ok then
+        log(self, "timer task failed: " .. tostring(err))
+      elseif self._timer_at and not self._closed then
+        local t2 = self._timer_at
+        self._timer_at = nil
+        arm(self, t2)
+      end
+    end)
+  end
+end
+
+-- Carries out the engine's queued events, one at a time and in order, so a
+-- hook that re-enters the pool sees them in order too.
+pump = function(self)
+  local e = self._e
+  while true do
+    local t, a, b, c, tt = e:next_event()
+    if not t then return end
+    if t == EV_WAKE then
+      local h = self._waiters[a]
+      if h ~= nil and self._wgen[a] == b then
+        if not self._sched.wake(h) then
+          -- the waiting coroutine is gone: give its grant back
+          self._waiters[a] = nil
+          e:abandon(a, b, now_of(self))
+        end
+      end
+    elseif t == EV_DESTROY then
+      local client = self._clients[a]
+      self._clients[a] = nil
+      self._parked[a] = nil
+      local reason = BY_NAME[b]
+      local name = self._knames[c]
+      if reason == "leaked" then
+        local info = self._leak_info[a]
+        self._leak_info[a] = nil
+        emit(self, "leak", hook_key(name), { leaked = true, where = info })
+      end
+      run_destroy(self, client, name, reason)
+    elseif t == EV_TIMER then
+      arm(self, tt)
+    elseif t == EV_KEY_FREE then
+      local name = self._knames[a]
+      if name ~= nil then
+        self._knames[a] = nil
+        self._kids[name] = nil
+      end
+    elseif t == EV_LEAK then
+      local lease = self._held[a]
+      if lease and lease._g == b then
+        local info = { leaked = false, held = clock(self) - tt, where = lease._where, lease = lease }
+        if self._on.leak then
+          emit(self, "leak", hook_key(lease._key), info)
+        else
+          log(self, string_format("lease of key '%s' held %.3fs (leak_threshold), %s",
+            lease._key, info.held, tostring(lease._where)))
+        end
+      end
+    end
+  end
+end
+
+local function snapshot(self, reason, name, waited)
+  local s = self._e:stats(-1, {})
+  return setmetatable({ live = s.live, idle = s.idle, active = s.active, waiting = s.waiting,
+                        leases = s.leases, creating = s.creating, key = hook_key(name),
+                        waited = waited, reason = reason }, Detail)
+end
+
+--- Creates a pool. Performs no I/O.
+function _M.new(opts)
+  local c = validate_options(opts)
+  local sched = resolve_scheduler(opts.scheduler)
+  local e = core.new {
+    max_live = c.max_live, min_idle = c.min_idle, max_idle = c.max_idle,
+    max_concurrency = c.max_concurrency, max_waiting = c.max_waiting, capacity = c.capacity,
+    key_max_live = c.key_max_live, key_max_idle = c.key_max_idle, max_keys = c.max_keys,
+    idle_timeout = c.idle_timeout, max_lifetime = c.max_lifetime,
+    lifetime_jitter = c.lifetime_jitter, validate_after_idle = c.validate_after_idle,
+    leak_threshold = c.leak_threshold, seed = c.seed,
+  }
+  local self = setmetatable({
+    _e = e, _c = c, _sched = sched, _mono = sched.monotonic == true,
+    _create = c.create, _destroy = c.destroy, _validate = c.validate,
+    _park = c.park, _unpark = c.unpark,
+    _clients = {}, _parked = {}, _kids = {}, _knames = {},
+    _waiters = {}, _wgen = {}, _on = {}, _closed = false,
+    _held = setmetatable({}, { __mode = "v" }), _leak_info = {},
+  }, Pool)
+  local warm = c.keys or { DEFAULT }
+  for _, name in ipairs(warm) do
+    local k = e:key_open()
+    e:key_pin(k, true)
+    self._kids[name] = k
+    self._knames[k] = name
+  end
+  return self
+end
+
+local function key_id(self, key, fname)
+  local name = key
+  if name == nil then
+    name = DEFAULT
+  elseif type(name) ~= "string" then
+    error("clientpool: bad argument #1 to '" .. fname .. "' (key must be a string or nil, got " .. type(key) .. ")", 3)
+  end
+  local k = self._kids[name]
+  if k then return k, name end
+  local err
+  k, err = self._e:key_open()
+  if not k then return nil, name, err end
+  self._kids[name] = k
+  self._knames[k] = name
+  return k, name
+end
+
+local function lease_gc(l)
+  local p = l._p
+  if p and l._g then
+    p._e:leak(l._l, l._g, now_of(p))
+  end
+end
+if TABLE_GC then Lease.__gc = lease_gc end
+
+local function new_lease(self, name, rec, l, g, client)
+  local lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g }, Lease)
+  if not TABLE_GC then lease._s = self._e:sentinel(l, g) end
+  local c = self._c
+  if c.leak_threshold then
+    lease._where = debug.traceback("acquired", 3)
+    self._held[l] = lease
+  end
+  return lease
+end
+
+-- Ends the engine side of a lease; reason nil = reuse.
+local function finish_lease(self, lease, reason)
+  local l, g = lease._l, lease._g
+  lease._g = nil
+  if lease._s then lease._s = nil end
+  local ok, pending = self._e:release(l, g, reason or -1, now_of(self))
+  if pending > 0 then pump(self) end
+  return ok
+end
+
+-- Makes a granted record usable: unpark and validate. Returns the client or
+-- nil when the record is not fit (already retired then).
+local function ready_idle(self, name, rec, l, g, validate, idle)
+  local client = self._clients[rec]
+  if self._parked[rec] then
+    local ok, c = ycall(self._unpark, client, hook_key(name))
+    if not ok or c == nil then
+      if not ok then log(self, "unpark hook failed: " .. tostring(c)) end
+      self._clients[rec] = client
+      local ok2, pending = self._e:release(l, g, BY.invalid, now_of(self))
+      if ok2 and pending > 0 then pump(self) end
+      return nil
+    end
+    client = c
+    self._clients[rec] = c
+    self._parked[rec] = nil
+  end
+  local v = self._validate
+  if v and validate then
+    local ok, good = ycall(v, client, hook_key(name), idle)
+    if not ok or not good then
+      local _, pending = self._e:release(l, g, BY.invalid, now_of(self))
+      if pending > 0 then pump(self) end
+      return nil
+    end
+  end
+  return client
+end
+
+-- Runs create for a reservation. Returns the lease, or nil, "create", err.
+local function do_create(self, name, rec, l, g)
+  local lease = new_lease(self, name, rec, l, g, nil)
+  local ok, client, err = ycall(self._create, hook_key(name))
+  local e = self._e
+  if not ok or client == nil then
+    lease._g = nil
+    lease._s = nil
+    local _, pending = e:created(rec, false, now_of(self))
+    if pending > 0 then pump(self) end
+    if ok then err = err or "create returned nil" else err = client end
+    return nil, "create", err
+  end
+  self._clients[rec] = client
+  lease.client = client
+  local _, pending = e:created(rec, true, now_of(self))
+  if pending > 0 then pump(self) end
+  emit(self, "create", hook_key(name), client)
+  return lease
+end
+
+local function on_grant(self, name, st, rec, l, g, validate, idle, waited)
+  if st == GRANT_IDLE then
+    local client = ready_idle(self, name, rec, l, g, validate, idle)
+    if client == nil then return nil end
+    local lease = new_lease(self, name, rec, l, g, client)
+    if self._on.acquire then emit(self, "acquire", hook_key(name), client, waited) end
+    return lease
+  end
+  local lease, code, err = do_create(self, name, rec, l, g)
+  if lease and self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, waited) end
+  return lease, code, err
+end
+
+local function wait_for(self, k, name, opts)
+  local sched = self._sched
+  local h, why = sched.current()
+  if h == nil then
+    self._e:key_forget(k)
+    pump(self)
+    error("clientpool: acquire would wait, but " .. (why or "the caller cannot yield") ..
+          " (use try_acquire, or call acquire from a coroutine the scheduler runs)", 4)
+  end
+  local timeout = opts and opts.timeout
+  if timeout == nil then timeout = self._c.acquire_timeout end
+  local start = clock(self)
+  local deadline = timeout and start + timeout
+  local e = self._e
+  local w, g, pending = e:wait(k, deadline or -1, now_of(self))
+  if not w then
+    pump(self)
+    if g == FULL then
+      return nil, "full", snapshot(self, "full", name)
+    end
+    return nil, "closed"
+  end
+  self._waiters[w] = h
+  self._wgen[w] = g
+  local token = opts and opts.cancel
+  if token then token._waits[h] = sched end
+  if pending > 0 then pump(self) end
+  local st, rec, l, lg, validate, idle, waited
+  while true do
+    sched.wait(h, deadline)
+    st, rec, l, lg, validate, idle, pending, waited = e:claim(w, g, now_of(self))
+    if st == PENDING then
+      if token and token._cancelled then
+        local _
+        _, pending = e:abandon(w, g, now_of(self))
+        st = CANCELLED
+      elseif deadline and clock(self) >= deadline then
+        st, rec, l, lg, validate, idle, pending, waited = e:cancel(w, g, TIMEOUT, now_of(self))
+      end
+    end
+    if st ~= PENDING then break end
+  end
+  self._waiters[w] = nil
+  self._wgen[w] = nil
+  if token then token._waits[h] = nil end
+  if pending > 0 then pump(self) end
+  if st == GRANT_IDLE or st == GRANT_CREATE then
+    return true, st, rec, l, lg, validate, idle, waited
+  elseif st == TIMEOUT then
+    local d = snapshot(self, "timeout", name, waited)
+    emit(self, "timeout", hook_key(name), d)
+    return nil, "timeout", d
+  elseif st == CANCELLED then
+    return nil, "cancelled"
+  end
+  return nil, "closed"
+end
+
+--- Acquires a client for key (nil = the default key).
+-- Returns a lease, or nil, code[, detail] with code one of timeout, full,
+-- closed, cancelled, create.
+function Pool:acquire(key, opts)
+  if opts ~= nil and type(opts) ~= "table" then
+    error("clientpool: bad argument #2 to 'acquire' (options table expected, got " .. type(opts) .. ")", 2)
+  end
+  local token = opts and opts.cancel
+  if token ~= nil and getmetatable(token) ~= Token then
+    error("clientpool: bad argument #2 to 'acquire' (opts.cancel must be a clientpool.token())", 2)
+  end
+  if opts and opts.timeout ~= nil then
+    local t = opts.timeout
+    if type(t) ~= "number" or t ~= t or t < 0 or t == math_huge then
+      error("clientpool: bad argument #2 to 'acquire' (opts.timeout must be a finite number >= 0, got "
+            .. tostring(t) .. ")", 2)
+    end
+  end
+  local e = self._e
+  while true do
+    if token and token._cancelled then return nil, "cancelled" end
+    local k, name, kerr = key_id(self, key, "acquire")
+    if not k then
+      if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
+      return nil, "closed"
+    end
+    local st, rec, l, g, validate, idle, pending = e:acquire(k, now_of(self))
+    if pending > 0 then pump(self) end
+    local waited
+    if st == MUST_WAIT then
+      local ok
+      ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, opts)
+      if not ok then return nil, st, rec end
+    elseif st == FULL then
+      return nil, "full", snapshot(self, "full", name)
+    elseif st == CLOSED then
+      return nil, "closed"
+    end
+    local lease, code, err = on_grant(self, name, st, rec, l, g, validate, idle, waited)
+    if lease or code then return lease, code, err end
+    -- the idle record failed validate/unpark and is retired: look again
+  end
+end
+
+--- Never waits or yields: an idle client, or a new one if create need not
+-- yield; else nil, "timeout".
+function Pool:try_acquire(key)
+  local e = self._e
+  while true do
+    local k, name, kerr = key_id(self, key, "try_acquire")
+    if not k then
+      if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
+      return nil, "closed"
+    end
+    local st, rec, l, g, validate, idle, pending = e:acquire(k, now_of(self))
+    if pending > 0 then pump(self) end
+    if st == MUST_WAIT then
+      e:key_forget(k)
+      pump(self)
+      return nil, "timeout", snapshot(self, "timeout", name, 0)
+    elseif st == FULL then
+      return nil, "full", snapshot(self, "full", name)
+    elseif st == CLOSED then
+      return nil, "closed"
+    end
+    -- run the grant in a coroutine of its own: if a hook yields, the work
+    -- finishes in the background and this caller does not wait for it
+    local co = co_create(on_grant)
+    local ok, lease, code, err = co_resume(co, self, name, st, rec, l, g, validate, idle, 0)
+    if co_status(co) == "suspended" then
+      self:_adopt(co, lease, code, err)
+      return nil, "timeout", snapshot(self, "timeout", name, 0)
+    end
+    if not ok then error(lease, 0) end
+    if lease or code then return lease, code, err end
+  end
+end
+
+-- A grant started by try_acquire yielded in a hook: the scheduler resumes it
+-- (its yields are passed through a task), and a lease it produces is
+-- released straight back to the pool.
+function Pool:_adopt(co, ...)
+  local first = pack(...)
+  self._sched.spawn(function()
+    local r = first
+    while co_status(co) == "suspended" do
+      r = pack(co_resume(co, co_yield(unpack(r, 1, r.n))))
+      if not r[1] then log(self, "background acquisition failed: " .. tostring(r[2])); return end
+      r = pack(unpack(r, 2, r.n))
+    end
+    local lease = r[1]
+    if lease and getmetatable(lease) == Lease then lease:release() end
+  end)
+end
+
+--- acquire, pcall fn(client, lease, ...), then release (destroy on error).
+-- Returns fn's results, or nil, code[, detail] when nothing was acquired;
+-- an error in fn is raised again after the client is destroyed.
+function Pool:with(key, fn, ...)
+  if type(fn) ~= "function" then
+    error("clientpool: bad argument #2 to 'with' (function expected, got " .. type(fn) .. ")", 2)
+  end
+  local lease, code, detail = self:acquire(key)
+  if not lease then return nil, code, detail end
+  local r = pack(ycall(fn, lease.client, lease, ...))
+  if r[1] then
+    lease:release()
+    return unpack(r, 2, r.n)
+  end
+  lease:release(false)
+  error(r[2], 0)
+end
+
+--- Registers a listener: create, acquire, release, destroy, pause, resume,
+-- timeout, leak. Listeners must not yield; their errors are logged.
+function Pool:on(event, fn)
+  if not EVENTS[event] then
+    error("clientpool: bad argument #1 to 'on' (unknown event '" .. tostring(event) .. "')", 2)
+  end
+  if type(fn) ~= "function" then
+    error("clientpool: bad argument #2 to 'on' (function expected, got " .. type(fn) .. ")", 2)
+  end
+  local ls = self._on[event]
+  if not ls then ls = {}; self._on[event] = ls end
+  ls[#ls + 1] = fn
+  return self
+end
+
+--- A plain table of counters; `keys` holds the same per key.
+function Pool:stats()
+  pump(self)
+  local e = self._e
+  local s = e:stats(-1, {})
+  s.paused = false
+  local keys = {}
+  for name, k in pairs(self._kids) do
+    local ks = e:stats(k, {})
+    if ks then ks.paused = false; keys[name] = ks end
+  end
+  s.keys = keys
+  return s
+end
+
+--- Stops admission, wakes waiters with "closed", destroys idle clients;
+-- leases stay with their holders and their clients are destroyed at release.
+function Pool:close()
+  if self._closed then return end
+  self._closed = true
+  self._e:close(now_of(self))
+  pump(self)
+  self._timer_at = nil
+  if self._timer_h then self._sched.wake(self._timer_h) end
+end
+
+---------------------------------------------------------------------------
+-- Lease
+---------------------------------------------------------------------------
+
+local function check_held(lease, what)
+  if lease._g == nil then error("clientpool: lease released (" .. what .. ")", 3) end
+end
+
+--- Returns the client for reuse; release(false) retires it. Idempotent;
+-- never yields.
+function Lease.release(lease, reuse)
+  local g = lease._g
+  if g == nil then return end                 -- idempotent
+  local self = lease._p
+  local rec, name = lease._r, lease._key
+  local client = self._clients[rec]
+  if self._held[lease._l] == lease then self._held[lease._l] = nil end
+  if reuse == false then
+    finish_lease(self, lease, BY.error)
+  else
+    finish_lease(self, lease, nil)
+    -- still this pool's (idle, or already handed to a waiter): park it
+    if self._park and self._clients[rec] == client and client ~= nil and not self._parked[rec] then
+      local ok, stored = pcall(self._park, client, hook_key(name))
+      if ok then
+        self._clients[rec] = stored
+        self._parked[rec] = true
+      else
+        log(self, "park hook failed: " .. tostring(stored))
+        local _, pending = self._e:retire(rec, now_of(self))
+        if pending > 0 then pump(self) end
+      end
+    end
+  end
+  lease.client = nil
+  if self._on.release then emit(self, "release", hook_key(name), client, reuse ~= false) end
+end
+
+--- Retires the client. Idempotent; never yields.
+function Lease:destroy()
+  return self:release(false)
+end
+
+--- The policy hook arrives with protocol policies; without a policy,
+-- observe only checks the lease.
+function Lease:observe(outcome)
+  check_held(self, "observe")
+  local policy = self._p._c.policy
+  if policy then policy(outcome, self) end
+end
+
+Lease.__close = function(lease, err)
+  if err ~= nil then lease:release(false) else lease:release() end
+end
+
+Lease.__tostring = function(lease)
+  if lease._g == nil then return "clientpool.Lease (released)" end
+  return string_format("clientpool.Lease: key '%s'", lease._key)
+end
+
+_M.Pool = Pool
+_M.Lease = Lease
+return _M
