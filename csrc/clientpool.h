@@ -19,8 +19,9 @@
  * never touch another holder's lease.
  *
  * Time.  Seconds as double, from any monotonic clock the driver chooses.
- * The engine clamps time so it never runs backwards.  A negative duration
- * or deadline means "none".
+ * The engine clamps time so it never runs backwards: a `now` earlier than
+ * the latest one seen (or negative, or NaN) means "the latest time seen".
+ * A negative duration or deadline means "none".
  *
  * Memory.  Slot arrays grow by doubling when more objects exist at once than
  * ever before; a steady-state acquire/release pair allocates nothing.  No

@@ -16,6 +16,7 @@
 enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED };
 enum { W_FREE = 0, W_QUEUED, W_DONE };
 enum { H_LIFETIME = 0, H_WAITER, H_LEASE };
+enum { RH_IDLE = 0, RH_CREATE = 1 };
 
 typedef struct record {
   uint32_t gen;
@@ -58,7 +59,8 @@ typedef struct key {
   int32_t used, pinned;
   int32_t idle_top;      /* top of the LIFO idle stack */
   int32_t wq_head, wq_tail;
-  int32_t rpos;          /* position in the ready-keys heap, or NONE */
+  int32_t rpos;          /* position in its ready heap, or NONE */
+  int32_t rheap;         /* which ready heap: RH_IDLE, RH_CREATE or NONE */
   int32_t next_free;
   clientpool_stats_t st;
 } key_t_;
@@ -84,7 +86,7 @@ struct clientpool {
   int32_t g_oldest, g_newest;   /* pool-wide idle list */
 
   hent_t *heap; int32_t hlen, hcap;   /* deadlines */
-  int32_t *rheap; int32_t rlen;       /* ready keys, sized nkeys */
+  int32_t *rheap[2]; int32_t rlen[2]; /* ready keys, each sized nkeys */
 
   clientpool_event_t *ev; int32_t evcap, evhead, evlen;
   clientpool_stats_t st;
@@ -191,68 +193,83 @@ static void hremove(clientpool_t *p, int32_t *pos) {
   hdown(p, *hpos_of(p, &p->heap[i]));
 }
 
-/* ---- ready-keys heap: keys with a servable waiter, by head arrival ---- */
+/* ---- ready keys ------------------------------------------------------
+ * Keys with queued waiters that could be served, in two heaps ordered by
+ * the arrival of each key's head waiter: RH_IDLE holds keys with an idle
+ * record to hand out, RH_CREATE keys under their cap that must create.  An
+ * idle record goes to its own key's waiters; a waiter that must create is
+ * served in arrival order against the others that can use a free slot, and
+ * evicts another key's idle record only when no waiter can take that one. */
 
 static uint64_t kseq(const clientpool_t *p, int32_t k) {
   return p->wai[p->keys[k].wq_head].seq;
 }
 
-static void rset(clientpool_t *p, int32_t i, int32_t k) {
-  p->rheap[i] = k;
+static void rset(clientpool_t *p, int h, int32_t i, int32_t k) {
+  p->rheap[h][i] = k;
   p->keys[k].rpos = i;
 }
 
-static void rup(clientpool_t *p, int32_t i) {
-  int32_t k = p->rheap[i];
+static void rup(clientpool_t *p, int h, int32_t i) {
+  int32_t k = p->rheap[h][i];
   while (i > 0) {
     int32_t parent = (i - 1) / 2;
-    if (kseq(p, p->rheap[parent]) <= kseq(p, k)) break;
-    rset(p, i, p->rheap[parent]);
+    if (kseq(p, p->rheap[h][parent]) <= kseq(p, k)) break;
+    rset(p, h, i, p->rheap[h][parent]);
     i = parent;
   }
-  rset(p, i, k);
+  rset(p, h, i, k);
 }
 
-static void rdown(clientpool_t *p, int32_t i) {
-  int32_t k = p->rheap[i];
+static void rdown(clientpool_t *p, int h, int32_t i) {
+  int32_t k = p->rheap[h][i], n = p->rlen[h];
   for (;;) {
     int32_t c = 2 * i + 1;
-    if (c >= p->rlen) break;
-    if (c + 1 < p->rlen && kseq(p, p->rheap[c + 1]) < kseq(p, p->rheap[c])) c++;
-    if (kseq(p, k) <= kseq(p, p->rheap[c])) break;
-    rset(p, i, p->rheap[c]);
+    if (c >= n) break;
+    if (c + 1 < n && kseq(p, p->rheap[h][c + 1]) < kseq(p, p->rheap[h][c])) c++;
+    if (kseq(p, k) <= kseq(p, p->rheap[h][c])) break;
+    rset(p, h, i, p->rheap[h][c]);
     i = c;
   }
-  rset(p, i, k);
+  rset(p, h, i, k);
 }
 
-static int key_servable(const clientpool_t *p, int32_t k) {
+/* Which heap key k belongs in: RH_IDLE, RH_CREATE or NONE. */
+static int key_ready(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
-  if (key->wq_head == NONE || p->closed) return 0;
-  if (key->idle_top != NONE) return 1;
-  return p->cfg.key_max_live < 0 || key->st.live + key->st.creating < p->cfg.key_max_live;
+  if (key->wq_head == NONE || p->closed) return NONE;
+  if (key->idle_top != NONE) return RH_IDLE;
+  if (p->cfg.key_max_live < 0 || key->st.live + key->st.creating < p->cfg.key_max_live) return RH_CREATE;
+  return NONE;
 }
 
-/* Puts key k where it belongs in the ready heap after any change to it. */
+static void rremove(clientpool_t *p, int32_t k) {
+  key_t_ *key = &p->keys[k];
+  int h = key->rheap;
+  int32_t i = key->rpos, last;
+  key->rpos = NONE;
+  key->rheap = NONE;
+  last = --p->rlen[h];
+  if (i == last) return;
+  rset(p, h, i, p->rheap[h][last]);
+  rup(p, h, i);
+  rdown(p, h, p->keys[p->rheap[h][i]].rpos);
+}
+
+/* Puts key k where it belongs after any change to it. */
 static void key_refresh(clientpool_t *p, int32_t k) {
   key_t_ *key = &p->keys[k];
-  int want = key_servable(p, k);
+  int want = key_ready(p, k);
+  if (key->rpos != NONE && key->rheap != want) rremove(p, k);
+  if (want == NONE) return;
   if (key->rpos == NONE) {
-    if (!want) return;
-    p->rheap[p->rlen++] = k;
-    key->rpos = p->rlen - 1;
-    rup(p, key->rpos);
-  } else if (want) {
-    rup(p, key->rpos);
-    rdown(p, key->rpos);
+    int32_t i = p->rlen[want]++;
+    key->rheap = want;
+    rset(p, want, i, k);
+    rup(p, want, i);
   } else {
-    int32_t i = key->rpos;
-    key->rpos = NONE;
-    p->rlen--;
-    if (i == p->rlen) return;
-    rset(p, i, p->rheap[p->rlen]);
-    rup(p, i);
-    rdown(p, p->keys[p->rheap[i]].rpos);
+    rup(p, want, key->rpos);
+    rdown(p, want, key->rpos);
   }
 }
 
@@ -286,9 +303,12 @@ int32_t clientpool_key_open(clientpool_t *p) {
     int32_t *rh;
     if (!q) return CLIENTPOOL_ENOMEM;
     p->keys = q;
-    rh = realloc(p->rheap, (size_t)cap * sizeof *rh);
+    rh = realloc(p->rheap[RH_IDLE], (size_t)cap * sizeof *rh);
     if (!rh) return CLIENTPOOL_ENOMEM;
-    p->rheap = rh;
+    p->rheap[RH_IDLE] = rh;
+    rh = realloc(p->rheap[RH_CREATE], (size_t)cap * sizeof *rh);
+    if (!rh) return CLIENTPOOL_ENOMEM;
+    p->rheap[RH_CREATE] = rh;
     for (i = cap - 1; i >= p->nkeys; i--) {
       p->keys[i].used = 0;
       p->keys[i].next_free = p->key_free;
@@ -301,7 +321,7 @@ int32_t clientpool_key_open(clientpool_t *p) {
   p->key_free = key->next_free;
   memset(key, 0, sizeof *key);
   key->used = 1;
-  key->idle_top = key->wq_head = key->wq_tail = key->rpos = NONE;
+  key->idle_top = key->wq_head = key->wq_tail = key->rpos = key->rheap = NONE;
   key->next_free = NONE;
   p->keys_used++;
   return k;
@@ -573,15 +593,34 @@ static void fill_result(clientpool_t *p, int32_t w, clientpool_grant_t *g) {
   (void)p;
 }
 
-/* Serves queued waiters, earliest servable first, while anything is free. */
+static int room(const clientpool_t *p) {
+  return p->st.live + p->st.creating < p->cfg.max_live;
+}
+
+/* The key whose head waiter is served next, or NONE: the earliest of the
+ * keys holding idle records and, when a slot is free, the keys that must
+ * create; a waiter that must create evicts only when no waiter can take an
+ * idle record. */
+static int32_t next_ready(const clientpool_t *p) {
+  int32_t ki = p->rlen[RH_IDLE] ? p->rheap[RH_IDLE][0] : NONE;
+  int32_t kc = p->rlen[RH_CREATE] ? p->rheap[RH_CREATE][0] : NONE;
+  if (kc != NONE && !room(p) && (ki != NONE || p->st.idle == 0)) kc = NONE;
+  if (ki == NONE) return kc;
+  if (kc == NONE) return ki;
+  return kseq(p, kc) < kseq(p, ki) ? kc : ki;
+}
+
+/* Serves queued waiters in arrival order while anything they can use is free. */
 static void dispatch(clientpool_t *p, double now) {
-  while (p->rlen > 0 && p->st.leases < p->cfg.max_concurrency) {
-    int32_t k = p->rheap[0], w = p->keys[k].wq_head;
+  while (p->st.leases < p->cfg.max_concurrency) {
+    int32_t k = next_ready(p), w;
     clientpool_grant_t g;
     waiter_t *x;
+    if (k == NONE) break;
+    w = p->keys[k].wq_head;
+    /* take_idle may meet only expired records: destroyed, k is re-sorted */
     if (!take_idle(p, k, now, &g) && !reserve(p, k, now, &g)) {
-      /* take_idle may have destroyed expired records and so changed k */
-      if (p->rlen > 0 && p->rheap[0] == k && p->keys[k].wq_head == w) break;
+      if (next_ready(p) == k && p->keys[k].wq_head == w) break;
       continue;
     }
     waiter_dequeue(p, w, g.status, now);
@@ -656,7 +695,7 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
 void clientpool_free(clientpool_t *p) {
   if (!p) return;
   free(p->rec); free(p->lea); free(p->wai); free(p->keys);
-  free(p->heap); free(p->rheap); free(p->ev);
+  free(p->heap); free(p->rheap[0]); free(p->rheap[1]); free(p->ev);
   free(p);
 }
 
@@ -812,13 +851,16 @@ int clientpool_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason,
 
 int clientpool_leak(clientpool_t *p, int32_t l, uint32_t gen, double now) {
   lease_t *x;
-  int32_t k;
+  int32_t k, r;
   now = clamp(p, now);
   x = lease_get(p, l, gen);
-  if (!x || p->rec[x->record].state != R_LEASED) return CLIENTPOOL_STALE;
-  k = p->rec[x->record].key;
+  if (!x) return CLIENTPOOL_STALE;
+  r = x->record;
+  k = p->rec[r].key;
   BOTH(p, k, leaked, 1);
-  release(p, l, CLIENTPOOL_BY_LEAKED, now);
+  /* a reservation whose creator died: give the capacity back */
+  if (p->rec[r].state == R_CREATING) forfeit(p, r, 0);
+  else release(p, l, CLIENTPOOL_BY_LEAKED, now);
   finish(p, now);
   return 0;
 }
@@ -977,6 +1019,7 @@ static int check_counts(const clientpool_stats_t *a, const clientpool_stats_t *b
 int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   clientpool_stats_t tot, *per;
   int32_t i, k, used = 0, ready = 0;
+  int h;
   const clientpool_config_t *c = &p->cfg;
   memset(&tot, 0, sizeof tot);
   per = calloc((size_t)(p->nkeys ? p->nkeys : 1), sizeof *per);
@@ -1034,23 +1077,28 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
       cnt++;
     }
     if (cnt != key->st.idle) FAIL("key %d idle stack holds %d, counted %d", k, cnt, key->st.idle);
-    if ((key->rpos != NONE) != key_servable(p, k)) FAIL("key %d ready-heap membership wrong", k);
+    if (key->rheap != key_ready(p, k) || (key->rpos == NONE) != (key->rheap == NONE))
+      FAIL("key %d ready-heap membership wrong", k);
     if (key->rpos != NONE) ready++;
   }
   free(per);
 #undef FAIL
   CHECK(used == p->keys_used, "keys used %d, counted %d", p->keys_used, used);
   CHECK(c->max_keys < 0 || used <= c->max_keys, "more than max_keys keys");
-  CHECK(ready == p->rlen, "ready heap holds %d, counted %d", p->rlen, ready);
+  CHECK(ready == p->rlen[0] + p->rlen[1], "ready heaps hold %d, counted %d",
+        p->rlen[0] + p->rlen[1], ready);
   CHECK(p->st.live + p->st.creating <= c->max_live, "live %d + creating %d > max_live %d",
         p->st.live, p->st.creating, c->max_live);
   CHECK(p->st.leases <= c->max_concurrency, "leases %d > max_concurrency", p->st.leases);
   CHECK(p->st.waiting <= c->max_waiting, "waiting %d > max_waiting", p->st.waiting);
-  for (i = 0; i < p->rlen; i++) {
-    int32_t l = 2 * i + 1;
-    CHECK(p->keys[p->rheap[i]].rpos == i, "ready heap position wrong");
-    if (l < p->rlen) CHECK(kseq(p, p->rheap[i]) <= kseq(p, p->rheap[l]), "ready heap order");
-    if (l + 1 < p->rlen) CHECK(kseq(p, p->rheap[i]) <= kseq(p, p->rheap[l + 1]), "ready heap order");
+  for (h = 0; h < 2; h++) {
+    const int32_t *a = p->rheap[h];
+    for (i = 0; i < p->rlen[h]; i++) {
+      int32_t l = 2 * i + 1;
+      CHECK(p->keys[a[i]].rpos == i && p->keys[a[i]].rheap == h, "ready heap position wrong");
+      if (l < p->rlen[h]) CHECK(kseq(p, a[i]) <= kseq(p, a[l]), "ready heap order");
+      if (l + 1 < p->rlen[h]) CHECK(kseq(p, a[i]) <= kseq(p, a[l + 1]), "ready heap order");
+    }
   }
   for (i = 0; i < p->hlen; i++) {
     int32_t l = 2 * i + 1;
@@ -1059,9 +1107,7 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (l + 1 < p->hlen) CHECK(p->heap[i].t <= p->heap[l + 1].t, "deadline heap order");
   }
   /* after dispatch nothing queued could have been served */
-  CHECK(p->rlen == 0 || p->st.leases >= c->max_concurrency ||
-        (p->st.live + p->st.creating >= c->max_live && p->st.idle == 0 &&
-         p->keys[p->rheap[0]].idle_top == NONE),
+  CHECK(p->closed || p->st.leases >= c->max_concurrency || next_ready(p) == NONE,
         "a servable waiter is left queued");
   return 0;
 }

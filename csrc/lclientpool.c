@@ -129,7 +129,32 @@ static int lcp_pool__tostring(lua_State *L) {
   return 1;
 }
 
-static int push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p, int waited) {
+/* Pushes a leak sentinel for (lease, gen) of the pool at index 1: on Lua 5.1
+ * and LuaJIT, where tables have no __gc, a lease table holds one so a lease
+ * collected while held is reported to the engine. */
+static void push_sentinel(lua_State *L, int32_t lease, uint32_t gen) {
+  lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
+  lcp_guard *s = (lcp_guard *)lua_newuserdata(L, sizeof *s);
+  s->box = *u;
+  s->box->refs++;
+  s->lease = lease;
+  s->gen = gen;
+  luaL_getmetatable(L, LEASE_MT);
+  lua_setmetatable(L, -2);
+}
+
+/* E:sentinel(lease, gen) -> a leak sentinel */
+static int lcp_sentinel(lua_State *L) {
+  lcp_self(L);
+  push_sentinel(L, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3));
+  return 1;
+}
+
+/* Pushes a grant: status, record, lease, gen, validate, idle, pending
+ * [, waited] [, sentinel]: the sentinel only for a grant and when asked for,
+ * so a hot acquire stays one C call on every Lua. */
+static int push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p, int waited, int sentinel) {
+  int n;
   lua_pushinteger(L, g->status);
   lua_pushinteger(L, g->record);
   lua_pushinteger(L, g->lease);
@@ -137,17 +162,21 @@ static int push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p
   lua_pushboolean(L, g->validate);
   lua_pushnumber(L, g->idle);
   lua_pushinteger(L, clientpool_pending(p));
-  if (!waited) return 7;
-  lua_pushnumber(L, g->waited);
-  return 8;
+  n = 7;
+  if (waited) { lua_pushnumber(L, g->waited); n++; }
+  if (sentinel && (g->status == CLIENTPOOL_GRANT_IDLE || g->status == CLIENTPOOL_GRANT_CREATE)) {
+    push_sentinel(L, g->lease, g->lease_gen);
+    n++;
+  }
+  return n;
 }
 
-/* E:acquire(key [, now]) -> status, record, lease, gen, validate, idle, pending */
+/* E:acquire(key [, now [, sentinel]]) -> status, record, lease, gen, validate, idle, pending [, sentinel] */
 static int lcp_acquire(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   clientpool_grant_t g;
   clientpool_acquire(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3), &g);
-  return push_grant(L, &g, p, 0);
+  return push_grant(L, &g, p, 0, lua_toboolean(L, 4));
 }
 
 /* E:release(lease, gen, reason [, now]) -> ok, pending */
@@ -177,21 +206,21 @@ static int lcp_wait(lua_State *L) {
   return 3;
 }
 
-/* E:claim(waiter, gen [, now]) -> status, record, lease, gen, validate, idle, pending, waited */
+/* E:claim(waiter, gen [, now [, sentinel]]) -> status, record, lease, gen, validate, idle, pending, waited [, sentinel] */
 static int lcp_claim(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   clientpool_grant_t g;
   clientpool_claim(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3), opt_now(L, 4), &g);
-  return push_grant(L, &g, p, 1);
+  return push_grant(L, &g, p, 1, lua_toboolean(L, 5));
 }
 
-/* E:cancel(waiter, gen, status [, now]) -> as claim */
+/* E:cancel(waiter, gen, status [, now [, sentinel]]) -> as claim */
 static int lcp_cancel(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   clientpool_grant_t g;
   clientpool_cancel(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
                     (int32_t)lua_tointeger(L, 4), opt_now(L, 5), &g);
-  return push_grant(L, &g, p, 1);
+  return push_grant(L, &g, p, 1, lua_toboolean(L, 6));
 }
 
 static int push_rc(lua_State *L, int rc, clientpool_t *p) {
@@ -360,28 +389,13 @@ static int lcp_stats(lua_State *L) {
   return 1;
 }
 
-/* E:sentinel(lease, gen) -> a userdata that reports the lease as leaked when
- * it is collected (Lua 5.1 / LuaJIT leases hold one). */
-static int lcp_sentinel(lua_State *L) {
-  lcp_box **u;
-  lcp_guard *s;
-  lcp_self(L);
-  u = (lcp_box **)lua_touserdata(L, 1);
-  s = (lcp_guard *)lua_newuserdata(L, sizeof *s);
-  s->box = *u;
-  s->box->refs++;
-  s->lease = (int32_t)lua_tointeger(L, 2);
-  s->gen = (uint32_t)lua_tointeger(L, 3);
-  luaL_getmetatable(L, LEASE_MT);
-  lua_setmetatable(L, -2);
-  return 1;
-}
-
 static int lcp_lease__gc(lua_State *L) {
   lcp_guard *s = (lcp_guard *)luaL_checkudata(L, 1, LEASE_MT);
   if (s->box) {
     /* a released lease is stale: the engine ignores it */
-    if (s->box->p) clientpool_leak(s->box->p, s->lease, s->gen, clientpool_monotime());
+    /* time -1: the engine keeps the latest time it saw, whatever the
+     * driver's clock (a virtual one in tests) */
+    if (s->box->p) clientpool_leak(s->box->p, s->lease, s->gen, -1);
     box_unref(s->box);
     s->box = NULL;
   }

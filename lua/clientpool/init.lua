@@ -35,6 +35,7 @@ local DEFAULT = "" -- the default key's name: hooks receive nil for it
 -- Tables have __gc from Lua 5.2 on; on 5.1 and LuaJIT a lease carries a C
 -- sentinel userdata instead.
 local TABLE_GC = _VERSION ~= "Lua 5.1" and not rawget(_G, "jit")
+local NEED_SENTINEL = not TABLE_GC
 
 ---------------------------------------------------------------------------
 -- Protected calls that let the function yield.
@@ -500,9 +501,10 @@ local function lease_gc(l)
 end
 if TABLE_GC then Lease.__gc = lease_gc end
 
-local function new_lease(self, name, rec, l, g, client)
-  local lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g }, Lease)
-  if not TABLE_GC then lease._s = self._e:sentinel(l, g) end
+-- sentinel: the C leak guard that the engine call returned (Lua 5.1/LuaJIT)
+local function new_lease(self, name, rec, l, g, client, sentinel)
+  local lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
+                               _s = sentinel }, Lease)
   local c = self._c
   if c.leak_threshold then
     lease._where = debug.traceback("acquired", 3)
@@ -551,8 +553,10 @@ local function ready_idle(self, name, rec, l, g, validate, idle)
 end
 
 -- Runs create for a reservation. Returns the lease, or nil, "create", err.
-local function do_create(self, name, rec, l, g)
-  local lease = new_lease(self, name, rec, l, g, nil)
+local function do_create(self, name, rec, l, g, sentinel)
+  -- the lease exists before create runs: if the creating coroutine is killed
+  -- and collected, the lease's collection forfeits the reservation
+  local lease = new_lease(self, name, rec, l, g, nil, sentinel)
   local ok, client, err = ycall(self._create, hook_key(name))
   local e = self._e
   if not ok or client == nil then
@@ -571,15 +575,15 @@ local function do_create(self, name, rec, l, g)
   return lease
 end
 
-local function on_grant(self, name, st, rec, l, g, validate, idle, waited)
+local function on_grant(self, name, st, rec, l, g, validate, idle, waited, sentinel)
   if st == GRANT_IDLE then
     local client = ready_idle(self, name, rec, l, g, validate, idle)
     if client == nil then return nil end
-    local lease = new_lease(self, name, rec, l, g, client)
+    local lease = new_lease(self, name, rec, l, g, client, sentinel)
     if self._on.acquire then emit(self, "acquire", hook_key(name), client, waited) end
     return lease
   end
-  local lease, code, err = do_create(self, name, rec, l, g)
+  local lease, code, err = do_create(self, name, rec, l, g, sentinel)
   if lease and self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, waited) end
   return lease, code, err
 end
@@ -611,17 +615,18 @@ local function wait_for(self, k, name, opts)
   local token = opts and opts.cancel
   if token then token._waits[h] = sched end
   if pending > 0 then pump(self) end
-  local st, rec, l, lg, validate, idle, waited
+  local st, rec, l, lg, validate, idle, waited, sentinel
   while true do
     sched.wait(h, deadline)
-    st, rec, l, lg, validate, idle, pending, waited = e:claim(w, g, now_of(self))
+    st, rec, l, lg, validate, idle, pending, waited, sentinel = e:claim(w, g, now_of(self), NEED_SENTINEL)
     if st == PENDING then
       if token and token._cancelled then
         local _
         _, pending = e:abandon(w, g, now_of(self))
         st = CANCELLED
       elseif deadline and clock(self) >= deadline then
-        st, rec, l, lg, validate, idle, pending, waited = e:cancel(w, g, TIMEOUT, now_of(self))
+        st, rec, l, lg, validate, idle, pending, waited, sentinel =
+          e:cancel(w, g, TIMEOUT, now_of(self), NEED_SENTINEL)
       end
     end
     if st ~= PENDING then break end
@@ -631,7 +636,7 @@ local function wait_for(self, k, name, opts)
   if token then token._waits[h] = nil end
   if pending > 0 then pump(self) end
   if st == GRANT_IDLE or st == GRANT_CREATE then
-    return true, st, rec, l, lg, validate, idle, waited
+    return true, st, rec, l, lg, validate, idle, waited, sentinel
   elseif st == TIMEOUT then
     local d = snapshot(self, "timeout", name, waited)
     emit(self, "timeout", hook_key(name), d)
@@ -668,19 +673,19 @@ function Pool:acquire(key, opts)
       if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
       return nil, "closed"
     end
-    local st, rec, l, g, validate, idle, pending = e:acquire(k, now_of(self))
+    local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
     if pending > 0 then pump(self) end
     local waited
     if st == MUST_WAIT then
       local ok
-      ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, opts)
+      ok, st, rec, l, g, validate, idle, waited, sentinel = wait_for(self, k, name, opts)
       if not ok then return nil, st, rec end
     elseif st == FULL then
       return nil, "full", snapshot(self, "full", name)
     elseif st == CLOSED then
       return nil, "closed"
     end
-    local lease, code, err = on_grant(self, name, st, rec, l, g, validate, idle, waited)
+    local lease, code, err = on_grant(self, name, st, rec, l, g, validate, idle, waited, sentinel)
     if lease or code then return lease, code, err end
     -- the idle record failed validate/unpark and is retired: look again
   end
@@ -696,7 +701,7 @@ function Pool:try_acquire(key)
       if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
       return nil, "closed"
     end
-    local st, rec, l, g, validate, idle, pending = e:acquire(k, now_of(self))
+    local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
     if pending > 0 then pump(self) end
     if st == MUST_WAIT then
       e:key_forget(k)
@@ -710,7 +715,7 @@ function Pool:try_acquire(key)
     -- run the grant in a coroutine of its own: if a hook yields, the work
     -- finishes in the background and this caller does not wait for it
     local co = co_create(on_grant)
-    local ok, lease, code, err = co_resume(co, self, name, st, rec, l, g, validate, idle, 0)
+    local ok, lease, code, err = co_resume(co, self, name, st, rec, l, g, validate, idle, 0, sentinel)
     if co_status(co) == "suspended" then
       self:_adopt(co, lease, code, err)
       return nil, "timeout", snapshot(self, "timeout", name, 0)
