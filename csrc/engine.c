@@ -84,6 +84,7 @@ struct clientpool {
   waiter_t *wai; int32_t nwai, wai_free;
   key_t_ *keys; int32_t nkeys, key_free, keys_used;
   int32_t g_oldest, g_newest;   /* pool-wide idle list */
+  int32_t hold_key;             /* the key an acquire works on: not forgotten meanwhile */
 
   hent_t *heap; int32_t hlen, hcap;   /* deadlines */
   int32_t *rheap[2]; int32_t rlen[2]; /* ready keys, each sized nkeys */
@@ -283,7 +284,7 @@ static int key_empty(const clientpool_t *p, int32_t k) {
 
 static int key_maybe_free(clientpool_t *p, int32_t k) {
   key_t_ *key = &p->keys[k];
-  if (!key->used || key->pinned || !key_empty(p, k)) return 0;
+  if (!key->used || key->pinned || k == p->hold_key || !key_empty(p, k)) return 0;
   key->used = 0;
   key->next_free = p->key_free;
   p->key_free = k;
@@ -688,6 +689,7 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
   p->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ULL;
   p->rec_free = p->lea_free = p->wai_free = p->key_free = NONE;
   p->g_oldest = p->g_newest = NONE;
+  p->hold_key = NONE;
   *out = p;
   return CLIENTPOOL_OK;
 }
@@ -705,20 +707,22 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   now = clamp(p, now);
   if (p->closed) { g->status = CLIENTPOOL_CLOSED; return g->status; }
   if (!key_ok(p, k)) { g->status = CLIENTPOOL_STALE; return g->status; }
+  /* expired records destroyed on the way may empty k: it must survive this
+   * call (and, on MUST_WAIT, until the driver queues or forgets) */
+  p->hold_key = k;
   /* never barge past queued waiters of this key, nor past the concurrency cap */
   if (p->keys[k].wq_head == NONE && p->st.leases < p->cfg.max_concurrency &&
       (take_idle(p, k, now, g) || reserve(p, k, now, g))) {
-    finish(p, now);
-    return g->status;
-  }
-  if (p->st.waiting >= p->cfg.max_waiting) {
+    /* granted */
+  } else if (p->st.waiting >= p->cfg.max_waiting) {
     BOTH(p, k, rejected, 1);
     g->status = CLIENTPOOL_FULL;
-    key_maybe_free(p, k);
   } else {
     g->status = CLIENTPOOL_MUST_WAIT;
   }
   finish(p, now);
+  p->hold_key = NONE;
+  if (g->status == CLIENTPOOL_FULL) key_maybe_free(p, k);
   return g->status;
 }
 

@@ -107,7 +107,21 @@ static int lcp_new(lua_State *L) {
   (*u)->refs = 1;
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_setmetatable(L, -2);
+  /* the pool's private table: holds the driver's notify function, and is
+   * shared by its sentinels so a collected lease can call it */
+  lua_newtable(L);
+  lcp_setuservalue(L, -2);
   return 1;
+}
+
+/* E:set_notify(fn): fn() runs (protected) after a collected lease was
+ * reported, so the driver can carry out the engine's events. */
+static int lcp_set_notify(lua_State *L) {
+  lcp_self(L);
+  lcp_getuservalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_setfield(L, -2, "notify");
+  return 0;
 }
 
 /* One idempotent free backs :free() and __gc. */
@@ -141,6 +155,8 @@ static void push_sentinel(lua_State *L, int32_t lease, uint32_t gen) {
   s->gen = gen;
   luaL_getmetatable(L, LEASE_MT);
   lua_setmetatable(L, -2);
+  lcp_getuservalue(L, 1);
+  lcp_setuservalue(L, -2);
 }
 
 /* E:sentinel(lease, gen) -> a leak sentinel */
@@ -392,12 +408,20 @@ static int lcp_stats(lua_State *L) {
 static int lcp_lease__gc(lua_State *L) {
   lcp_guard *s = (lcp_guard *)luaL_checkudata(L, 1, LEASE_MT);
   if (s->box) {
-    /* a released lease is stale: the engine ignores it */
+    int reported = 0;
     /* time -1: the engine keeps the latest time it saw, whatever the
-     * driver's clock (a virtual one in tests) */
-    if (s->box->p) clientpool_leak(s->box->p, s->lease, s->gen, -1);
+     * driver's clock (a virtual one in tests); a released lease is stale
+     * and the engine ignores it */
+    if (s->box->p) reported = clientpool_leak(s->box->p, s->lease, s->gen, -1) == 0;
     box_unref(s->box);
     s->box = NULL;
+    if (reported) {
+      lcp_getuservalue(L, 1);
+      if (lua_istable(L, -1)) {
+        lua_getfield(L, -1, "notify");
+        if (lua_isfunction(L, -1)) lua_pcall(L, 0, 0, 0);
+      }
+    }
   }
   return 0;
 }
@@ -426,6 +450,7 @@ static const luaL_Reg pool_methods[] = {
   {"next_event", lcp_next_event}, {"pending", lcp_pending},
   {"next_deadline", lcp_next_deadline}, {"is_closed", lcp_is_closed},
   {"lease_age", lcp_lease_age}, {"stats", lcp_stats}, {"sentinel", lcp_sentinel},
+  {"set_notify", lcp_set_notify},
   {NULL, NULL}
 };
 

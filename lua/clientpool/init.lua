@@ -62,8 +62,9 @@ end
 -- Option validation: every bad option raises naming the option and the rule.
 ---------------------------------------------------------------------------
 
+-- Raised without a position: new() re-raises it at its caller's line.
 local function fail(fmt, ...)
-  error("clientpool: " .. string_format(fmt, ...), 3)
+  error("clientpool: " .. string_format(fmt, ...), 0)
 end
 
 local function is_int(v)
@@ -112,9 +113,7 @@ local function check_fn(o, name, required)
 end
 
 local function validate_options(o)
-  if type(o) ~= "table" then
-    error("clientpool: new() expects an options table, got " .. type(o), 3)
-  end
+  if type(o) ~= "table" then fail("new() expects an options table, got %s", type(o)) end
   for k in pairs(o) do
     if not KNOWN[k] then fail("unknown option '%s'", tostring(k)) end
   end
@@ -347,27 +346,30 @@ local function run_destroy(self, client, name, reason)
 end
 
 -- The pool's timer: one background task waits for the engine's next
--- deadline and ticks it; EV_TIMER moves the deadline earlier.
+-- deadline and ticks it; EV_TIMER moves the deadline earlier. A kick (a lease
+-- reported by the garbage collector) has it carry out the engine's events.
 local function timer_task(self)
   local sched = self._sched
   local h = sched.current()
   self._timer_h = h
-  while self._timer_at and not self._closed do
-    local t = self._timer_at
-    if clock(self) < t then sched.wait(h, t) end
-    if self._timer_at and clock(self) >= self._timer_at then
-      self._timer_at = nil
-      self._e:tick(now_of(self))
+  while self._kicked or (self._timer_at and not self._closed) do
+    if self._kicked then
+      self._kicked = false
       pump(self)
+    else
+      local t = self._timer_at
+      if clock(self) < t then sched.wait(h, t) end
+      if self._timer_at and clock(self) >= self._timer_at then
+        self._timer_at = nil
+        self._e:tick(now_of(self))
+        pump(self)
+      end
     end
   end
   self._timer_h = nil
 end
 
-local function arm(self, t)
-  if self._closed then return end
-  if self._timer_at and self._timer_at <= t then return end
-  self._timer_at = t
+local function start_timer(self)
   if self._timer_h then
     self._sched.wake(self._timer_h)
   elseif not self._timer_spawned then
@@ -377,15 +379,22 @@ local function arm(self, t)
       local ok, err = ycall(timer_task, self)
       self._timer_spawned = false
       self._timer_h = nil
-      if not ok then
-        log(self, "timer task failed: " .. tostring(err))
-      elseif self._timer_at and not self._closed then
-        local t2 = self._timer_at
-        self._timer_at = nil
-        arm(self, t2)
-      end
+      if not ok then log(self, "timer task failed: " .. tostring(err)) end
     end)
   end
+end
+
+local function arm(self, t)
+  if self._closed then return end
+  if self._timer_at and self._timer_at <= t then return end
+  self._timer_at = t
+  start_timer(self)
+end
+
+-- Runs inside a finalizer: only schedules the work.
+local function kick(self)
+  self._kicked = true
+  start_timer(self)
 end
 
 -- Carries out the engine's queued events, one at a time and in order, so a
@@ -448,7 +457,8 @@ end
 
 --- Creates a pool. Performs no I/O.
 function _M.new(opts)
-  local c = validate_options(opts)
+  local ok, c = pcall(validate_options, opts)
+  if not ok then error(c, 2) end
   local sched = resolve_scheduler(opts.scheduler)
   local e = core.new {
     max_live = c.max_live, min_idle = c.min_idle, max_idle = c.max_idle,
@@ -466,6 +476,7 @@ function _M.new(opts)
     _waiters = {}, _wgen = {}, _on = {}, _closed = false,
     _held = setmetatable({}, { __mode = "v" }), _leak_info = {},
   }, Pool)
+  e:set_notify(function() kick(self) end)
   local warm = c.keys or { DEFAULT }
   for _, name in ipairs(warm) do
     local k = e:key_open()
@@ -496,7 +507,7 @@ end
 local function lease_gc(l)
   local p = l._p
   if p and l._g then
-    p._e:leak(l._l, l._g, now_of(p))
+    if p._e:leak(l._l, l._g, now_of(p)) then kick(p) end
   end
 end
 if TABLE_GC then Lease.__gc = lease_gc end

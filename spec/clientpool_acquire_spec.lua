@@ -1,0 +1,1468 @@
+-- clientpool: acquire, try_acquire, with, release/destroy, leaks, stats,
+-- events, idle/lifetime expiry, close and create failure (DESIGN.md
+-- sections 2 and 3). The whole suite runs once per scheduler entry of
+-- spec/helpers.lua; time only moves on the scheduler's virtual clock.
+
+local clientpool = require "clientpool"
+local H = require "spec.helpers"
+
+local SPEC_NAME = "clientpool_acquire_spec"
+local it54 = _VERSION == "Lua 5.4" and it or pending
+
+local NUM_FIELDS = { "opened", "reused", "closed", "leaked", "live", "idle", "active", "leases", "creating",
+                     "waiting", "timeouts", "rejected", "cancelled", "wait_count", "wait_time" }
+local COUNT_FIELDS = { "opened", "reused", "closed", "leaked", "live", "idle", "active", "leases", "creating",
+                       "waiting", "timeouts", "rejected", "cancelled", "wait_count" }
+local BY_FIELDS = { "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired" }
+
+local function contains(s, part)
+  return type(s) == "string" and s:find(part, 1, true) ~= nil
+end
+
+-- The message of the error fn raises (it must raise).
+local function errmsg(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected an error")
+  return tostring(err)
+end
+
+-- A programming error: "clientpool:" first (after a position prefix) and
+-- every word given.
+local function assert_api_error(msg, ...)
+  local bare = msg:gsub("^[^\n]-:%d+: ", "", 1)
+  assert(bare:sub(1, 11) == "clientpool:", "not a 'clientpool:' error: " .. msg)
+  for i = 1, select("#", ...) do
+    local w = select(i, ...)
+    assert(contains(bare, w), "error does not mention '" .. w .. "': " .. msg)
+  end
+end
+
+local function near(expected, got, what)
+  assert(type(got) == "number" and math.abs(got - expected) < 1e-6,
+         (what or "value") .. ": expected " .. tostring(expected) .. ", got " .. tostring(got))
+end
+
+local function collect()
+  collectgarbage("collect")
+  collectgarbage("collect")
+end
+
+-- An adapter that is sched with some fields replaced (say `log`, or a
+-- `background` that never runs so the pool has no timer).
+local function wrap(sched, fields)
+  return setmetatable(fields, { __index = sched })
+end
+
+for _, S in ipairs(H.schedulers()) do
+  describe("clientpool acquire/release on " .. S.name, function()
+
+    -- Runs body(sched) as a task on a fresh scheduler, to completion.
+    local function run(body)
+      local sched = S.new()
+      S.run(sched, body, sched)
+      return sched
+    end
+
+    -- A pool over simulated clients: max_live 4 unless o says otherwise.
+    -- fo: factory options (latency).
+    local function mkpool(sched, o, fo)
+      local f = H.factory(sched, fo)
+      local opts = { create = f.create, destroy = f.destroy, max_live = 4, scheduler = sched }
+      for k, v in pairs(o or {}) do opts[k] = v end
+      return clientpool.new(opts), f
+    end
+
+    -- Lets tasks spawned so far (destroy hooks) run.
+    local function settle(sched)
+      sched.sleep(0)
+      sched.sleep(0)
+    end
+
+    -- Listeners recording every event: rec.list in order, rec.of(name).
+    local function record_events(pool, sched)
+      local rec = { list = {} }
+      for _, name in ipairs { "create", "acquire", "release", "destroy", "timeout", "leak" } do
+        pool:on(name, function(...)
+          rec.list[#rec.list + 1] = { name = name, n = select("#", ...), at = sched.now(), ... }
+        end)
+      end
+      function rec.of(name)
+        local r = {}
+        for _, e in ipairs(rec.list) do
+          if e.name == name then r[#r + 1] = e end
+        end
+        return r
+      end
+      return rec
+    end
+
+    ---------------------------------------------------------------------------
+    describe("acquire", function()
+      it("creates lazily: nothing before the first acquire, one client per acquire", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          assert.equal(0, f.created)
+          local l = pool:acquire("k")
+          assert.is_table(l)
+          assert.equal(1, f.created)
+          assert.is_table(l.client)
+          assert.equal(1, l.client.id)
+          assert.equal("k", l.client.key)
+          local s = H.check(pool)
+          assert.equal(1, s.opened)
+          assert.equal(1, s.live)
+          assert.equal(1, s.active)
+          assert.equal(1, s.leases)
+          assert.equal(0, s.idle)
+          assert.equal(0, s.creating)
+          assert.equal(0, s.reused)
+          local l2 = assert(pool:acquire("k"))
+          assert.equal(2, l2.client.id)
+          assert.equal(2, f.created)
+        end)
+      end)
+
+      it("hooks receive nil as the key for the default key", function()
+        run(function(sched)
+          local seen = {}
+          local pool = mkpool(sched, {
+            create = function(key) seen.create = { key } return {} end,
+            validate = function(_, key) seen.validate = { key } return true end,
+          })
+          local l = assert(pool:acquire())
+          l:release()
+          l = assert(pool:acquire())
+          assert.same({ {} }, { seen.create })
+          assert.same({ {} }, { seen.validate })
+          l:release()
+        end)
+      end)
+
+      it("reuses a released client: reused counts, create is not called again", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local l = assert(pool:acquire("k"))
+          local c = l.client
+          l:release()
+          local s = H.check(pool)
+          assert.equal(1, s.idle)
+          assert.equal(0, s.active)
+          local l2 = assert(pool:acquire("k"))
+          assert.equal(c, l2.client)
+          assert.equal(1, f.created)
+          s = H.check(pool)
+          assert.equal(1, s.reused)
+          assert.equal(1, s.opened)
+          assert.equal(0, s.idle)
+          assert.equal(1, s.active)
+        end)
+      end)
+
+      it("takes the most recently released idle client first (LIFO)", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          local a = assert(pool:acquire("k"))
+          local b = assert(pool:acquire("k"))
+          local ca, cb = a.client, b.client
+          a:release()
+          b:release()
+          local x = assert(pool:acquire("k"))
+          assert.equal(cb, x.client)
+          local y = assert(pool:acquire("k"))
+          assert.equal(ca, y.client)
+        end)
+      end)
+
+      it("does not hand out a client of another key", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local a = assert(pool:acquire("a"))
+          a:release()
+          local b = assert(pool:acquire("b"))
+          assert.equal("b", b.client.key)
+          assert.equal(2, f.created)
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("validate", function()
+      it("runs on idle reuse with (client, key, idle seconds), not on a fresh client", function()
+        run(function(sched)
+          local calls = {}
+          local pool = mkpool(sched, {
+            validate = function(c, key, idle)
+              calls[#calls + 1] = { c = c, key = key, idle = idle, n = select("#", c, key, idle) }
+              return true
+            end,
+          })
+          local l = assert(pool:acquire("k"))
+          local c = l.client
+          assert.equal(0, #calls)
+          sched.sleep(1)
+          l:release()
+          sched.sleep(2.5)
+          local l2 = assert(pool:acquire("k"))
+          assert.equal(c, l2.client)
+          assert.equal(1, #calls)
+          assert.equal(c, calls[1].c)
+          assert.equal("k", calls[1].key)
+          near(2.5, calls[1].idle, "idle seconds")
+        end)
+      end)
+
+      it("returning false retires the client (invalid, destroy hook) and the same caller gets a new one", function()
+        run(function(sched)
+          local verdict = false
+          local pool, f = mkpool(sched, { validate = function() return verdict end })
+          local ev = record_events(pool, sched)
+          local l = assert(pool:acquire("k"))
+          local old = l.client
+          l:release()
+          local l2, code = pool:acquire("k")
+          assert.is_table(l2, code)
+          assert.are_not.equal(old, l2.client)
+          assert.equal(2, l2.client.id)
+          assert.equal(2, f.created)
+          local s = H.check(pool)
+          assert.equal(1, s.closed_by.invalid)
+          assert.equal(1, s.closed)
+          assert.equal(1, s.live)
+          assert.equal(1, s.active)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(old.alive)
+          local d = ev.of("destroy")
+          assert.equal(1, #d)
+          assert.equal(old, d[1][2])
+          assert.equal("invalid", d[1][3])
+          verdict = true
+        end)
+      end)
+
+      it("an error in validate is treated as a failed validation (never raised)", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { validate = function() error("ping failed") end })
+          local l = assert(pool:acquire("k"))
+          local old = l.client
+          l:release()
+          local ok, l2, code = pcall(pool.acquire, pool, "k")
+          assert.is_true(ok, l2)
+          assert.is_table(l2, code)
+          assert.are_not.equal(old, l2.client)
+          local s = H.check(pool)
+          assert.equal(1, s.closed_by.invalid)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(old.alive)
+        end)
+      end)
+
+      it("with validate_after_idle, is skipped for a client idle less than that, run when idle longer", function()
+        run(function(sched)
+          local idles = {}
+          local pool = mkpool(sched, {
+            validate_after_idle = 5,
+            validate = function(_, _, idle) idles[#idles + 1] = idle; return true end,
+          })
+          local l = assert(pool:acquire("k"))
+          l:release()
+          sched.sleep(1)
+          l = assert(pool:acquire("k"))
+          assert.equal(0, #idles)
+          l:release()
+          sched.sleep(4.9)
+          l = assert(pool:acquire("k"))
+          assert.equal(0, #idles)
+          l:release()
+          sched.sleep(6)
+          l = assert(pool:acquire("k"))
+          assert.equal(1, #idles)
+          near(6, idles[1], "idle seconds")
+          l:release()
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("park/unpark", function()
+      it("park(client, key) at release; unpark(stored, key) at reuse gives lease.client", function()
+        run(function(sched)
+          local calls = {}
+          local pool, f = mkpool(sched, {
+            park = function(c, key)
+              calls[#calls + 1] = { "park", c, key }
+              return { stored = c }
+            end,
+            unpark = function(stored, key)
+              calls[#calls + 1] = { "unpark", stored, key }
+              return { handle = stored.stored }
+            end,
+          })
+          local l = assert(pool:acquire("k"))
+          local c = l.client
+          assert.equal(0, #calls) -- a fresh client is not unparked
+          l:release()
+          assert.equal(1, #calls)
+          assert.equal("park", calls[1][1])
+          assert.equal(c, calls[1][2])
+          assert.equal("k", calls[1][3])
+          local l2 = assert(pool:acquire("k"))
+          assert.equal(2, #calls)
+          assert.equal("unpark", calls[2][1])
+          assert.same({ stored = c }, calls[2][2])
+          assert.equal("k", calls[2][3])
+          assert.same({ handle = c }, l2.client)
+          assert.equal(1, f.created)
+          assert.equal(1, H.check(pool).reused)
+          l2:release()
+          assert.equal("park", calls[3][1])
+          assert.same({ handle = c }, calls[3][2]) -- the handle the lease had
+        end)
+      end)
+
+      local function unpark_failure(unpark)
+        run(function(sched)
+          local pool, f = mkpool(sched, {
+            park = function(c) return { stored = c } end,
+            unpark = unpark,
+            scheduler = wrap(sched, { log = function() end }),
+          })
+          local l = assert(pool:acquire("k"))
+          local old = l.client
+          l:release()
+          local ok, l2, code = pcall(pool.acquire, pool, "k")
+          assert.is_true(ok, l2)
+          assert.is_table(l2, code)
+          assert.equal(2, f.created)
+          assert.are_not.equal(old, l2.client)
+          assert.equal(2, l2.client.id)
+          local s = H.check(pool)
+          assert.equal(1, s.closed)
+          assert.equal(1, s.closed_by.invalid)
+          assert.equal(1, s.live)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+        end)
+      end
+
+      it("unpark returning nil retires the record and the caller gets a new client", function()
+        unpark_failure(function() return nil end)
+      end)
+
+      it("unpark throwing retires the record and the caller gets a new client", function()
+        unpark_failure(function() error("reconnect refused") end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("try_acquire", function()
+      it("works outside a coroutine with an idle client or a create that does not yield", function()
+        local sched = S.new()
+        local pool, f = mkpool(sched)
+        local l, code = pool:try_acquire("k")
+        assert.is_table(l, code)
+        assert.equal(1, f.created)
+        local c = l.client
+        l:release()
+        local l2 = assert(pool:try_acquire("k"))
+        assert.equal(c, l2.client)
+        assert.equal(1, f.created)
+        assert.equal(1, H.check(pool).reused)
+        l2:release()
+      end)
+
+      it("never yields: run inside a coroutine it finishes in one resume", function()
+        run(function(sched)
+          local pool = mkpool(sched, nil, { latency = 1 })
+          for round = 1, 2 do
+            local co = coroutine.create(function() return pool:try_acquire("k") end)
+            local ok, l, code = coroutine.resume(co)
+            assert.is_true(ok, l)
+            assert.equal("dead", coroutine.status(co))
+            if round == 1 then
+              assert.is_nil(l)
+              assert.equal("timeout", code)
+              sched.sleep(2)
+            else
+              assert.is_table(l, code)
+              l:release()
+            end
+          end
+        end)
+      end)
+
+      it("returns nil, timeout when nothing is free (max_live reached) and queues nothing", function()
+        local sched = S.new()
+        local pool = mkpool(sched, { max_live = 1 })
+        local held = assert(pool:try_acquire("k"))
+        local t0 = sched.now()
+        local l, code = pool:try_acquire("k")
+        assert.is_nil(l)
+        assert.equal("timeout", code)
+        assert.equal(t0, sched.now())
+        local s = H.check(pool)
+        assert.equal(0, s.waiting)
+        assert.equal(1, s.live)
+        local c = held.client
+        held:release()
+        -- a later acquisition gets the released client: nothing was left waiting for it
+        local l2 = assert(pool:try_acquire("k"))
+        assert.equal(c, l2.client)
+        assert.equal(1, H.check(pool).reused)
+      end)
+
+      it("when create yields, returns nil, timeout at once; the created client then joins the idle pool", function()
+        local sched = S.new()
+        local pool, f = mkpool(sched, nil, { latency = 1 })
+        local l, code = pool:try_acquire("k")
+        assert.is_nil(l)
+        assert.equal("timeout", code)
+        assert.equal(0, f.created)
+        H.check(pool)
+        S.run(sched, function() end) -- the scheduler finishes the creation
+        assert.equal(1, f.created)
+        local s = H.check(pool)
+        assert.equal(1, s.idle)
+        assert.equal(1, s.live)
+        assert.equal(1, s.opened)
+        assert.equal(0, s.creating)
+        assert.equal(0, s.active)
+        local l2 = assert(pool:try_acquire("k"))
+        assert.equal(1, l2.client.id)
+        assert.equal(1, f.created)
+        l2:release()
+      end)
+
+      it("inside a task, a yielding create also answers nil, timeout without the clock moving", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, nil, { latency = 3 })
+          local t0 = sched.now()
+          local l, code = pool:try_acquire("k")
+          assert.is_nil(l)
+          assert.equal("timeout", code)
+          assert.equal(t0, sched.now())
+          assert.equal(1, H.check(pool).creating)
+          sched.sleep(4)
+          assert.equal(1, f.created)
+          local s = H.check(pool)
+          assert.equal(1, s.idle)
+          assert.equal(0, s.creating)
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("acquire outside a coroutine", function()
+      it("works when a client is free (idle or creatable)", function()
+        local sched = S.new()
+        local pool, f = mkpool(sched, { max_live = 1 })
+        local l = assert(pool:acquire("k"))
+        assert.equal(1, f.created)
+        l:release()
+        local l2 = assert(pool:acquire("k"))
+        assert.equal(l2.client.id, 1)
+        l2:release()
+      end)
+
+      it("raises an error saying it would wait when nothing is free, and leaves the pool sound", function()
+        local sched = S.new()
+        local pool = mkpool(sched, { max_live = 1 })
+        local held = assert(pool:acquire("k"))
+        local msg = errmsg(pool.acquire, pool, "k")
+        assert_api_error(msg, "would wait")
+        local s = H.check(pool)
+        assert.equal(0, s.waiting)
+        assert.equal(1, s.leases)
+        held:release()
+        s = H.check(pool)
+        assert.equal(1, s.idle)
+        assert.equal(0, s.active)
+        assert.is_table((pool:acquire("k")))
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("with", function()
+      it("returns fn's results (client, lease and extra arguments passed) and releases", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local seen
+          local r = { pool:with("k", function(client, lease, x, y)
+            seen = { client = client, lease = lease, lease_client = lease.client }
+            return client.id, x + y, nil
+          end, 2, 3) }
+          assert.equal(1, r[1])
+          assert.equal(5, r[2])
+          assert.equal(1, seen.client.id)
+          assert.equal(seen.client, seen.lease_client)
+          local s = H.check(pool)
+          assert.equal(1, s.idle)
+          assert.equal(0, s.active)
+          assert.equal(0, s.leases)
+          -- the client is reused next time
+          local id = pool:with("k", function(client) return client.id end)
+          assert.equal(1, id)
+          assert.equal(1, f.created)
+          assert.equal(1, H.check(pool).reused)
+        end)
+      end)
+
+      it("keeps every result, nils included", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          local n = select("#", pool:with("k", function() return nil, 2, nil end))
+          assert.equal(3, n)
+        end)
+      end)
+
+      it("re-raises an error in fn (the same value) and destroys the client (closed_by.error)", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local boom = { "boom" }
+          local client
+          local ok, err = pcall(pool.with, pool, "k", function(c)
+            client = c
+            error(boom)
+          end)
+          assert.is_false(ok)
+          assert.equal(boom, err)
+          ok, err = pcall(pool.with, pool, "k", function() error("plain boom") end)
+          assert.is_false(ok)
+          assert.is_true(contains(tostring(err), "plain boom"))
+          local s = H.check(pool)
+          assert.equal(2, s.closed_by.error)
+          assert.equal(0, s.live)
+          assert.equal(0, s.leases)
+          settle(sched)
+          assert.equal(2, f.destroyed)
+          assert.is_false(client.alive)
+        end)
+      end)
+
+      it("returns nil, closed on a closed pool without calling fn", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          pool:close()
+          local called = false
+          local r, code = pool:with("k", function() called = true end)
+          assert.is_nil(r)
+          assert.equal("closed", code)
+          assert.is_false(called)
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("release and destroy", function()
+      it("release is idempotent: a second release changes nothing", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local l = assert(pool:acquire("k"))
+          l:release()
+          local s1 = pool:stats()
+          l:release()
+          l:release(false)
+          l:destroy()
+          assert.same(s1, pool:stats())
+          settle(sched)
+          assert.equal(0, f.destroyed)
+        end)
+      end)
+
+      it("a stale release never ends the lease of the client's next holder", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          local l1 = assert(pool:acquire("k"))
+          l1:release()
+          local l2 = assert(pool:acquire("k")) -- the same client, a new lease
+          l1:release()
+          l1:destroy()
+          local s = H.check(pool)
+          assert.equal(1, s.active)
+          assert.equal(1, s.leases)
+          assert.equal(0, s.idle)
+          assert.equal(0, s.closed)
+          l2:release()
+          assert.equal(1, H.check(pool).idle)
+        end)
+      end)
+
+      it("destroy retires the client (closed_by.error, destroy hook) and is idempotent", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local l = assert(pool:acquire("k"))
+          local c = l.client
+          l:destroy()
+          l:destroy()
+          l:release()
+          local s = H.check(pool)
+          assert.equal(1, s.closed)
+          assert.equal(1, s.closed_by.error)
+          assert.equal(0, s.live)
+          assert.equal(0, s.idle)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(c.alive)
+        end)
+      end)
+
+      it("release(false) retires the client (closed_by.error)", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local l = assert(pool:acquire("k"))
+          local c = l.client
+          l:release(false)
+          local s = H.check(pool)
+          assert.equal(1, s.closed_by.error)
+          assert.equal(0, s.live)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(c.alive)
+          local l2 = assert(pool:acquire("k"))
+          assert.are_not.equal(c, l2.client)
+        end)
+      end)
+
+      it("release then destroy is a no-op: the client stays idle", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local l = assert(pool:acquire("k"))
+          l:release()
+          l:destroy()
+          local s = H.check(pool)
+          assert.equal(1, s.idle)
+          assert.equal(0, s.closed)
+          settle(sched)
+          assert.equal(0, f.destroyed)
+        end)
+      end)
+
+      it("observe on a released lease raises 'lease released'; on a held one it does not", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          local l = assert(pool:acquire("k"))
+          l:observe({ status = 200 })
+          l:release()
+          assert_api_error(errmsg(l.observe, l, { status = 200 }), "lease released")
+          local l2 = assert(pool:acquire("k"))
+          l2:destroy()
+          assert_api_error(errmsg(l2.observe, l2, {}), "lease released")
+        end)
+      end)
+
+      it("never yields: release and destroy work outside the scheduler", function()
+        local sched = S.new()
+        local pool, f = mkpool(sched)
+        local a, b = assert(pool:acquire("k")), assert(pool:acquire("k"))
+        a:release()
+        b:destroy()
+        local s = H.check(pool)
+        assert.equal(1, s.idle)
+        assert.equal(1, s.closed_by.error)
+        S.run(sched, function() end) -- the destroy hook runs as a task
+        assert.equal(1, f.destroyed)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("to-be-closed leases", function()
+      it54("leaving the scope releases the lease", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local chunk = assert(load([[
+            local pool, seen = ...
+            do
+              local lease <close> = assert(pool:acquire("k"))
+              seen.client = lease.client
+              seen.active = pool:stats().active
+            end
+            seen.idle_after = pool:stats().idle
+          ]]))
+          local seen = {}
+          chunk(pool, seen)
+          assert.equal(1, seen.active)
+          assert.equal(1, seen.idle_after)
+          local s = H.check(pool)
+          assert.equal(0, s.leases)
+          assert.equal(0, s.closed)
+          local l = assert(pool:acquire("k"))
+          assert.equal(seen.client, l.client)
+          assert.equal(1, f.created)
+        end)
+      end)
+
+      it54("an error in the scope destroys the client", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local chunk = assert(load([[
+            local pool, seen = ...
+            local lease <close> = assert(pool:acquire("k"))
+            seen.client = lease.client
+            error("request failed")
+          ]]))
+          local seen = {}
+          local ok, err = pcall(chunk, pool, seen)
+          assert.is_false(ok)
+          assert.is_true(contains(tostring(err), "request failed"))
+          local s = H.check(pool)
+          assert.equal(0, s.leases)
+          assert.equal(0, s.live)
+          assert.equal(1, s.closed_by.error)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(seen.client.alive)
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("leaks", function()
+      -- Acquires in a coroutine that ends, so no stack slot keeps the lease.
+      local function leak_one(pool, key)
+        local co = coroutine.create(function()
+          local l = assert(pool:acquire(key))
+          return l.client
+        end)
+        local ok, client = coroutine.resume(co)
+        assert(ok, client)
+        return client
+      end
+
+      it("a lease collected while held counts as leaked: client destroyed, leak event, capacity back", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { max_live = 1 })
+          local leaks = {}
+          pool:on("leak", function(key, info) leaks[#leaks + 1] = { key = key, info = info } end)
+          local client = leak_one(pool, "k")
+          assert.equal(1, H.check(pool).leases)
+          collect()
+          local s = H.check(pool)
+          assert.equal(1, s.leaked)
+          assert.equal(1, s.closed_by.leaked)
+          assert.equal(0, s.live)
+          assert.equal(0, s.leases)
+          assert.equal(0, s.active)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(client.alive)
+          assert.equal(1, #leaks)
+          assert.equal("k", leaks[1].key)
+          assert.is_table(leaks[1].info)
+          assert.is_true(leaks[1].info.leaked)
+          -- capacity is back: max_live 1, and this does not wait
+          local l, code = pool:try_acquire("k")
+          assert.is_table(l, code)
+          assert.equal(2, l.client.id)
+          l:release()
+        end)
+      end)
+
+      it("a released lease that is collected is not a leak", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { max_live = 1 })
+          local co = coroutine.create(function() assert(pool:acquire("k")):release() end)
+          assert(coroutine.resume(co))
+          collect()
+          local s = H.check(pool)
+          assert.equal(0, s.leaked)
+          assert.equal(1, s.idle)
+          settle(sched)
+          assert.equal(0, f.destroyed)
+        end)
+      end)
+
+      it("collecting leases (released or leaked) does not move the pool's clock", function()
+        run(function(sched)
+          local idles = {}
+          local pool = mkpool(sched, {
+            max_live = 2, idle_timeout = 60,
+            validate = function(_, _, idle) idles[#idles + 1] = idle; return true end,
+          })
+          local co = coroutine.create(function() assert(pool:acquire("k")):release() end)
+          assert(coroutine.resume(co))
+          leak_one(pool, "x")
+          collect()
+          H.check(pool)
+          sched.sleep(1)
+          local l = assert(pool:acquire("k"))
+          near(1, idles[1], "idle seconds after a collection")
+          l:release()
+          sched.sleep(5)
+          l = assert(pool:acquire("k"))
+          near(5, idles[2], "idle seconds after a collection")
+          l:release()
+          -- and the idle timer still fires on the scheduler's time
+          sched.sleep(61)
+          local s = H.check(pool)
+          assert.equal(1, s.closed_by.idle)
+          assert.equal(0, s.live)
+        end)
+      end)
+
+      it("leak_threshold reports a lease held too long, with where it was acquired", function()
+        run(function(sched)
+          local pool = mkpool(sched, { leak_threshold = 5 })
+          local got = {}
+          pool:on("leak", function(key, info) got[#got + 1] = { key = key, info = info, at = sched.now() } end)
+          local quick = assert(pool:acquire("k"))
+          local slow = assert(pool:acquire("k"))
+          sched.sleep(3)
+          quick:release()
+          sched.sleep(3)
+          assert.equal(1, #got)
+          local info = got[1].info
+          assert.equal("k", got[1].key)
+          assert.is_false(info.leaked)
+          assert.is_true(contains(info.where, "acquired"), tostring(info.where))
+          assert.is_true(contains(info.where, SPEC_NAME), tostring(info.where))
+          assert.is_number(info.held)
+          assert.is_true(info.held >= 5, tostring(info.held))
+          assert.equal(slow, info.lease)
+          -- a report is not a leak: the lease is still the caller's
+          local s = H.check(pool)
+          assert.equal(0, s.leaked)
+          assert.equal(1, s.active)
+          slow:release()
+          s = H.check(pool)
+          assert.equal(2, s.idle)
+          sched.sleep(10)
+          assert.equal(1, #got)
+        end)
+      end)
+
+      it("leak_threshold without a leak listener logs the report", function()
+        run(function(sched)
+          local logs = {}
+          local pool = mkpool(sched, {
+            leak_threshold = 2,
+            scheduler = wrap(sched, { log = function(m) logs[#logs + 1] = tostring(m) end }),
+          })
+          local l = assert(pool:acquire("k"))
+          sched.sleep(3)
+          assert.equal(1, #logs)
+          assert.is_true(contains(logs[1], "acquired"), logs[1])
+          assert.is_true(contains(logs[1], SPEC_NAME), logs[1])
+          l:release()
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("stats", function()
+      local function check_fields(s, what)
+        for _, name in ipairs(NUM_FIELDS) do
+          assert(type(s[name]) == "number", what .. "." .. name .. " is " .. type(s[name]))
+        end
+        for _, name in ipairs(COUNT_FIELDS) do
+          assert(s[name] >= 0 and math.floor(s[name]) == s[name], what .. "." .. name .. " is not a count")
+        end
+        assert(type(s.closed_by) == "table", what .. ".closed_by is " .. type(s.closed_by))
+        for _, name in ipairs(BY_FIELDS) do
+          assert(type(s.closed_by[name]) == "number",
+                 what .. ".closed_by." .. name .. " is " .. type(s.closed_by[name]))
+        end
+        assert(s.paused == false, what .. ".paused is " .. tostring(s.paused))
+      end
+
+      it("has every field of the contract, with its type, for the pool and per key", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          check_fields(pool:stats(), "stats")
+          local a = assert(pool:acquire("a"))
+          local b = assert(pool:acquire("b"))
+          local s = H.check(pool)
+          check_fields(s, "stats")
+          assert.is_nil(getmetatable(s))
+          assert.is_table(s.keys)
+          assert.is_table(s.keys.a)
+          assert.is_table(s.keys.b)
+          check_fields(s.keys.a, "stats.keys.a")
+          check_fields(s.keys.b, "stats.keys.b")
+          assert.equal(1, s.keys.a.live)
+          assert.equal(1, s.keys.b.active)
+          -- a plain table, a new one each time
+          s.opened = 99
+          assert.equal(2, pool:stats().opened)
+          a:release()
+          b:release()
+        end)
+      end)
+
+      it("counts a scripted sequence exactly", function()
+        run(function(sched)
+          local pool = mkpool(sched, { max_live = 2, max_waiting = 1 })
+          local function expect(want)
+            local s = H.check(pool)
+            for k, v in pairs(want) do
+              if k == "closed_by" then
+                for r, n in pairs(v) do assert(s.closed_by[r] == n, "closed_by." .. r .. ": " .. s.closed_by[r]) end
+              elseif k == "wait_time" then
+                near(v, s.wait_time, "wait_time")
+              else
+                assert(s[k] == v, k .. ": expected " .. tostring(v) .. ", got " .. tostring(s[k]))
+              end
+            end
+            return s
+          end
+          expect { opened = 0, live = 0, idle = 0, active = 0, leases = 0, waiting = 0 }
+
+          local a1 = assert(pool:acquire("a"))
+          expect { opened = 1, live = 1, active = 1, leases = 1, idle = 0, creating = 0 }
+          local b1 = assert(pool:acquire("b"))
+          local s = expect { opened = 2, live = 2, active = 2, leases = 2 }
+          assert.equal(1, s.keys.a.live)
+          assert.equal(1, s.keys.b.live)
+
+          local w1
+          sched.spawn(function() w1 = { pool:acquire("a", { timeout = 1 }) } end)
+          sched.sleep(0.5)
+          s = expect { waiting = 1, wait_count = 0 }
+          assert.equal(1, s.keys.a.waiting)
+
+          local l, code, detail = pool:acquire("a", { timeout = 5 })
+          assert.is_nil(l)
+          assert.equal("full", code)
+          assert.equal(2, detail.live)
+          assert.equal(1, detail.waiting)
+          expect { rejected = 1, waiting = 1 }
+
+          sched.sleep(1)
+          assert.equal("timeout", w1[2])
+          expect { waiting = 0, timeouts = 1, wait_count = 1, wait_time = 1 }
+
+          a1:release()
+          expect { idle = 1, active = 1, leases = 1, live = 2 }
+          local a2 = assert(pool:acquire("a"))
+          expect { reused = 1, idle = 0, active = 2 }
+          a2:release(false)
+          expect { closed = 1, live = 1, opened = 2, active = 1, closed_by = { error = 1 } }
+          b1:release()
+          expect { idle = 1, active = 0, leases = 0, live = 1 }
+
+          local x = assert(pool:acquire("b"))
+          local y = assert(pool:acquire("a"))
+          expect { reused = 2, opened = 3, live = 2, active = 2, idle = 0 }
+          local token = clientpool.token()
+          local w2
+          sched.spawn(function() w2 = { pool:acquire("a", { cancel = token }) } end)
+          sched.sleep(0.5)
+          expect { waiting = 1 }
+          token:cancel()
+          sched.sleep(0)
+          sched.sleep(0)
+          assert.is_nil(w2[1])
+          assert.equal("cancelled", w2[2])
+          expect { waiting = 0, cancelled = 1, wait_count = 2, wait_time = 1.5 }
+          x:release()
+          y:release()
+          expect {
+            opened = 3, reused = 2, closed = 1, leaked = 0, live = 2, idle = 2, active = 0, leases = 0,
+            creating = 0, waiting = 0, timeouts = 1, rejected = 1, cancelled = 1, wait_count = 2,
+            closed_by = { idle = 0, lifetime = 0, invalid = 0, error = 1, max_idle = 0, drain = 0,
+                          leaked = 0, retired = 0 },
+          }
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("events", function()
+      it("create, acquire, release and destroy fire with their arguments", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          local ev = record_events(pool, sched)
+          local l = assert(pool:acquire("k"))
+          local c = l.client
+          assert.equal(2, #ev.list)
+          assert.equal("create", ev.list[1].name)
+          assert.equal("k", ev.list[1][1])
+          assert.equal(c, ev.list[1][2])
+          assert.equal("acquire", ev.list[2].name)
+          assert.equal("k", ev.list[2][1])
+          assert.equal(c, ev.list[2][2])
+          assert.is_nil(ev.list[2][3]) -- it did not wait
+
+          l:release()
+          local r = ev.of("release")
+          assert.equal(1, #r)
+          assert.same({ "k", c, true }, { r[1][1], r[1][2], r[1][3] })
+
+          l = assert(pool:acquire("k"))
+          assert.equal(1, #ev.of("create"))
+          assert.equal(2, #ev.of("acquire"))
+          assert.equal(c, ev.of("acquire")[2][2])
+
+          l:release(false)
+          r = ev.of("release")
+          assert.equal(2, #r)
+          assert.same({ "k", c, false }, { r[2][1], r[2][2], r[2][3] })
+          local d = ev.of("destroy")
+          assert.equal(1, #d)
+          assert.same({ "k", c, "error" }, { d[1][1], d[1][2], d[1][3] })
+        end)
+      end)
+
+      it("acquire reports how long a waiter waited", function()
+        run(function(sched)
+          local pool = mkpool(sched, { max_live = 1 })
+          local ev = record_events(pool, sched)
+          local held = assert(pool:acquire("k"))
+          sched.spawn(function()
+            sched.sleep(3)
+            held:release()
+          end)
+          local l = assert(pool:acquire("k"))
+          local a = ev.of("acquire")
+          assert.equal(2, #a)
+          assert.equal(l.client, a[2][2])
+          near(3, a[2][3], "waited")
+        end)
+      end)
+
+      it("timeout fires with the key and the detail", function()
+        run(function(sched)
+          local pool = mkpool(sched, { max_live = 1 })
+          local ev = record_events(pool, sched)
+          local held = assert(pool:acquire("k"))
+          local l, code, detail = pool:acquire("k", { timeout = 2 })
+          assert.is_nil(l)
+          assert.equal("timeout", code)
+          local t = ev.of("timeout")
+          assert.equal(1, #t)
+          assert.equal("k", t[1][1])
+          local d = t[1][2]
+          assert.is_not_nil(d)
+          assert.equal(1, d.live)
+          assert.equal(1, d.active)
+          near(2, d.waited, "detail.waited")
+          assert.is_true(contains(tostring(d), "timeout"))
+          assert.equal(1, detail.live)
+          held:release()
+        end)
+      end)
+
+      it("a listener that raises does not break the pool; later listeners still run", function()
+        run(function(sched)
+          local logs = {}
+          local pool, f = mkpool(sched, {
+            max_live = 1,
+            scheduler = wrap(sched, { log = function(m) logs[#logs + 1] = tostring(m) end }),
+          })
+          local names = { "create", "acquire", "release", "destroy", "timeout", "leak" }
+          for _, name in ipairs(names) do pool:on(name, function() error("listener boom") end) end
+          local ev = record_events(pool, sched)
+          local l = assert(pool:acquire("k"))
+          l:release()
+          l = assert(pool:acquire("k"))
+          local none, code = pool:acquire("k", { timeout = 1 })
+          assert.is_nil(none)
+          assert.equal("timeout", code)
+          l:release(false)
+          l = assert(pool:acquire("k"))
+          l:release()
+          settle(sched)
+          local s = H.check(pool)
+          assert.equal(1, s.idle)
+          assert.equal(2, s.opened)
+          assert.equal(1, f.destroyed)
+          for _, name in ipairs { "create", "acquire", "release", "destroy", "timeout" } do
+            assert(#ev.of(name) > 0, "the second " .. name .. " listener did not run")
+          end
+          assert.is_true(#logs > 0)
+        end)
+      end)
+
+      it("on() rejects an unknown event or a non-function listener", function()
+        local pool = mkpool(S.new())
+        assert_api_error(errmsg(pool.on, pool, "acquired", function() end), "acquired")
+        assert_api_error(errmsg(pool.on, pool, nil, function() end))
+        assert_api_error(errmsg(pool.on, pool, "acquire", "not a function"), "function")
+        assert_api_error(errmsg(pool.on, pool, "acquire"), "function")
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("max_idle", function()
+      it("a client released while max_idle are idle is destroyed (closed_by.max_idle)", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { max_live = 2, max_idle = 1 })
+          local ev = record_events(pool, sched)
+          local a = assert(pool:acquire("k"))
+          local b = assert(pool:acquire("k"))
+          local ca, cb = a.client, b.client
+          a:release()
+          b:release()
+          local s = H.check(pool)
+          assert.equal(1, s.idle)
+          assert.equal(1, s.live)
+          assert.equal(1, s.closed_by.max_idle)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(cb.alive)
+          assert.is_true(ca.alive)
+          assert.equal("max_idle", ev.of("destroy")[1][3])
+          assert.equal(ca, assert(pool:acquire("k")).client)
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("idle_timeout and max_lifetime", function()
+      it("idle_timeout is enforced at acquire (even with no pool timer running)", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, {
+            idle_timeout = 10,
+            scheduler = wrap(sched, { background = function() end }), -- the pool's timer never runs
+          })
+          local l = assert(pool:acquire("k"))
+          local old = l.client
+          l:release()
+          sched.sleep(11)
+          l = assert(pool:acquire("k"))
+          assert.are_not.equal(old, l.client)
+          assert.equal(2, f.created)
+          local s = H.check(pool)
+          assert.equal(1, s.closed_by.idle)
+          assert.equal(1, s.live)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(old.alive)
+        end)
+      end)
+
+      it("max_lifetime is enforced at acquire for an idle client (even with no pool timer running)", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, {
+            max_lifetime = 10,
+            scheduler = wrap(sched, { background = function() end }),
+          })
+          local l = assert(pool:acquire("k"))
+          l:release()
+          sched.sleep(11)
+          l = assert(pool:acquire("k"))
+          assert.equal(2, l.client.id)
+          assert.equal(1, H.check(pool).closed_by.lifetime)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+        end)
+      end)
+
+      it("a client retired at acquire never makes a key's client go to another key", function()
+        run(function(sched)
+          local pool = mkpool(sched, {
+            idle_timeout = 10,
+            scheduler = wrap(sched, { background = function() end }),
+          })
+          local l = assert(pool:acquire("k"))
+          l:release()
+          sched.sleep(11)
+          l = assert(pool:acquire("k")) -- the idle client expired here: a new one for "k"
+          assert.equal("k", l.client.key)
+          local o = assert(pool:acquire("other"))
+          assert.equal("other", o.client.key)
+          l:release()
+          local o2 = assert(pool:acquire("other"))
+          assert.equal("other", o2.client.key)
+          o:release()
+          o2:release()
+          local k2 = assert(pool:acquire("k"))
+          assert.equal("k", k2.client.key)
+        end)
+      end)
+
+      it("the pool's timer retires idle clients at idle_timeout, with no acquire", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { idle_timeout = 10 })
+          local ev = record_events(pool, sched)
+          local a = assert(pool:acquire("k"))
+          local b = assert(pool:acquire("k"))
+          local ca, cb = a.client, b.client
+          a:release()          -- idle at 0
+          sched.sleep(5)
+          b:release()          -- idle at 5
+          sched.sleep(7)       -- t = 12
+          local s = H.check(pool)
+          assert.equal(1, s.closed_by.idle)
+          assert.equal(1, s.idle)
+          assert.equal(1, s.live)
+          assert.is_false(ca.alive)
+          assert.is_true(cb.alive)
+          local d = ev.of("destroy")
+          assert.equal(1, #d)
+          assert.equal(ca, d[1][2])
+          assert.equal("idle", d[1][3])
+          near(10, d[1].at, "time of the idle expiry")
+          sched.sleep(4)       -- t = 16
+          s = H.check(pool)
+          assert.equal(2, s.closed_by.idle)
+          assert.equal(0, s.live)
+          near(15, ev.of("destroy")[2].at, "time of the second idle expiry")
+          assert.equal(2, f.destroyed)
+        end)
+      end)
+
+      it("a client held past max_lifetime is destroyed at its release (closed_by.lifetime)", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { max_lifetime = 10 })
+          local l = assert(pool:acquire("k"))
+          local c = l.client
+          sched.sleep(15)
+          local s = H.check(pool)
+          assert.equal(1, s.live) -- leased clients stay with their holders
+          assert.equal(1, s.active)
+          assert.equal(0, s.closed)
+          l:release()
+          s = H.check(pool)
+          assert.equal(1, s.closed_by.lifetime)
+          assert.equal(0, s.idle)
+          assert.equal(0, s.live)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(c.alive)
+        end)
+      end)
+
+      it("the pool's timer retires an idle client at max_lifetime, with no acquire", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { max_lifetime = 10 })
+          local ev = record_events(pool, sched)
+          local l = assert(pool:acquire("k"))
+          sched.sleep(2)
+          l:release()
+          sched.sleep(9) -- t = 11
+          local s = H.check(pool)
+          assert.equal(1, s.closed_by.lifetime)
+          assert.equal(0, s.live)
+          assert.equal(1, f.destroyed)
+          local d = ev.of("destroy")
+          assert.equal(1, #d)
+          assert.equal("lifetime", d[1][3])
+          near(10, d[1].at, "time of the lifetime expiry")
+        end)
+      end)
+
+      it("lifetime_jitter spreads the destroy times within [L/2, L] for jitter 0.5", function()
+        run(function(sched)
+          local N, L = 8, 10
+          local pool = mkpool(sched, { max_live = N, max_lifetime = L, lifetime_jitter = 0.5 })
+          local times = {}
+          pool:on("destroy", function(_, _, reason)
+            assert.equal("lifetime", reason)
+            times[#times + 1] = sched.now()
+          end)
+          local ls = {}
+          for i = 1, N do ls[i] = assert(pool:acquire("k")) end
+          for i = 1, N do ls[i]:release() end
+          sched.sleep(L + 1)
+          assert.equal(N, #times)
+          local lo, hi, distinct = math.huge, -math.huge, {}
+          for _, t in ipairs(times) do
+            assert(t >= L / 2 - 1e-9 and t <= L + 1e-9, "destroyed at " .. t .. ", outside [L/2, L]")
+            lo, hi = math.min(lo, t), math.max(hi, t)
+            distinct[t] = true
+          end
+          local nd = 0
+          for _ in pairs(distinct) do nd = nd + 1 end
+          assert(nd >= 4, "only " .. nd .. " distinct destroy times")
+          assert(hi - lo >= 0.5, "destroy times spread over only " .. (hi - lo) .. "s")
+          assert.equal(N, H.check(pool).closed_by.lifetime)
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("close", function()
+      it("makes later acquisitions return nil, closed", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          pool:close()
+          local l, code = pool:acquire("k")
+          assert.is_nil(l)
+          assert.equal("closed", code)
+          l, code = pool:try_acquire("k")
+          assert.is_nil(l)
+          assert.equal("closed", code)
+          l, code = pool:acquire()
+          assert.is_nil(l)
+          assert.equal("closed", code)
+        end)
+      end)
+
+      it("destroys idle clients (destroy hook, closed_by.drain) and wakes waiters with closed", function()
+        run(function(sched)
+          -- max_concurrency 1: one lease at a time, so a waiter can coexist with idle clients
+          local pool, f = mkpool(sched, { max_live = 3, max_concurrency = 1 })
+          local la = assert(pool:acquire("a"))
+          local ca = la.client
+          la:release()
+          local lb = assert(pool:acquire("b"))
+          local cb = lb.client
+          lb:release()
+          local held = assert(pool:acquire("c"))
+          local waiter
+          sched.spawn(function() waiter = { pool:acquire("a") } end)
+          sched.sleep(1)
+          local s = H.check(pool)
+          assert.equal(1, s.waiting)
+          assert.equal(2, s.idle)
+          pool:close()
+          s = H.check(pool)
+          assert.equal(2, s.closed_by.drain)
+          assert.equal(0, s.idle)
+          assert.equal(1, s.live)
+          settle(sched)
+          assert.equal(2, f.destroyed)
+          assert.is_false(ca.alive)
+          assert.is_false(cb.alive)
+          assert.is_nil(waiter[1])
+          assert.equal("closed", waiter[2])
+          assert.equal(0, H.check(pool).waiting)
+          held:release()
+        end)
+      end)
+
+      it("destroys a lease held across close at its release", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local l = assert(pool:acquire("k"))
+          local c = l.client
+          pool:close()
+          local s = H.check(pool)
+          assert.equal(1, s.live)
+          assert.equal(1, s.active)
+          assert.is_true(c.alive)
+          l:release()
+          s = H.check(pool)
+          assert.equal(0, s.live)
+          assert.equal(0, s.idle)
+          assert.equal(1, s.closed_by.drain)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(c.alive)
+        end)
+      end)
+
+      it("is idempotent", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          assert(pool:acquire("k")):release()
+          pool:close()
+          local s1 = pool:stats()
+          pool:close()
+          pool:close()
+          assert.same(s1, pool:stats())
+          settle(sched)
+          assert.equal(1, f.destroyed)
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("create failure", function()
+      it("create returning nil, err gives nil, 'create', err; no capacity is lost", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { max_live = 1 })
+          f.fail_next = 1
+          local l, code, err = pool:acquire("k")
+          assert.is_nil(l)
+          assert.equal("create", code)
+          assert.equal("refused", err)
+          local s = H.check(pool)
+          assert.equal(0, s.live)
+          assert.equal(0, s.creating)
+          assert.equal(0, s.opened)
+          assert.equal(0, s.leases)
+          l = assert(pool:acquire("k"))
+          assert.equal(1, l.client.id)
+        end)
+      end)
+
+      it("create throwing gives nil, 'create', the error; no capacity is lost", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { max_live = 1 })
+          f.throw_next = 1
+          local ok, l, code, err = pcall(pool.acquire, pool, "k")
+          assert.is_true(ok, l)
+          assert.is_nil(l)
+          assert.equal("create", code)
+          assert.is_true(contains(tostring(err), "create exploded"), tostring(err))
+          local s = H.check(pool)
+          assert.equal(0, s.live)
+          assert.equal(0, s.creating)
+          assert.equal(0, s.leases)
+          l = assert(pool:try_acquire("k"))
+          assert.equal(1, l.client.id)
+        end)
+      end)
+
+      it("hands the forfeited reservation to the next waiter", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { max_live = 1 }, { latency = 1 })
+          f.fail_next = 1
+          local first, second
+          sched.spawn(function() first = { pool:acquire("k") } end)
+          sched.spawn(function() second = { pool:acquire("k", { timeout = 10 }) } end)
+          sched.sleep(0.5)
+          local s = H.check(pool)
+          assert.equal(1, s.creating)
+          assert.equal(1, s.waiting)
+          sched.sleep(3)
+          assert.is_nil(first[1])
+          assert.equal("create", first[2])
+          assert.equal("refused", first[3])
+          assert.is_table(second[1], second[2])
+          assert.equal(1, second[1].client.id)
+          s = H.check(pool)
+          assert.equal(1, s.live)
+          assert.equal(0, s.creating)
+          assert.equal(0, s.waiting)
+        end)
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
+    describe("argument errors", function()
+      it("acquire and try_acquire reject a key that is not a string, naming the key", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          assert_api_error(errmsg(pool.acquire, pool, 42), "key")
+          assert_api_error(errmsg(pool.acquire, pool, {}), "key")
+          assert_api_error(errmsg(pool.acquire, pool, true), "key")
+          assert_api_error(errmsg(pool.try_acquire, pool, 42), "key")
+          assert_api_error(errmsg(pool.try_acquire, pool, {}), "key")
+          local s = H.check(pool)
+          assert.equal(0, s.live)
+          assert.equal(0, s.leases)
+        end)
+      end)
+
+      it("acquire rejects opts that are not a table", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          assert_api_error(errmsg(pool.acquire, pool, "k", 5), "table")
+          assert_api_error(errmsg(pool.acquire, pool, "k", "fast"), "table")
+        end)
+      end)
+
+      it("acquire rejects a negative, NaN or non-number opts.timeout", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          assert_api_error(errmsg(pool.acquire, pool, "k", { timeout = -1 }), "timeout")
+          assert_api_error(errmsg(pool.acquire, pool, "k", { timeout = 0 / 0 }), "timeout")
+          assert_api_error(errmsg(pool.acquire, pool, "k", { timeout = "1" }), "timeout")
+          local s = H.check(pool)
+          assert.equal(0, s.leases)
+          assert.equal(0, s.waiting)
+        end)
+      end)
+
+      it("with rejects a non-function", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          assert_api_error(errmsg(pool.with, pool, "k", "nope"), "function")
+        end)
+      end)
+    end)
+  end)
+end
