@@ -42,11 +42,11 @@ typedef struct clientpool_config {
   int32_t max_live;            /* records open or being created, whole pool */
   int32_t max_concurrency;     /* leases held at once, whole pool */
   int32_t max_waiting;         /* queued acquisitions, 0 = fail fast */
-  int32_t capacity;            /* leases one record may carry (only 1 yet) */
+  int32_t capacity;            /* leases one record may carry at once */
   int32_t key_max_live;        /* per-key cap on live records, < 0 = none */
   int32_t key_max_idle;        /* per-key cap on idle records, < 0 = none */
   int32_t max_keys;            /* keys that may exist at once, < 0 = none */
-  int32_t reserved;
+  int32_t pause_fail;          /* 1: a paused gate fails acquisitions (PAUSED) */
   double idle_timeout;         /* retire records idle this long */
   double max_lifetime;         /* retire records this old */
   double lifetime_jitter;      /* fraction in [0,1): lifetime shortened by up to it */
@@ -74,7 +74,8 @@ enum {
   CLIENTPOOL_CLOSED = 6,       /* the pool is closed */
   CLIENTPOOL_TIMEOUT = 7,      /* the waiter's deadline passed */
   CLIENTPOOL_CANCELLED = 8,    /* the waiter was cancelled */
-  CLIENTPOOL_STALE = 9         /* the (slot, gen) handle is no longer valid */
+  CLIENTPOOL_STALE = 9,        /* the (slot, gen) handle is no longer valid */
+  CLIENTPOOL_PAUSED = 10       /* a paused gate refused the acquisition (pause_fail) */
 };
 
 /* Why a record was destroyed: the index into clientpool_stats_t.closed_by. */
@@ -99,7 +100,10 @@ enum {
   CLIENTPOOL_EV_TIMER = 3,     /* t = the earliest deadline, earlier than armed */
   CLIENTPOOL_EV_KEY_FREE = 4,  /* a = key id: it is empty and forgotten */
   CLIENTPOOL_EV_LEAK = 5,      /* a = lease slot, b = gen, c = key: held past leak_threshold */
-  CLIENTPOOL_EV_CREATED = 6    /* a = record slot, c = key: reservation turned live */
+  CLIENTPOOL_EV_CREATED = 6,   /* a = record slot, c = key: reservation turned live */
+  CLIENTPOOL_EV_REFILL = 7,    /* a warm key is below min_idle: call clientpool_refill */
+  CLIENTPOOL_EV_LOST = 8       /* a = record slot, c = key: lost while shared; its
+                                * other leases end with it */
 };
 
 /* The answer of acquire, claim and cancel. */
@@ -110,6 +114,7 @@ typedef struct clientpool_grant {
   uint32_t lease_gen;          /* GRANT_*: the lease generation */
   int32_t key;                 /* the key id */
   int32_t validate;            /* GRANT_IDLE: 1 if the driver should validate */
+  int32_t shared;              /* GRANT_IDLE: 1 if the record already carries leases */
   double idle;                 /* GRANT_IDLE: seconds the record sat idle */
   double waited;               /* claim/cancel: seconds spent queued */
 } clientpool_grant_t;
@@ -208,6 +213,39 @@ int clientpool_leak(clientpool_t *p, int32_t lease, uint32_t gen, double now);
 /* Marks a record so it is destroyed at release (or at once if idle). */
 int clientpool_retire(clientpool_t *p, int32_t record, double now);
 
+/* Retires every record of key (key < 0: of the pool) created before
+ * `before`: idle ones at once, leased ones at release.  Returns 0 or EINVAL. */
+int clientpool_retire_before(clientpool_t *p, int32_t key, double before, double now);
+
+/* Pauses admission of the pool (key < 0) or of a key: new acquisitions wait
+ * (or fail with PAUSED under pause_fail); queued ones stay queued; leases
+ * already held are untouched.  Returns 0 or EINVAL. */
+int clientpool_pause(clientpool_t *p, int32_t key, double now);
+
+/* Resumes admission.  probe = 1 resumes half-open: one acquisition is
+ * admitted alone until clientpool_probe_ok reports its lease continued (a
+ * probe lease released without a report lets the next one probe). */
+int clientpool_resume(clientpool_t *p, int32_t key, int32_t probe, double now);
+
+/* The probe lease observed an outcome that continues: the gate opens.
+ * Returns 1 if the lease was a probe, else 0. */
+int clientpool_probe_ok(clientpool_t *p, int32_t lease, uint32_t gen, double now);
+
+/* Whether the pool (key < 0) or a key is paused (1), half-open (2) or open (0). */
+int clientpool_gate(const clientpool_t *p, int32_t key);
+
+/* Turns the warm floor on or off.  On, the engine signals EV_REFILL when a
+ * pinned key holds fewer than min_idle idle records (counting refills in
+ * flight), and idle_timeout spares the idle records the floor needs. */
+void clientpool_floor(clientpool_t *p, int32_t on, double now);
+
+/* Reserves a record for the warm floor of some pinned key below min_idle,
+ * where max_live and the key's cap leave room.  Returns the record and sets
+ * *key, or -1 when nothing is due (the next shortfall signals again).  The
+ * driver creates the client and reports it with clientpool_created: the
+ * record then joins the idle stack (no lease). */
+int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key);
+
 /* Processes deadlines up to now: idle and lifetime expiry of idle records,
  * waiter timeouts, leak_threshold reports. */
 void clientpool_tick(clientpool_t *p, double now);
@@ -233,6 +271,9 @@ int clientpool_stats(const clientpool_t *p, int32_t key, clientpool_stats_t *s);
 
 /* The key of a record, or -1. */
 int32_t clientpool_record_key(const clientpool_t *p, int32_t record);
+
+/* When a record's client was created, or -1 for a free slot. */
+double clientpool_record_created(const clientpool_t *p, int32_t record);
 
 /* Seconds since a lease was granted, or -1 for a stale handle. */
 double clientpool_lease_age(const clientpool_t *p, int32_t lease, uint32_t gen, double now);

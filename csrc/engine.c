@@ -17,19 +17,33 @@ enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED };
 enum { W_FREE = 0, W_QUEUED, W_DONE };
 enum { H_LIFETIME = 0, H_WAITER, H_LEASE };
 enum { RH_IDLE = 0, RH_CREATE = 1 };
+enum { PROBE_NONE = 0, PROBE_READY, PROBE_OUT };
+
+/* Admission gate of the pool or of a key: paused, or half-open (one probe
+ * admitted, the rest held until its lease reports a continuing outcome). */
+typedef struct gate {
+  int32_t paused;
+  int32_t probe;
+  int32_t probe_lease;
+  uint32_t probe_gen;
+} gate_t;
 
 typedef struct record {
   uint32_t gen;
   int32_t state;
   int32_t key;
   int32_t nleases;
-  int32_t retire;        /* destroy at release */
+  int32_t retire;        /* destroy at release; no new leases */
+  int32_t doomed;        /* a co-holder lost it: destroyed when the last lease ends */
+  int32_t refill;        /* while creating: a warm-floor reservation (no lease) */
+  int32_t opos;          /* position in its key's open heap (capacity > 1), or NONE */
   int32_t res_lease;     /* while creating: the reservation's lease */
   int32_t hpos;          /* position in the deadline heap (lifetime), or NONE */
   int32_t kprev, knext;  /* per-key idle stack; knext points down the stack */
   int32_t gprev, gnext;  /* pool-wide idle list, oldest first */
   int32_t next_free;
   double created, expires, idle_since;
+  double gl_since;       /* idle-expiry clock (idle_since, renewed for the warm floor) */
 } record_t;
 
 typedef struct lease {
@@ -47,7 +61,7 @@ typedef struct waiter {
   int32_t result;        /* when W_DONE: a clientpool status */
   int32_t record, lease;
   uint32_t lease_gen;
-  int32_t validate;
+  int32_t validate, shared;
   int32_t prev, next;    /* the key's FIFO queue */
   int32_t hpos;          /* deadline entry, or NONE */
   int32_t next_free;
@@ -62,6 +76,11 @@ typedef struct key {
   int32_t rpos;          /* position in its ready heap, or NONE */
   int32_t rheap;         /* which ready heap: RH_IDLE, RH_CREATE or NONE */
   int32_t next_free;
+  int32_t refilling;     /* warm-floor reservations in flight */
+  int32_t wrefs;         /* waiter slots naming this key (queued or unclaimed) */
+  int32_t *oheap, olen, ocap;  /* open records (capacity > 1) by fewest leases */
+  double retire_before;  /* records created earlier are retired */
+  gate_t gate;
   clientpool_stats_t st;
 } key_t_;
 
@@ -85,6 +104,10 @@ struct clientpool {
   key_t_ *keys; int32_t nkeys, key_free, keys_used;
   int32_t g_oldest, g_newest;   /* pool-wide idle list */
   int32_t hold_key;             /* the key an acquire works on: not forgotten meanwhile */
+  int32_t *warm; int32_t nwarm, warmcap;  /* pinned keys: the warm floor's keys */
+  int32_t floor_on, refill_signalled;
+  double retire_before;
+  gate_t gate;
 
   hent_t *heap; int32_t hlen, hcap;   /* deadlines */
   int32_t *rheap[2]; int32_t rlen[2]; /* ready keys, each sized nkeys */
@@ -236,10 +259,14 @@ static void rdown(clientpool_t *p, int h, int32_t i) {
 }
 
 /* Which heap key k belongs in: RH_IDLE, RH_CREATE or NONE. */
+static int gate_blocked(const gate_t *g) {
+  return g->paused || g->probe == PROBE_OUT;
+}
+
 static int key_ready(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
-  if (key->wq_head == NONE || p->closed) return NONE;
-  if (key->idle_top != NONE) return RH_IDLE;
+  if (key->wq_head == NONE || p->closed || gate_blocked(&key->gate)) return NONE;
+  if (key->idle_top != NONE || key->olen > 0) return RH_IDLE;
   if (p->cfg.key_max_live < 0 || key->st.live + key->st.creating < p->cfg.key_max_live) return RH_CREATE;
   return NONE;
 }
@@ -279,7 +306,7 @@ static void key_refresh(clientpool_t *p, int32_t k) {
 static int key_empty(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
   return key->st.live == 0 && key->st.creating == 0 && key->st.leases == 0 &&
-         key->wq_head == NONE;
+         key->wrefs == 0;
 }
 
 static int key_maybe_free(clientpool_t *p, int32_t k) {
@@ -311,7 +338,7 @@ int32_t clientpool_key_open(clientpool_t *p) {
     if (!rh) return CLIENTPOOL_ENOMEM;
     p->rheap[RH_CREATE] = rh;
     for (i = cap - 1; i >= p->nkeys; i--) {
-      p->keys[i].used = 0;
+      memset(&p->keys[i], 0, sizeof p->keys[i]);
       p->keys[i].next_free = p->key_free;
       p->key_free = i;
     }
@@ -320,8 +347,15 @@ int32_t clientpool_key_open(clientpool_t *p) {
   k = p->key_free;
   key = &p->keys[k];
   p->key_free = key->next_free;
-  memset(key, 0, sizeof *key);
+  {
+    int32_t *oh = key->oheap, ocap = key->ocap;
+    memset(key, 0, sizeof *key);
+    key->oheap = oh;
+    key->ocap = ocap;
+  }
   key->used = 1;
+  key->retire_before = -1;
+  key->gate.probe_lease = NONE;
   key->idle_top = key->wq_head = key->wq_tail = key->rpos = key->rheap = NONE;
   key->next_free = NONE;
   p->keys_used++;
@@ -333,9 +367,24 @@ static int key_ok(const clientpool_t *p, int32_t k) {
 }
 
 int clientpool_key_pin(clientpool_t *p, int32_t k, int32_t pinned) {
+  int32_t i;
   if (!key_ok(p, k)) return CLIENTPOOL_EINVAL;
-  p->keys[k].pinned = pinned != 0;
-  if (!pinned) key_maybe_free(p, k);
+  pinned = pinned != 0;
+  if (p->keys[k].pinned == pinned) return 0;
+  p->keys[k].pinned = pinned;
+  if (pinned) {
+    if (p->nwarm == p->warmcap) {
+      int32_t *q = grow(p->warm, &p->warmcap, sizeof *q, p->nwarm + 1);
+      if (!q) { p->keys[k].pinned = 0; return CLIENTPOOL_ENOMEM; }
+      p->warm = q;
+    }
+    p->warm[p->nwarm++] = k;
+    p->refill_signalled = 0;
+  } else {
+    for (i = 0; i < p->nwarm; i++)
+      if (p->warm[i] == k) { p->warm[i] = p->warm[--p->nwarm]; break; }
+    key_maybe_free(p, k);
+  }
   return 0;
 }
 
@@ -381,7 +430,7 @@ static void idle_push(clientpool_t *p, int32_t r, double now) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
   x->state = R_IDLE;
-  x->idle_since = now;
+  x->idle_since = x->gl_since = now;
   x->kprev = NONE;
   x->knext = key->idle_top;
   if (key->idle_top != NONE) p->rec[key->idle_top].kprev = r;
@@ -393,6 +442,21 @@ static void idle_push(clientpool_t *p, int32_t r, double now) {
   BOTH(p, x->key, idle, 1);
 }
 
+/* The warm floor keeps this idle record: it moves to the young end of the
+ * pool-wide list, its idle-expiry clock renewed (validate still sees its
+ * real idle time). */
+static void glist_renew(clientpool_t *p, int32_t r, double now) {
+  record_t *x = &p->rec[r];
+  if (x->gnext == NONE) { x->gl_since = now; return; }
+  if (x->gprev != NONE) p->rec[x->gprev].gnext = x->gnext; else p->g_oldest = x->gnext;
+  p->rec[x->gnext].gprev = x->gprev;
+  x->gnext = NONE;
+  x->gprev = p->g_newest;
+  p->rec[p->g_newest].gnext = r;
+  p->g_newest = r;
+  x->gl_since = now;
+}
+
 static void rec_free(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   x->state = R_FREE;
@@ -401,11 +465,89 @@ static void rec_free(clientpool_t *p, int32_t r) {
   p->rec_free = r;
 }
 
+/* ---- open records (capacity > 1): per-key heap by fewest leases ------ */
+
+static void oset(clientpool_t *p, key_t_ *key, int32_t i, int32_t r) {
+  key->oheap[i] = r;
+  p->rec[r].opos = i;
+}
+
+static void oup(clientpool_t *p, key_t_ *key, int32_t i) {
+  int32_t r = key->oheap[i];
+  while (i > 0) {
+    int32_t parent = (i - 1) / 2;
+    if (p->rec[key->oheap[parent]].nleases <= p->rec[r].nleases) break;
+    oset(p, key, i, key->oheap[parent]);
+    i = parent;
+  }
+  oset(p, key, i, r);
+}
+
+static void odown(clientpool_t *p, key_t_ *key, int32_t i) {
+  int32_t r = key->oheap[i];
+  for (;;) {
+    int32_t c = 2 * i + 1;
+    if (c >= key->olen) break;
+    if (c + 1 < key->olen && p->rec[key->oheap[c + 1]].nleases < p->rec[key->oheap[c]].nleases) c++;
+    if (p->rec[r].nleases <= p->rec[key->oheap[c]].nleases) break;
+    oset(p, key, i, key->oheap[c]);
+    i = c;
+  }
+  oset(p, key, i, r);
+}
+
+static void oremove(clientpool_t *p, int32_t r) {
+  key_t_ *key = &p->keys[p->rec[r].key];
+  int32_t i = p->rec[r].opos;
+  if (i == NONE) return;
+  p->rec[r].opos = NONE;
+  if (i == --key->olen) return;
+  oset(p, key, i, key->oheap[key->olen]);
+  oup(p, key, i);
+  odown(p, key, p->rec[key->oheap[i]].opos);
+}
+
+/* Puts a leased record where it belongs: open while it can take a lease. */
+static void orefresh(clientpool_t *p, int32_t r) {
+  record_t *x = &p->rec[r];
+  key_t_ *key = &p->keys[x->key];
+  int want = x->state == R_LEASED && x->nleases < p->cfg.capacity && !x->doomed && !x->retire;
+  if (!want) { oremove(p, r); return; }
+  if (x->opos == NONE) {
+    if (key->olen == key->ocap) {
+      int32_t *q = grow(key->oheap, &key->ocap, sizeof *q, key->olen + 1);
+      if (!q) return;             /* out of memory: the record just takes no more leases */
+      key->oheap = q;
+    }
+    oset(p, key, key->olen++, r);
+    oup(p, key, x->opos);
+  } else {
+    oup(p, key, x->opos);
+    odown(p, key, x->opos);
+  }
+}
+
+/* ---- warm floor ------------------------------------------------------- */
+
+static int32_t floor_deficit(const clientpool_t *p, int32_t k) {
+  const key_t_ *key = &p->keys[k];
+  return p->cfg.min_idle - key->st.idle - key->refilling;
+}
+
+/* Signals the driver (once until it asks) that a warm key fell short. */
+static void floor_check(clientpool_t *p, int32_t k) {
+  if (!p->floor_on || p->refill_signalled || p->closed || !p->keys[k].pinned) return;
+  if (floor_deficit(p, k) <= 0) return;
+  p->refill_signalled = 1;
+  push_event(p, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
+}
+
 /* Destroys a live record (idle, or leased with no lease left). */
 static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
   record_t *x = &p->rec[r];
   int32_t k = x->key;
   if (x->state == R_IDLE) idle_unlink(p, r);
+  oremove(p, r);
   hremove(p, &x->hpos);
   BOTH(p, k, live, -1);
   BOTH(p, k, closed, 1);
@@ -413,13 +555,24 @@ static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
   push_event(p, CLIENTPOOL_EV_DESTROY, r, reason, k, 0);
   rec_free(p, r);
   key_refresh(p, k);
+  floor_check(p, k);
   key_maybe_free(p, k);
 }
 
+/* Whether a record's creation predates a retire_before of its key or pool. */
+static int retired_by_age(const clientpool_t *p, const record_t *x) {
+  return x->created < p->retire_before || x->created < p->keys[x->key].retire_before;
+}
+
+/* Whether the warm floor needs this idle record: idle_timeout spares it. */
+static int floor_keeps(const clientpool_t *p, const record_t *x) {
+  return p->floor_on && p->keys[x->key].pinned && p->keys[x->key].st.idle <= p->cfg.min_idle;
+}
+
 static int idle_expired(const clientpool_t *p, const record_t *x, double now, int32_t *why) {
-  if (x->retire) { *why = CLIENTPOOL_BY_RETIRED; return 1; }
+  if (x->retire || retired_by_age(p, x)) { *why = CLIENTPOOL_BY_RETIRED; return 1; }
   if (has(p->cfg.max_lifetime) && now >= x->expires) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
-  if (has(p->cfg.idle_timeout) && now - x->idle_since >= p->cfg.idle_timeout) {
+  if (has(p->cfg.idle_timeout) && now - x->gl_since >= p->cfg.idle_timeout && !floor_keeps(p, x)) {
     *why = CLIENTPOOL_BY_IDLE; return 1;
   }
   return 0;
@@ -486,6 +639,7 @@ static void fill_idle(clientpool_t *p, int32_t r, int32_t l, double now, clientp
   g->key = x->key;
   g->idle = now - x->idle_since;
   g->validate = !has(p->cfg.validate_after_idle) || g->idle >= p->cfg.validate_after_idle;
+  g->shared = 0;
 }
 
 /* Leases the top idle record of k that is still fresh; expired ones met on
@@ -504,8 +658,39 @@ static int take_idle(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
     BOTH(p, k, active, 1);
     BOTH(p, k, reused, 1);
     fill_idle(p, r, l, now, g);
+    if (p->cfg.capacity > 1) orefresh(p, r);
+    floor_check(p, k);
     return 1;
   }
+}
+
+/* capacity > 1: adds a lease to the open record of k with the fewest.
+ * Returns 1 with *g filled, or 0. */
+static int take_open(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
+  key_t_ *key = &p->keys[k];
+  while (key->olen > 0) {
+    int32_t r = key->oheap[0], l;
+    record_t *x = &p->rec[r];
+    if ((has(p->cfg.max_lifetime) && now >= x->expires) || retired_by_age(p, x)) {
+      x->retire = 1;                  /* no new leases; destroyed at its last release */
+      oremove(p, r);
+      continue;
+    }
+    l = lease_alloc(p, r, now);
+    if (l == NONE) return 0;
+    orefresh(p, r);
+    BOTH(p, k, reused, 1);
+    g->status = CLIENTPOOL_GRANT_IDLE;
+    g->record = r;
+    g->lease = l;
+    g->lease_gen = p->lea[l].gen;
+    g->key = k;
+    g->idle = 0;
+    g->validate = 0;                  /* validate runs on idle reuse only */
+    g->shared = 1;
+    return 1;
+  }
+  return 0;
 }
 
 static int room_to_create(const clientpool_t *p, int32_t k) {
@@ -516,24 +701,27 @@ static int room_to_create(const clientpool_t *p, int32_t k) {
 
 /* Reserves a record for k (evicting the least recently used idle record of
  * another key if max_live is reached).  Returns 1 with *g filled, or 0. */
+static void rec_init(clientpool_t *p, int32_t r, int32_t k, double now) {
+  record_t *x = &p->rec[r];
+  x->state = R_CREATING;
+  x->key = k;
+  x->nleases = 0;
+  x->retire = x->doomed = x->refill = 0;
+  x->hpos = x->opos = x->res_lease = NONE;
+  x->kprev = x->knext = x->gprev = x->gnext = NONE;
+  x->created = x->expires = x->idle_since = x->gl_since = now;
+}
+
 static int reserve(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
   int32_t r, l;
-  record_t *x;
   if (!room_to_create(p, k)) return 0;
   if (p->st.live + p->st.creating >= p->cfg.max_live) destroy(p, p->g_oldest, CLIENTPOOL_BY_EVICTED);
   r = rec_alloc(p);
   if (r == NONE) return 0;
-  x = &p->rec[r];
-  x->state = R_CREATING;
-  x->key = k;
-  x->nleases = 0;
-  x->retire = 0;
-  x->hpos = NONE;
-  x->kprev = x->knext = x->gprev = x->gnext = NONE;
-  x->created = x->expires = x->idle_since = now;
+  rec_init(p, r, k, now);
   l = lease_alloc(p, r, now);
   if (l == NONE) { rec_free(p, r); return 0; }
-  x->res_lease = l;
+  p->rec[r].res_lease = l;
   BOTH(p, k, creating, 1);
   g->status = CLIENTPOOL_GRANT_CREATE;
   g->record = r;
@@ -541,8 +729,14 @@ static int reserve(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g
   g->lease_gen = p->lea[l].gen;
   g->key = k;
   g->validate = 0;
+  g->shared = 0;
   g->idle = 0;
   return 1;
+}
+
+/* Any grant for k: an idle record, a share of an open one, a new one. */
+static int grant(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
+  return take_idle(p, k, now, g) || take_open(p, k, now, g) || reserve(p, k, now, g);
 }
 
 /* ---- waiters ---------------------------------------------------------- */
@@ -579,7 +773,8 @@ static void waiter_free(clientpool_t *p, int32_t w) {
   x->gen++;
   x->next_free = p->wai_free;
   p->wai_free = w;
-  if (key_ok(p, k)) key_maybe_free(p, k);
+  p->keys[k].wrefs--;
+  key_maybe_free(p, k);
 }
 
 static void fill_result(clientpool_t *p, int32_t w, clientpool_grant_t *g) {
@@ -590,8 +785,44 @@ static void fill_result(clientpool_t *p, int32_t w, clientpool_grant_t *g) {
   g->lease_gen = x->lease_gen;
   g->key = x->key;
   g->validate = x->validate;
+  g->shared = x->shared;
   g->idle = x->idle;
   (void)p;
+}
+
+/* ---- gates ------------------------------------------------------------ */
+
+static int admits(const clientpool_t *p, int32_t k) {
+  return !gate_blocked(&p->gate) && !gate_blocked(&p->keys[k].gate);
+}
+
+static void gate_take(gate_t *gt, const clientpool_grant_t *g) {
+  if (gt->probe != PROBE_READY) return;
+  gt->probe = PROBE_OUT;
+  gt->probe_lease = g->lease;
+  gt->probe_gen = g->lease_gen;
+}
+
+/* A grant was made: a half-open gate lets it through as its probe. */
+static void gate_granted(clientpool_t *p, const clientpool_grant_t *g) {
+  gate_take(&p->gate, g);
+  if (p->keys[g->key].gate.probe == PROBE_READY) {
+    gate_take(&p->keys[g->key].gate, g);
+    key_refresh(p, g->key);
+  }
+}
+
+/* The probe lease l ended without a report: the next acquisition probes. */
+static int is_probe(const gate_t *gt, int32_t l, uint32_t gen) {
+  return gt->probe == PROBE_OUT && gt->probe_lease == l && gt->probe_gen == gen;
+}
+
+static void gate_lease_ended(clientpool_t *p, int32_t k, int32_t l, uint32_t gen) {
+  if (is_probe(&p->gate, l, gen)) p->gate.probe = PROBE_READY;
+  if (is_probe(&p->keys[k].gate, l, gen)) {
+    p->keys[k].gate.probe = PROBE_READY;
+    key_refresh(p, k);
+  }
 }
 
 static int room(const clientpool_t *p) {
@@ -603,8 +834,10 @@ static int room(const clientpool_t *p) {
  * create; a waiter that must create evicts only when no waiter can take an
  * idle record. */
 static int32_t next_ready(const clientpool_t *p) {
-  int32_t ki = p->rlen[RH_IDLE] ? p->rheap[RH_IDLE][0] : NONE;
-  int32_t kc = p->rlen[RH_CREATE] ? p->rheap[RH_CREATE][0] : NONE;
+  int32_t ki, kc;
+  if (gate_blocked(&p->gate)) return NONE;
+  ki = p->rlen[RH_IDLE] ? p->rheap[RH_IDLE][0] : NONE;
+  kc = p->rlen[RH_CREATE] ? p->rheap[RH_CREATE][0] : NONE;
   if (kc != NONE && !room(p) && (ki != NONE || p->st.idle == 0)) kc = NONE;
   if (ki == NONE) return kc;
   if (kc == NONE) return ki;
@@ -619,17 +852,19 @@ static void dispatch(clientpool_t *p, double now) {
     waiter_t *x;
     if (k == NONE) break;
     w = p->keys[k].wq_head;
-    /* take_idle may meet only expired records: destroyed, k is re-sorted */
-    if (!take_idle(p, k, now, &g) && !reserve(p, k, now, &g)) {
+    /* grant may meet only expired records: destroyed, k is re-sorted */
+    if (!grant(p, k, now, &g)) {
       if (next_ready(p) == k && p->keys[k].wq_head == w) break;
       continue;
     }
     waiter_dequeue(p, w, g.status, now);
+    gate_granted(p, &g);
     x = &p->wai[w];
     x->record = g.record;
     x->lease = g.lease;
     x->lease_gen = g.lease_gen;
     x->validate = g.validate;
+    x->shared = g.shared;
     x->idle = g.idle;
     push_event(p, CLIENTPOOL_EV_WAKE, w, (int32_t)x->gen, k, 0);
   }
@@ -641,7 +876,7 @@ double clientpool_next_deadline(const clientpool_t *p) {
   double d = -1;
   if (p->hlen > 0) d = p->heap[0].t;
   if (has(p->cfg.idle_timeout) && p->g_oldest != NONE) {
-    double t = p->rec[p->g_oldest].idle_since + p->cfg.idle_timeout;
+    double t = p->rec[p->g_oldest].gl_since + p->cfg.idle_timeout;
     if (d < 0 || t < d) d = t;
   }
   return d;
@@ -668,7 +903,7 @@ static double clamp(clientpool_t *p, double now) {
 /* ---- public API ------------------------------------------------------- */
 
 static int config_ok(const clientpool_config_t *c) {
-  if (c->max_live < 1 || c->max_concurrency < 1 || c->capacity != 1) return 0;
+  if (c->max_live < 1 || c->max_concurrency < 1 || c->capacity < 1) return 0;
   if (c->min_idle < 0 || c->max_idle < c->min_idle || c->max_idle > c->max_live) return 0;
   if (c->max_waiting < 0) return 0;
   if (c->key_max_live >= 0 && (c->key_max_live < 1 || c->key_max_live > c->max_live)) return 0;
@@ -690,12 +925,17 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
   p->rec_free = p->lea_free = p->wai_free = p->key_free = NONE;
   p->g_oldest = p->g_newest = NONE;
   p->hold_key = NONE;
+  p->retire_before = -1;
+  p->gate.probe_lease = NONE;
   *out = p;
   return CLIENTPOOL_OK;
 }
 
 void clientpool_free(clientpool_t *p) {
+  int32_t k;
   if (!p) return;
+  for (k = 0; k < p->nkeys; k++) free(p->keys[k].oheap);
+  free(p->warm);
   free(p->rec); free(p->lea); free(p->wai); free(p->keys);
   free(p->heap); free(p->rheap[0]); free(p->rheap[1]); free(p->ev);
   free(p);
@@ -710,10 +950,20 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   /* expired records destroyed on the way may empty k: it must survive this
    * call (and, on MUST_WAIT, until the driver queues or forgets) */
   p->hold_key = k;
+  if (!admits(p, k)) {
+    if (p->cfg.pause_fail) {
+      BOTH(p, k, rejected, 1);
+      g->status = CLIENTPOOL_PAUSED;
+    } else if (p->st.waiting >= p->cfg.max_waiting) {
+      BOTH(p, k, rejected, 1);
+      g->status = CLIENTPOOL_FULL;
+    } else {
+      g->status = CLIENTPOOL_MUST_WAIT;
+    }
   /* never barge past queued waiters of this key, nor past the concurrency cap */
-  if (p->keys[k].wq_head == NONE && p->st.leases < p->cfg.max_concurrency &&
-      (take_idle(p, k, now, g) || reserve(p, k, now, g))) {
-    /* granted */
+  } else if (p->keys[k].wq_head == NONE && p->st.leases < p->cfg.max_concurrency &&
+             grant(p, k, now, g)) {
+    gate_granted(p, g);
   } else if (p->st.waiting >= p->cfg.max_waiting) {
     BOTH(p, k, rejected, 1);
     g->status = CLIENTPOOL_FULL;
@@ -722,7 +972,7 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   }
   finish(p, now);
   p->hold_key = NONE;
-  if (g->status == CLIENTPOOL_FULL) key_maybe_free(p, k);
+  if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED) key_maybe_free(p, k);
   return g->status;
 }
 
@@ -755,6 +1005,7 @@ int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now,
   p->wai_free = x->next_free;
   x->state = W_QUEUED;
   x->key = k;
+  p->keys[k].wrefs++;
   x->result = CLIENTPOOL_PENDING;
   x->record = x->lease = NONE;
   x->lease_gen = 0;
@@ -782,7 +1033,8 @@ static void forfeit(clientpool_t *p, int32_t r, int failed) {
   int32_t k = x->key;
   BOTH(p, k, creating, -1);
   if (failed) BOTH(p, k, create_failed, 1);
-  lease_free(p, x->res_lease);
+  if (x->refill) p->keys[k].refilling--;
+  else lease_free(p, x->res_lease);
   rec_free(p, r);
   key_refresh(p, k);
   key_maybe_free(p, k);
@@ -795,19 +1047,32 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
   if (r < 0 || r >= p->nrec || p->rec[r].state != R_CREATING) return CLIENTPOOL_STALE;
   x = &p->rec[r];
   k = x->key;
-  if (ok) {
-    BOTH(p, k, creating, -1);
-    x->state = R_LEASED;
-    x->created = now;
-    x->expires = has(p->cfg.max_lifetime)
-      ? now + p->cfg.max_lifetime * (1.0 - p->cfg.lifetime_jitter * rnd(p)) : -1;
-    if (has(p->cfg.max_lifetime) && hpush(p, x->expires, H_LIFETIME, r) != 0) x->hpos = NONE;
-    BOTH(p, k, live, 1);
-    BOTH(p, k, opened, 1);
-    BOTH(p, k, active, 1);
-    push_event(p, CLIENTPOOL_EV_CREATED, r, 0, k, 0);
-  } else {
+  if (!ok) {
     forfeit(p, r, 1);
+    finish(p, now);
+    return 0;
+  }
+  BOTH(p, k, creating, -1);
+  x->created = now;
+  x->expires = has(p->cfg.max_lifetime)
+    ? now + p->cfg.max_lifetime * (1.0 - p->cfg.lifetime_jitter * rnd(p)) : -1;
+  if (has(p->cfg.max_lifetime) && hpush(p, x->expires, H_LIFETIME, r) != 0) x->hpos = NONE;
+  BOTH(p, k, live, 1);
+  BOTH(p, k, opened, 1);
+  push_event(p, CLIENTPOOL_EV_CREATED, r, x->refill, k, 0);
+  if (x->refill) {                     /* the warm floor's: straight to idle */
+    p->keys[k].refilling--;
+    x->refill = 0;
+    x->state = R_LEASED;               /* (not idle yet: destroy needs no unlink) */
+    if (p->closed) destroy(p, r, CLIENTPOOL_BY_DRAIN);
+    else {
+      idle_push(p, r, now);
+      key_refresh(p, k);
+    }
+  } else {
+    x->state = R_LEASED;
+    BOTH(p, k, active, 1);
+    if (p->cfg.capacity > 1) { orefresh(p, r); key_refresh(p, k); }
   }
   finish(p, now);
   return 0;
@@ -819,18 +1084,29 @@ static void release(clientpool_t *p, int32_t l, int32_t reason, double now) {
   uint32_t gen;
   record_t *x = &p->rec[r];
   k = x->key;
+  gate_lease_ended(p, k, l, p->lea[l].gen);
   lease_free(p, l);
-  if (x->nleases > 0) return;          /* co-holders keep the record */
+  if (x->nleases > 0) {                /* co-holders keep the record... */
+    if (reason >= 0 && !x->doomed) {   /* ...but it is lost for all of them */
+      x->doomed = reason + 1;
+      push_event(p, CLIENTPOOL_EV_LOST, r, reason, k, 0);
+    }
+    orefresh(p, r);
+    key_refresh(p, k);
+    return;
+  }
   BOTH(p, k, active, -1);
+  if (reason < 0 && x->doomed) reason = x->doomed - 1;
   if (reason < 0) {
     if (p->closed) reason = CLIENTPOOL_BY_DRAIN;
-    else if (x->retire) reason = CLIENTPOOL_BY_RETIRED;
     else if (has(p->cfg.max_lifetime) && now >= x->expires) reason = CLIENTPOOL_BY_LIFETIME;
+    else if (x->retire || retired_by_age(p, x)) reason = CLIENTPOOL_BY_RETIRED;
   }
   if (reason >= 0) {
     destroy(p, r, reason);
     return;
   }
+  oremove(p, r);
   idle_push(p, r, now);
   key_refresh(p, k);
   gen = x->gen;
@@ -926,13 +1202,124 @@ int clientpool_retire(clientpool_t *p, int32_t r, double now) {
   return 0;
 }
 
+int clientpool_retire_before(clientpool_t *p, int32_t k, double before, double now) {
+  int32_t r;
+  now = clamp(p, now);
+  if (k >= 0 && !key_ok(p, k)) return CLIENTPOOL_EINVAL;
+  if (k < 0) {
+    if (before > p->retire_before) p->retire_before = before;
+    for (r = p->g_oldest; r != NONE;) {
+      int32_t next = p->rec[r].gnext;
+      if (p->rec[r].created < before) destroy(p, r, CLIENTPOOL_BY_RETIRED);
+      r = next;
+    }
+  } else {
+    if (before > p->keys[k].retire_before) p->keys[k].retire_before = before;
+    p->hold_key = k;
+    for (r = p->keys[k].idle_top; r != NONE;) {
+      int32_t next = p->rec[r].knext;
+      if (p->rec[r].created < before) destroy(p, r, CLIENTPOOL_BY_RETIRED);
+      r = next;
+    }
+    p->hold_key = NONE;
+    key_maybe_free(p, k);
+  }
+  finish(p, now);
+  return 0;
+}
+
+static gate_t *gate_of(clientpool_t *p, int32_t k) {
+  if (k < 0) return &p->gate;
+  return key_ok(p, k) ? &p->keys[k].gate : NULL;
+}
+
+int clientpool_pause(clientpool_t *p, int32_t k, double now) {
+  gate_t *gt = gate_of(p, k);
+  now = clamp(p, now);
+  if (!gt) return CLIENTPOOL_EINVAL;
+  gt->paused = 1;
+  gt->probe = PROBE_NONE;
+  if (k >= 0) key_refresh(p, k);
+  finish(p, now);
+  return 0;
+}
+
+int clientpool_resume(clientpool_t *p, int32_t k, int32_t probe, double now) {
+  gate_t *gt = gate_of(p, k);
+  now = clamp(p, now);
+  if (!gt) return CLIENTPOOL_EINVAL;
+  if (gt->paused) {
+    gt->paused = 0;
+    gt->probe = probe ? PROBE_READY : PROBE_NONE;
+  }
+  if (k >= 0) key_refresh(p, k);
+  finish(p, now);
+  return 0;
+}
+
+int clientpool_probe_ok(clientpool_t *p, int32_t l, uint32_t gen, double now) {
+  lease_t *x;
+  int32_t k, was = 0;
+  now = clamp(p, now);
+  x = lease_get(p, l, gen);
+  if (!x) return 0;
+  k = p->rec[x->record].key;
+  if (is_probe(&p->gate, l, gen)) { p->gate.probe = PROBE_NONE; was = 1; }
+  if (is_probe(&p->keys[k].gate, l, gen)) { p->keys[k].gate.probe = PROBE_NONE; was = 1; key_refresh(p, k); }
+  finish(p, now);
+  return was;
+}
+
+int clientpool_gate(const clientpool_t *p, int32_t k) {
+  const gate_t *gt = k < 0 ? &p->gate : (key_ok(p, k) ? &p->keys[k].gate : NULL);
+  if (!gt) return 0;
+  return gt->paused ? 1 : gt->probe != PROBE_NONE ? 2 : 0;
+}
+
+void clientpool_floor(clientpool_t *p, int32_t on, double now) {
+  int32_t i;
+  now = clamp(p, now);
+  p->floor_on = on && !p->closed;
+  p->refill_signalled = 0;
+  for (i = 0; i < p->nwarm; i++) floor_check(p, p->warm[i]);
+  finish(p, now);
+}
+
+int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key) {
+  int32_t i;
+  now = clamp(p, now);
+  *key = NONE;
+  if (p->floor_on && !p->closed && room(p)) {
+    for (i = 0; i < p->nwarm; i++) {
+      int32_t k = p->warm[i], r;
+      const key_t_ *kk = &p->keys[k];
+      if (floor_deficit(p, k) <= 0) continue;
+      if (p->cfg.key_max_live >= 0 && kk->st.live + kk->st.creating >= p->cfg.key_max_live) continue;
+      r = rec_alloc(p);
+      if (r == NONE) break;
+      rec_init(p, r, k, now);
+      p->rec[r].refill = 1;
+      p->keys[k].refilling++;
+      BOTH(p, k, creating, 1);
+      *key = k;
+      finish(p, now);
+      return r;
+    }
+  }
+  p->refill_signalled = 0;
+  finish(p, now);
+  return NONE;
+}
+
 void clientpool_tick(clientpool_t *p, double now) {
   now = clamp(p, now);
   p->armed = -1;
   for (;;) {
     if (has(p->cfg.idle_timeout) && p->g_oldest != NONE &&
-        now >= p->rec[p->g_oldest].idle_since + p->cfg.idle_timeout) {
-      destroy(p, p->g_oldest, CLIENTPOOL_BY_IDLE);
+        now >= p->rec[p->g_oldest].gl_since + p->cfg.idle_timeout) {
+      int32_t r = p->g_oldest;
+      if (floor_keeps(p, &p->rec[r])) glist_renew(p, r, now);
+      else destroy(p, r, CLIENTPOOL_BY_IDLE);
       continue;
     }
     if (p->hlen > 0 && p->heap[0].t <= now) {
@@ -942,8 +1329,14 @@ void clientpool_tick(clientpool_t *p, double now) {
         waiter_dequeue(p, e.idx, CLIENTPOOL_TIMEOUT, now);
         push_event(p, CLIENTPOOL_EV_WAKE, e.idx, (int32_t)p->wai[e.idx].gen, p->wai[e.idx].key, 0);
       } else if (e.kind == H_LIFETIME) {
-        /* a leased record is retired at its release */
+        /* a leased record is retired at its release; a shared one takes
+         * no new lease from now on */
         if (p->rec[e.idx].state == R_IDLE) destroy(p, e.idx, CLIENTPOOL_BY_LIFETIME);
+        else if (p->rec[e.idx].state == R_LEASED) {
+          p->rec[e.idx].retire = 1;
+          oremove(p, e.idx);
+          key_refresh(p, p->rec[e.idx].key);
+        }
       } else {
         lease_t *x = &p->lea[e.idx];
         push_event(p, CLIENTPOOL_EV_LEAK, e.idx, (int32_t)x->gen, p->rec[x->record].key, x->since);
@@ -960,6 +1353,8 @@ void clientpool_close(clientpool_t *p, double now) {
   now = clamp(p, now);
   if (p->closed) return;
   p->closed = 1;
+  p->floor_on = 0;
+  p->nwarm = 0;
   for (k = 0; k < p->nkeys; k++) {
     key_t_ *key = &p->keys[k];
     if (!key->used) continue;
@@ -995,6 +1390,11 @@ int clientpool_stats(const clientpool_t *p, int32_t k, clientpool_stats_t *s) {
 int32_t clientpool_record_key(const clientpool_t *p, int32_t r) {
   if (r < 0 || r >= p->nrec || p->rec[r].state == R_FREE) return NONE;
   return p->rec[r].key;
+}
+
+double clientpool_record_created(const clientpool_t *p, int32_t r) {
+  if (r < 0 || r >= p->nrec || p->rec[r].state == R_FREE) return -1;
+  return p->rec[r].created;
 }
 
 double clientpool_lease_age(const clientpool_t *p, int32_t l, uint32_t gen, double now) {
@@ -1035,7 +1435,18 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (x->state == R_FREE) continue;
     if (!key_ok(p, x->key)) FAIL("record %d on dead key %d", i, x->key);
     s = &per[x->key];
-    if (x->state == R_CREATING) { s->creating++; tot.creating++; continue; }
+    if (x->state == R_CREATING) {
+      s->creating++; tot.creating++;
+      if (x->refill) s->rejected++;      /* (used here to count refills) */
+      continue;
+    }
+    if (x->nleases > c->capacity) FAIL("record %d carries %d leases > capacity", i, x->nleases);
+    {
+      int open = x->state == R_LEASED && x->nleases < c->capacity && !x->doomed && !x->retire;
+      if (open != (x->opos != NONE) && !(open && c->capacity == 1))
+        FAIL("record %d open-heap membership wrong", i);
+      if (x->opos != NONE && p->keys[x->key].oheap[x->opos] != i) FAIL("record %d open-heap position", i);
+    }
     s->live++; tot.live++;
     if (x->state == R_IDLE) {
       s->idle++; tot.idle++;
@@ -1065,6 +1476,7 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     uint64_t prev = 0;
     if (!key->used) continue;
     used++;
+    if (per[k].rejected != key->refilling) FAIL("key %d refilling %d, counted %g", k, key->refilling, per[k].rejected);
     per[k].opened = key->st.opened; per[k].closed = key->st.closed;
     if (check_counts(&key->st, &per[k], "key", buf, n)) { free(per); return -1; }
     if (c->key_max_live >= 0 && key->st.live + key->st.creating > c->key_max_live)

@@ -90,6 +90,7 @@ static int lcp_new(lua_State *L) {
   c.key_max_live = opt_int(L, 1, "key_max_live", -1);
   c.key_max_idle = opt_int(L, 1, "key_max_idle", -1);
   c.max_keys = opt_int(L, 1, "max_keys", -1);
+  c.pause_fail = opt_int(L, 1, "pause_fail", 0);
   c.idle_timeout = opt_num(L, 1, "idle_timeout", -1);
   c.max_lifetime = opt_num(L, 1, "max_lifetime", -1);
   c.lifetime_jitter = opt_num(L, 1, "lifetime_jitter", 0);
@@ -272,6 +273,61 @@ static int lcp_retire(lua_State *L) {
   return push_rc(L, clientpool_retire(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3)), p);
 }
 
+/* E:retire_before(key, before [, now]) -> ok, pending (key < 0: the pool) */
+static int lcp_retire_before(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_retire_before(p, (int32_t)lua_tointeger(L, 2), (double)lua_tonumber(L, 3),
+                                             opt_now(L, 4)), p);
+}
+
+/* E:pause(key [, now]) -> ok, pending */
+static int lcp_pause(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_pause(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3)), p);
+}
+
+/* E:resume(key, probe [, now]) -> ok, pending */
+static int lcp_resume(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_resume(p, (int32_t)lua_tointeger(L, 2), lua_toboolean(L, 3),
+                                      opt_now(L, 4)), p);
+}
+
+/* E:probe_ok(lease, gen [, now]) -> was_probe, pending */
+static int lcp_probe_ok(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  int was = clientpool_probe_ok(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
+                                opt_now(L, 4));
+  lua_pushboolean(L, was);
+  lua_pushinteger(L, clientpool_pending(p));
+  return 2;
+}
+
+/* E:gate(key) -> 0 open, 1 paused, 2 half-open */
+static int lcp_gate(lua_State *L) {
+  lua_pushinteger(L, clientpool_gate(lcp_self(L), (int32_t)luaL_optinteger(L, 2, -1)));
+  return 1;
+}
+
+/* E:floor(on [, now]) -> pending */
+static int lcp_floor(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  clientpool_floor(p, lua_toboolean(L, 2), opt_now(L, 3));
+  lua_pushinteger(L, clientpool_pending(p));
+  return 1;
+}
+
+/* E:refill([now]) -> record, key, pending | nil, nil, pending */
+static int lcp_refill(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  int32_t key = -1;
+  int32_t r = clientpool_refill(p, opt_now(L, 2), &key);
+  if (r < 0) { lua_pushnil(L); lua_pushnil(L); }
+  else { lua_pushinteger(L, r); lua_pushinteger(L, key); }
+  lua_pushinteger(L, clientpool_pending(p));
+  return 3;
+}
+
 /* E:tick([now]) -> pending */
 static int lcp_tick(lua_State *L) {
   clientpool_t *p = lcp_self(L);
@@ -339,6 +395,12 @@ static int lcp_next_deadline(lua_State *L) {
 
 static int lcp_is_closed(lua_State *L) {
   lua_pushboolean(L, clientpool_is_closed(lcp_self(L)));
+  return 1;
+}
+
+static int lcp_record_created(lua_State *L) {
+  double t = clientpool_record_created(lcp_self(L), (int32_t)lua_tointeger(L, 2));
+  if (t < 0) lua_pushnil(L); else lua_pushnumber(L, t);
   return 1;
 }
 
@@ -450,7 +512,9 @@ static const luaL_Reg pool_methods[] = {
   {"next_event", lcp_next_event}, {"pending", lcp_pending},
   {"next_deadline", lcp_next_deadline}, {"is_closed", lcp_is_closed},
   {"lease_age", lcp_lease_age}, {"stats", lcp_stats}, {"sentinel", lcp_sentinel},
-  {"set_notify", lcp_set_notify},
+  {"set_notify", lcp_set_notify}, {"retire_before", lcp_retire_before},
+  {"pause", lcp_pause}, {"resume", lcp_resume}, {"probe_ok", lcp_probe_ok},
+  {"gate", lcp_gate}, {"record_created", lcp_record_created}, {"floor", lcp_floor}, {"refill", lcp_refill},
   {NULL, NULL}
 };
 
@@ -496,6 +560,9 @@ int luaopen_clientpool_core(lua_State *L) {
   lua_pushinteger(L, CLIENTPOOL_TIMEOUT); lua_setfield(L, -2, "TIMEOUT");
   lua_pushinteger(L, CLIENTPOOL_CANCELLED); lua_setfield(L, -2, "CANCELLED");
   lua_pushinteger(L, CLIENTPOOL_STALE); lua_setfield(L, -2, "STALE");
+  lua_pushinteger(L, CLIENTPOOL_PAUSED); lua_setfield(L, -2, "PAUSED");
+  lua_pushinteger(L, CLIENTPOOL_EV_REFILL); lua_setfield(L, -2, "EV_REFILL");
+  lua_pushinteger(L, CLIENTPOOL_EV_LOST); lua_setfield(L, -2, "EV_LOST");
   lua_pushinteger(L, CLIENTPOOL_EKEYS); lua_setfield(L, -2, "EKEYS");
   lua_pushinteger(L, CLIENTPOOL_EV_WAKE); lua_setfield(L, -2, "EV_WAKE");
   lua_pushinteger(L, CLIENTPOOL_EV_DESTROY); lua_setfield(L, -2, "EV_DESTROY");

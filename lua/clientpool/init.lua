@@ -17,9 +17,14 @@ local monotime = core.monotime
 
 local GRANT_IDLE, GRANT_CREATE = core.GRANT_IDLE, core.GRANT_CREATE
 local MUST_WAIT, PENDING, FULL, CLOSED = core.MUST_WAIT, core.PENDING, core.FULL, core.CLOSED
+local PAUSED = core.PAUSED
 local TIMEOUT, CANCELLED = core.TIMEOUT, core.CANCELLED
 local EV_WAKE, EV_DESTROY, EV_TIMER = core.EV_WAKE, core.EV_DESTROY, core.EV_TIMER
 local EV_KEY_FREE, EV_LEAK = core.EV_KEY_FREE, core.EV_LEAK
+local EV_REFILL, EV_LOST = core.EV_REFILL, core.EV_LOST
+-- warm-floor creates in flight at once, so a restart does not open every
+-- connection in the same instant
+local REFILL_CONCURRENCY = 2
 local BY = core.BY
 local BY_NAME = {}
 for name, code in pairs(BY) do BY_NAME[code] = name end
@@ -126,7 +131,13 @@ local function validate_options(o)
   if (c.park == nil) ~= (c.unpark == nil) then
     fail("options 'park' and 'unpark' go together: give both or neither")
   end
-  c.policy = check_fn(o, "policy")
+  if o.policy ~= nil then
+    local pm = getmetatable(o.policy)
+    if type(o.policy) ~= "function" and not (pm and pm.__call) then
+      fail("option 'policy' must be a function or a callable policy, got %s", type(o.policy))
+    end
+    c.policy = o.policy
+  end
   if o.max_live == nil then fail("option 'max_live' is required (an integer >= 1)") end
   c.max_live = check_count(o, "max_live", 1)
   c.capacity = check_count(o, "capacity", 1, 1)
@@ -141,9 +152,6 @@ local function validate_options(o)
   end
   if c.min_idle > c.max_idle then
     fail("option 'min_idle' (%d) must be <= max_idle (%d)", c.min_idle, c.max_idle)
-  end
-  if c.capacity > 1 then
-    fail("option 'capacity' > 1 (shared leases) is not available in this version")
   end
   if o.per_key ~= nil then
     local pk = o.per_key
@@ -210,6 +218,8 @@ local function validate_options(o)
   if o.probe ~= nil and type(o.probe) ~= "boolean" then
     fail("option 'probe' must be a boolean, got %s", type(o.probe))
   end
+  c.pause_mode = o.pause_mode or "queue"
+  c.probe = o.probe == true
   if o.seed ~= nil and (not is_int(o.seed) or o.seed < 0) then
     fail("option 'seed' must be an integer >= 0, got %s", tostring(o.seed))
   end
@@ -301,6 +311,25 @@ Lease.__index = Lease
 
 local EVENTS = { create = true, acquire = true, release = true, destroy = true,
                  pause = true, resume = true, timeout = true, leak = true }
+
+-- A lease's cancellation: fired at drain (on_drain = { cancel = grace }),
+-- by cancel_active(), or when a shared client is lost by a co-holder.
+local function fire_cancel(lease)
+  if lease._cancelled then return end
+  lease._cancelled = true
+  local fns = lease._on_cancel
+  if fns then
+    lease._on_cancel = nil
+    local p = lease._p
+    for i = 1, #fns do
+      local ok, err = pcall(fns[i], lease)
+      if not ok and p then
+        local l = p._sched.log
+        if l then pcall(l, "on_cancel callback failed: " .. tostring(err)) end
+      end
+    end
+  end
+end
 
 local function log(self, msg)
   local l = self._sched.log
@@ -417,6 +446,7 @@ pump = function(self)
       local client = self._clients[a]
       self._clients[a] = nil
       self._parked[a] = nil
+      if self._rec_leases then self._rec_leases[a] = nil end
       local reason = BY_NAME[b]
       local name = self._knames[c]
       if reason == "leaked" then
@@ -427,6 +457,17 @@ pump = function(self)
       run_destroy(self, client, name, reason)
     elseif t == EV_TIMER then
       arm(self, tt)
+    elseif t == EV_REFILL then
+      if self._run_h then self._sched.wake(self._run_h) end
+    elseif t == EV_LOST then
+      -- a co-holder retired a shared client: every other lease learns it
+      local set = self._rec_leases and self._rec_leases[a]
+      if set then
+        for lease in pairs(set) do
+          lease.lost = true
+          fire_cancel(lease)
+        end
+      end
     elseif t == EV_KEY_FREE then
       local name = self._knames[a]
       if name ~= nil then
@@ -467,6 +508,7 @@ function _M.new(opts)
     idle_timeout = c.idle_timeout, max_lifetime = c.max_lifetime,
     lifetime_jitter = c.lifetime_jitter, validate_after_idle = c.validate_after_idle,
     leak_threshold = c.leak_threshold, seed = c.seed,
+    pause_fail = c.pause_mode == "fail" and 1 or 0,
   }
   local self = setmetatable({
     _e = e, _c = c, _sched = sched, _mono = sched.monotonic == true,
@@ -475,6 +517,10 @@ function _M.new(opts)
     _clients = {}, _parked = {}, _kids = {}, _knames = {},
     _waiters = {}, _wgen = {}, _on = {}, _closed = false,
     _held = setmetatable({}, { __mode = "v" }), _leak_info = {},
+    _paused = false, _kpaused = {}, _pause_gen = 0,
+    _strikes = 0, _spent = false, _refilling = 0,
+    _rec_leases = c.capacity > 1 and {} or nil,
+    _scratch = {}, _drain_hs = nil, _pgen = {},
   }, Pool)
   e:set_notify(function() kick(self) end)
   local warm = c.keys or { DEFAULT }
@@ -512,15 +558,20 @@ local function lease_gc(l)
 end
 if TABLE_GC then Lease.__gc = lease_gc end
 
--- sentinel: the C leak guard that the engine call returned (Lua 5.1/LuaJIT)
-local function new_lease(self, name, rec, l, g, client, sentinel)
+-- sentinel: the C leak guard that the engine call returned (Lua 5.1/LuaJIT);
+-- drain: the acquisition's on_drain ("preserve" = nil, or a grace in seconds)
+local function new_lease(self, name, rec, l, g, client, sentinel, drain)
   local lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
-                               _s = sentinel }, Lease)
-  local c = self._c
-  if c.leak_threshold then
-    lease._where = debug.traceback("acquired", 3)
-    self._held[l] = lease
+                               _s = sentinel, _drain = drain }, Lease)
+  self._held[l] = lease   -- weak: for cancel_active, drain and leak reports
+  if self._c.leak_threshold then lease._where = debug.traceback("acquired", 3) end
+  local rl = self._rec_leases
+  if rl then
+    local set = rl[rec]
+    if not set then set = {}; rl[rec] = set end
+    set[lease] = true
   end
+  if drain and self._drain_started then self:_schedule_cancel(lease) end
   return lease
 end
 
@@ -529,8 +580,14 @@ local function finish_lease(self, lease, reason)
   local l, g = lease._l, lease._g
   lease._g = nil
   if lease._s then lease._s = nil end
+  if self._held[l] == lease then self._held[l] = nil end
+  local rl = self._rec_leases
+  if rl and rl[lease._r] then rl[lease._r][lease] = nil end
   local ok, pending = self._e:release(l, g, reason or -1, now_of(self))
   if pending > 0 then pump(self) end
+  if self._drain_hs and self._e:stats(-1, self._scratch).leases == 0 then
+    for h in pairs(self._drain_hs) do self._sched.wake(h) end
+  end
   return ok
 end
 
@@ -564,10 +621,10 @@ local function ready_idle(self, name, rec, l, g, validate, idle)
 end
 
 -- Runs create for a reservation. Returns the lease, or nil, "create", err.
-local function do_create(self, name, rec, l, g, sentinel)
+local function do_create(self, name, rec, l, g, sentinel, drain)
   -- the lease exists before create runs: if the creating coroutine is killed
   -- and collected, the lease's collection forfeits the reservation
-  local lease = new_lease(self, name, rec, l, g, nil, sentinel)
+  local lease = new_lease(self, name, rec, l, g, nil, sentinel, drain)
   local ok, client, err = ycall(self._create, hook_key(name))
   local e = self._e
   if not ok or client == nil then
@@ -582,19 +639,25 @@ local function do_create(self, name, rec, l, g, sentinel)
   lease.client = client
   local _, pending = e:created(rec, true, now_of(self))
   if pending > 0 then pump(self) end
+  -- a fresh client granted: the warm floor's strikes start over
+  self._strikes = 0
+  if self._spent then
+    self._spent = false
+    if self._run_h then self._sched.wake(self._run_h) end
+  end
   emit(self, "create", hook_key(name), client)
   return lease
 end
 
-local function on_grant(self, name, st, rec, l, g, validate, idle, waited, sentinel)
+local function on_grant(self, name, st, rec, l, g, validate, idle, waited, sentinel, drain)
   if st == GRANT_IDLE then
     local client = ready_idle(self, name, rec, l, g, validate, idle)
     if client == nil then return nil end
-    local lease = new_lease(self, name, rec, l, g, client, sentinel)
+    local lease = new_lease(self, name, rec, l, g, client, sentinel, drain)
     if self._on.acquire then emit(self, "acquire", hook_key(name), client, waited) end
     return lease
   end
-  local lease, code, err = do_create(self, name, rec, l, g, sentinel)
+  local lease, code, err = do_create(self, name, rec, l, g, sentinel, drain)
   if lease and self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, waited) end
   return lease, code, err
 end
@@ -676,6 +739,16 @@ function Pool:acquire(key, opts)
             .. tostring(t) .. ")", 2)
     end
   end
+  local drain
+  if opts and opts.on_drain ~= nil and opts.on_drain ~= "preserve" then
+    local od = opts.on_drain
+    local grace = type(od) == "table" and od.cancel
+    if type(grace) ~= "number" or grace ~= grace or grace < 0 or grace == math_huge then
+      error("clientpool: bad argument #2 to 'acquire' (opts.on_drain must be \"preserve\" or " ..
+            "{ cancel = grace_s } with a finite grace >= 0)", 2)
+    end
+    drain = grace
+  end
   local e = self._e
   while true do
     if token and token._cancelled then return nil, "cancelled" end
@@ -693,10 +766,12 @@ function Pool:acquire(key, opts)
       if not ok then return nil, st, rec end
     elseif st == FULL then
       return nil, "full", snapshot(self, "full", name)
+    elseif st == PAUSED then
+      return nil, "paused", self._kpaused[name] or self._paused or "probe"
     elseif st == CLOSED then
       return nil, "closed"
     end
-    local lease, code, err = on_grant(self, name, st, rec, l, g, validate, idle, waited, sentinel)
+    local lease, code, err = on_grant(self, name, st, rec, l, g, validate, idle, waited, sentinel, drain)
     if lease or code then return lease, code, err end
     -- the idle record failed validate/unpark and is retired: look again
   end
@@ -720,6 +795,8 @@ function Pool:try_acquire(key)
       return nil, "timeout", snapshot(self, "timeout", name, 0)
     elseif st == FULL then
       return nil, "full", snapshot(self, "full", name)
+    elseif st == PAUSED then
+      return nil, "paused", self._kpaused[name] or self._paused or "probe"
     elseif st == CLOSED then
       return nil, "closed"
     end
@@ -791,11 +868,12 @@ function Pool:stats()
   pump(self)
   local e = self._e
   local s = e:stats(-1, {})
-  s.paused = false
+  s.paused = self._paused
+  s.floor_spent = self._spent
   local keys = {}
   for name, k in pairs(self._kids) do
     local ks = e:stats(k, {})
-    if ks then ks.paused = false; keys[name] = ks end
+    if ks then ks.paused = self._kpaused[name] or false; keys[name] = ks end
   end
   s.keys = keys
   return s
@@ -803,13 +881,246 @@ end
 
 --- Stops admission, wakes waiters with "closed", destroys idle clients;
 -- leases stay with their holders and their clients are destroyed at release.
+-- Starts the drain: leases acquired with on_drain = { cancel = grace } have
+-- their cancellation fired grace seconds from now.
 function Pool:close()
   if self._closed then return end
   self._closed = true
+  self._drain_started = clock(self)
   self._e:close(now_of(self))
   pump(self)
   self._timer_at = nil
   if self._timer_h then self._sched.wake(self._timer_h) end
+  if self._run_h then self._sched.wake(self._run_h) end
+  for _, lease in pairs(self._held) do
+    if lease._g and lease._drain then self:_schedule_cancel(lease) end
+  end
+end
+
+function Pool:_schedule_cancel(lease)
+  local grace = lease._drain
+  if grace <= 0 then
+    fire_cancel(lease)
+    return
+  end
+  local sched = self._sched
+  sched.spawn(function()
+    sched.sleep(grace)
+    if lease._g then fire_cancel(lease) end
+  end)
+end
+
+--- close(), then waits (yields) until every lease is back. Returns true, or
+-- nil, "timeout", detail when `timeout` seconds pass first.
+function Pool:drain(timeout)
+  if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout < 0
+                         or timeout == math_huge) then
+    error("clientpool: bad argument #1 to 'drain' (timeout must be a finite number >= 0, got "
+          .. tostring(timeout) .. ")", 2)
+  end
+  self:close()
+  local e = self._e
+  if e:stats(-1, self._scratch).leases == 0 then return true end
+  local sched = self._sched
+  local h, why = sched.current()
+  if not h then
+    error("clientpool: drain() must wait for leases, but " .. tostring(why or "the caller cannot yield"), 2)
+  end
+  local hs = self._drain_hs
+  if not hs then hs = {}; self._drain_hs = hs end
+  hs[h] = true
+  local deadline = timeout and clock(self) + timeout
+  while e:stats(-1, self._scratch).leases > 0 do
+    if deadline and clock(self) >= deadline then
+      hs[h] = nil
+      return nil, "timeout", snapshot(self, "timeout", DEFAULT, timeout)
+    end
+    sched.wait(h, deadline)
+  end
+  hs[h] = nil
+  return true
+end
+
+--- Fires every held lease's cancellation; only once admission stopped.
+function Pool:cancel_active()
+  if not self._closed then
+    error("clientpool: cancel_active() is allowed only after close() or drain() stopped admission", 2)
+  end
+  for _, lease in pairs(self._held) do
+    if lease._g then fire_cancel(lease) end
+  end
+end
+
+local function scope_key(self, key, fname)
+  if key == nil then return -1, nil end
+  if type(key) ~= "string" then
+    error("clientpool: bad argument #2 to '" .. fname .. "' (key must be a string or nil, got " .. type(key) .. ")", 3)
+  end
+  local k, name = key_id(self, key, fname)
+  if not k then error("clientpool: " .. fname .. "(): cannot open key '" .. key .. "' (max_keys or closed)", 3) end
+  return k, name
+end
+
+-- Pauses the pool (name nil) or a key; resume_after schedules the resume.
+function Pool:_pause(reason, key, resume_after, fname)
+  local e = self._e
+  local k, name = scope_key(self, key, fname)
+  if name then
+    e:key_pin(k, true)          -- a paused key must not be forgotten
+    self._kpaused[name] = reason
+  else
+    self._paused = reason
+  end
+  local scope = name or false
+  local gen = (self._pgen[scope] or 0) + 1
+  self._pgen[scope] = gen
+  local _, pending = e:pause(k, now_of(self))
+  if pending > 0 then pump(self) end
+  emit(self, "pause", key, reason)
+  if resume_after then
+    local sched = self._sched
+    local bg = sched.background or sched.spawn
+    bg(function()
+      sched.sleep(resume_after)
+      if self._pgen[scope] == gen and not self._closed then self:resume(key) end
+    end)
+  end
+end
+
+--- Pauses admission of the pool, or of one key: new acquisitions queue (or
+-- fail with "paused" under pause_mode = "fail") until resume().
+function Pool:pause(reason, key)
+  if type(reason) ~= "string" then
+    error("clientpool: bad argument #1 to 'pause' (reason must be a string, got " .. type(reason) .. ")", 2)
+  end
+  self:_pause(reason, key, nil, "pause")
+end
+
+--- Resumes the pool or a key (half-open first when the pool has probe = true).
+function Pool:resume(key)
+  local e = self._e
+  local k, name = scope_key(self, key, "resume")
+  local scope = name or false
+  local was
+  if name then
+    was = self._kpaused[name]
+    self._kpaused[name] = nil
+    local warm = self._c.keys
+    local is_warm = (warm == nil and name == DEFAULT)
+    if warm then for _, w in ipairs(warm) do if w == name then is_warm = true end end end
+    if not is_warm then e:key_pin(k, false) end
+  else
+    was = self._paused
+    self._paused = false
+  end
+  self._pgen[scope] = (self._pgen[scope] or 0) + 1
+  local _, pending = e:resume(k, self._c.probe, now_of(self))
+  if pending > 0 then pump(self) end
+  if was then emit(self, "resume", key) end
+end
+
+--- Retires every client created before now, of the pool or of one key: idle
+-- ones at once, leased ones at their release (failover, DNS changes).
+function Pool:retire(key)
+  local k = scope_key(self, key, "retire")
+  local _, pending = self._e:retire_before(k, clock(self) + 1e-9, now_of(self))
+  if pending > 0 then pump(self) end
+end
+
+-- Applies a policy directive for a lease.
+local CONTINUE = { continue = true }
+function Pool:_apply(d, lease)
+  if d == nil then d = CONTINUE end
+  if type(d) ~= "table" then
+    error("clientpool: the policy returned a " .. type(d) .. " (a directive table or nil expected)", 3)
+  end
+  local e = self._e
+  if d.retire ~= nil then
+    if d.retire ~= "client" and d.retire ~= "key" then
+      error("clientpool: policy directive 'retire' must be \"client\" or \"key\", got " .. tostring(d.retire), 3)
+    end
+    local rec = lease._r
+    if d.retire == "key" then
+      local created = e:record_created(rec)
+      if created then e:retire_before(self._kids[lease._key], created, now_of(self)) end
+    end
+    e:retire(rec, now_of(self))
+  end
+  if d.pause ~= nil then
+    if type(d.pause) ~= "string" then
+      error("clientpool: policy directive 'pause' must be a reason string, got " .. type(d.pause), 3)
+    end
+    if d.scope ~= nil and d.scope ~= "key" and d.scope ~= "pool" then
+      error("clientpool: policy directive 'scope' must be \"key\" or \"pool\", got " .. tostring(d.scope), 3)
+    end
+    local ra = d.resume_after
+    if ra ~= nil and (type(ra) ~= "number" or ra ~= ra or ra < 0 or ra == math_huge) then
+      error("clientpool: policy directive 'resume_after' must be a finite number >= 0, got " .. tostring(ra), 3)
+    end
+    local key = d.scope == "key" and lease._key or nil
+    self:_pause(d.pause, key, ra, "observe")
+  else
+    -- an outcome that continues: a probe lease opens its gate
+    local _, pending = e:probe_ok(lease._l, lease._g, now_of(self))
+    if pending > 0 then pump(self) end
+  end
+  pump(self)
+  return d
+end
+
+local function refill_task(self, rec, name)
+  local ok, client = ycall(self._create, hook_key(name))
+  local e = self._e
+  self._refilling = self._refilling - 1
+  if ok and client ~= nil then
+    self._clients[rec] = client
+    local _, pending = e:created(rec, true, now_of(self))
+    self._strikes = 0
+    if pending > 0 then pump(self) end
+    emit(self, "create", hook_key(name), client)
+  else
+    local _, pending = e:created(rec, false, now_of(self))
+    if pending > 0 then pump(self) end
+    self._strikes = self._strikes + 1
+    if self._strikes > self._c.restarts then
+      self._spent = true
+      log(self, string_format("warm floor spent after %d failed refills in a row (last: %s); " ..
+        "acquire still creates lazily", self._strikes, tostring(client)))
+    end
+  end
+  if self._run_h then self._sched.wake(self._run_h) end
+end
+
+--- Keeps min_idle idle clients for each warm key until close/drain: refills
+-- after losses, a few creates at a time; after more than `restarts` failed
+-- refills in a row the floor is spent until a fresh client is granted.
+-- Expiry of idle clients runs by the pool's timer whether or not run() runs.
+function Pool:run()
+  local sched = self._sched
+  local h, why = sched.current()
+  if not h then
+    error("clientpool: run() waits: call it from a coroutine the scheduler runs (" .. tostring(why) .. ")", 2)
+  end
+  if self._run_h then error("clientpool: run() is already running", 2) end
+  if self._closed then return end
+  self._run_h = h
+  local e = self._e
+  local pending = e:floor(true, now_of(self))
+  if pending > 0 then pump(self) end
+  while not self._closed do
+    while not self._spent and self._refilling < REFILL_CONCURRENCY do
+      local rec, k
+      rec, k, pending = e:refill(now_of(self))
+      if pending > 0 then pump(self) end
+      if not rec then break end
+      self._refilling = self._refilling + 1
+      sched.spawn(refill_task, self, rec, self._knames[k])
+    end
+    if self._closed then break end
+    sched.wait(h, nil)
+  end
+  e:floor(false, now_of(self))
+  self._run_h = nil
 end
 
 ---------------------------------------------------------------------------
@@ -828,13 +1139,15 @@ function Lease.release(lease, reuse)
   local self = lease._p
   local rec, name = lease._r, lease._key
   local client = self._clients[rec]
-  if self._held[lease._l] == lease then self._held[lease._l] = nil end
   if reuse == false then
     finish_lease(self, lease, BY.error)
   else
     finish_lease(self, lease, nil)
-    -- still this pool's (idle, or already handed to a waiter): park it
-    if self._park and self._clients[rec] == client and client ~= nil and not self._parked[rec] then
+    -- still this pool's (idle, or already handed to a waiter) and no
+    -- co-holder uses it: park it
+    local rl = self._rec_leases
+    if self._park and self._clients[rec] == client and client ~= nil and not self._parked[rec]
+       and not (rl and rl[rec] and next(rl[rec])) then
       local ok, stored = pcall(self._park, client, hook_key(name))
       if ok then
         self._clients[rec] = stored
@@ -855,12 +1168,38 @@ function Lease:destroy()
   return self:release(false)
 end
 
---- The policy hook arrives with protocol policies; without a policy,
--- observe only checks the lease.
+--- Passes the outcome of an operation to the pool's policy, which may
+-- pause admission. Never touches the outcome or the operation; leases held
+-- stay with their callers. Returns the directive (or nil).
 function Lease:observe(outcome)
   check_held(self, "observe")
-  local policy = self._p._c.policy
-  if policy then policy(outcome, self) end
+  local p = self._p
+  local policy = p._c.policy
+  local d
+  if policy then d = policy(outcome, self) end
+  return p:_apply(d, self)
+end
+
+--- Whether the lease's cancellation fired (drain grace over, cancel_active,
+-- or its shared client lost by a co-holder).
+function Lease:cancelled()
+  check_held(self, "cancelled")
+  return self._cancelled == true
+end
+
+--- Calls fn(lease) when the lease's cancellation fires (at once if it has).
+function Lease:on_cancel(fn)
+  check_held(self, "on_cancel")
+  if type(fn) ~= "function" then
+    error("clientpool: bad argument #1 to 'on_cancel' (function expected, got " .. type(fn) .. ")", 2)
+  end
+  if self._cancelled then
+    fn(self)
+    return
+  end
+  local fns = self._on_cancel
+  if not fns then fns = {}; self._on_cancel = fns end
+  fns[#fns + 1] = fn
 end
 
 Lease.__close = function(lease, err)

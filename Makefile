@@ -1,0 +1,233 @@
+# Makefile for clientpool (GNU make).
+#
+# Variable names are the ones LuaRocks passes to a make build (LUA,
+# LUA_VERSION, LUA_INCDIR, LUA_LIBDIR, LUA_SHAREDIR, PREFIX, CFLAGS, LIBFLAG,
+# DESTDIR).  The module is never linked with -llua: the interpreter that
+# loads it provides the Lua API symbols.
+#
+#   make                 build clientpool/core.so for every interpreter
+#                        (build/<interp>/clientpool/core.so)
+#   make module          one build for LUA_INCDIR (build/module/...), used by install
+#   make test            deps, build, C tests (gcc and clang ASan/UBSan),
+#                        busted under lua5.1/5.3/5.4/luajit, the LuaRocks build
+#                        and its specs, luacheck, then one summary line
+#   make check-memory    C tests under ASan/UBSan, and the lua5.4 busted suite
+#                        against an ASan/UBSan build of the module
+#   make demo | bench | lint | install | clean | cdef
+#
+# Single steps of `make test`: all test-c test-c-asan test-busted-<interp>
+# check-rockspec test-rocks lint.
+#
+# check-memory preloads clang-14's ASan runtime (libclang_rt.asan-<arch>.so)
+# into the uninstrumented lua5.4 so an ASan/UBSan build of core.so can be
+# loaded; LeakSanitizer runs at exit (suppressions: scripts/lsan.supp if
+# present).  valgrind is installed but not needed for this.
+
+LUA_VERSION ?= 5.4
+LUA         ?= lua$(LUA_VERSION)
+PREFIX      ?= /usr/local
+LUA_INCDIR  ?= /usr/include/lua$(LUA_VERSION)
+# Accepted for LuaRocks compatibility; unused since -llua is never linked.
+LUA_LIBDIR  ?= $(PREFIX)/lib
+# Install destinations of the Lua modules and of the C module.
+LUA_SHAREDIR ?= $(PREFIX)/share/lua/$(LUA_VERSION)
+LUA_CMODDIR  ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
+DESTDIR     ?=
+
+CFLAGS      ?= -O2
+LIBFLAG     ?= -shared
+CLANG       ?= clang-14
+BUSTED      ?= /usr/bin/busted
+LUACHECK    ?= luacheck
+LUAROCKS    ?= luarocks
+
+WARNFLAGS := -std=c99 -Wall -Wextra -Werror -pedantic -Wshadow \
+             -Wmissing-prototypes -Wstrict-prototypes
+SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
+             -fno-omit-frame-pointer -g -O1
+# Flags every compile gets, whatever CFLAGS the caller passes.
+BASEFLAGS  = $(WARNFLAGS) -fPIC -Icsrc
+LIBS      := -lm
+
+CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c
+ENGINE_SRCS := csrc/engine.c csrc/clock.c
+CTEST_SRC   := spec/c/test_engine.c
+
+INTERPS := lua5.1 lua5.3 lua5.4 luajit
+INCDIR_lua5.1 := /usr/include/lua5.1
+INCDIR_lua5.3 := /usr/include/lua5.3
+INCDIR_lua5.4 := /usr/include/lua5.4
+INCDIR_luajit := /usr/include/luajit-2.1
+
+# Lua search paths for the source tree.
+LPATH := ./lua/?.lua;./lua/?/init.lua
+# Spec roots given to busted; spec files are *_spec.lua under them.
+SPEC_ROOTS := spec
+
+# The ASan runtime to preload into an uninstrumented interpreter.
+ASAN_RT = $(shell $(CLANG) -print-file-name=libclang_rt.asan-$(shell uname -m).so 2>/dev/null)
+ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1 \
+           $(if $(wildcard scripts/lsan.supp),LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/lsan.supp:print_suppressions=0) \
+           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+# env prefix that makes an interpreter find lua/ and a build dir ($(1)).
+lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LPATH);;' \
+              LUA_CPATH='./$(1)/?.so;;' LUA_CPATH_5_3='./$(1)/?.so;;' LUA_CPATH_5_4='./$(1)/?.so;;'
+
+LINT_DIRS = $(wildcard lua spec examples bench)
+
+.PHONY: all module test deps check-memory demo bench lint install clean cdef \
+        test-c test-c-asan test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS))
+
+all: $(foreach i,$(INTERPS),build/$(i)/clientpool/core.so)
+
+# ---------------------------------------------------------------- builds
+
+# One object dir and one core.so per interpreter.
+define interp_rules
+build/obj/$(1)/%.o: csrc/%.c
+	@mkdir -p $$(@D)
+	$$(CC) $$(BASEFLAGS) $$(CFLAGS) $$(CPPFLAGS) -I$$(INCDIR_$(1)) -MMD -MP -c $$< -o $$@
+
+build/$(1)/clientpool/core.so: $$(patsubst csrc/%.c,build/obj/$(1)/%.o,$$(CORE_SRCS))
+	@mkdir -p $$(@D)
+	$$(CC) $$(LIBFLAG) $$(LDFLAGS) -o $$@ $$^ $$(LIBS)
+endef
+$(foreach i,$(INTERPS),$(eval $(call interp_rules,$(i))))
+
+# `make module LUA_INCDIR=...`: one build for the given headers.  The flags
+# are recorded so that a different LUA_INCDIR or CFLAGS rebuilds.
+MODULE_FLAGS := $(CC) $(BASEFLAGS) $(CFLAGS) $(CPPFLAGS) -I$(LUA_INCDIR) | $(LIBFLAG) $(LDFLAGS)
+ifneq ($(filter module install,$(MAKECMDGOALS)),)
+ifneq ($(MODULE_FLAGS),$(shell cat build/obj/module/.flags 2>/dev/null))
+$(shell mkdir -p build/obj/module && printf '%s' '$(MODULE_FLAGS)' > build/obj/module/.flags)
+endif
+endif
+
+module: build/module/clientpool/core.so
+
+build/obj/module/%.o: csrc/%.c build/obj/module/.flags
+	@mkdir -p $(@D)
+	$(CC) $(BASEFLAGS) $(CFLAGS) $(CPPFLAGS) -I$(LUA_INCDIR) -MMD -MP -c $< -o $@
+
+build/module/clientpool/core.so: $(patsubst csrc/%.c,build/obj/module/%.o,$(CORE_SRCS))
+	@mkdir -p $(@D)
+	$(CC) $(LIBFLAG) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+# The module under ASan/UBSan for lua5.4 (check-memory).
+build/obj/asan-lua5.4/%.o: csrc/%.c
+	@mkdir -p $(@D)
+	$(CLANG) $(BASEFLAGS) $(SANFLAGS) -I$(INCDIR_lua5.4) -MMD -MP -c $< -o $@
+
+build/asan-lua5.4/clientpool/core.so: $(patsubst csrc/%.c,build/obj/asan-lua5.4/%.o,$(CORE_SRCS))
+	@mkdir -p $(@D)
+	$(CLANG) $(SANFLAGS) -shared -o $@ $^ $(LIBS)
+
+# C engine tests: no Lua at all.
+build/ctest/test_engine: $(CTEST_SRC) $(ENGINE_SRCS) $(wildcard csrc/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(WARNFLAGS) -O2 -g -Icsrc -o $@ $(CTEST_SRC) $(ENGINE_SRCS) $(LIBS)
+
+build/ctest/test_engine-asan: $(CTEST_SRC) $(ENGINE_SRCS) $(wildcard csrc/*.h)
+	@mkdir -p $(@D)
+	$(CLANG) $(WARNFLAGS) $(SANFLAGS) -Icsrc -o $@ $(CTEST_SRC) $(ENGINE_SRCS) $(LIBS)
+
+-include $(wildcard build/obj/*/*.d)
+
+# ---------------------------------------------------------------- tests
+
+deps:
+	@scripts/deps.sh
+
+TEST_STEPS := all test-c test-c-asan $(addprefix test-busted-,$(INTERPS)) check-rockspec test-rocks lint
+
+# Every step runs even after one fails; scripts/run-steps.sh prints one
+# line per step and an overall line, and fails if any step failed.
+test: deps
+	@MAKE='$(MAKE)' scripts/run-steps.sh $(TEST_STEPS)
+
+test-c: build/ctest/test_engine
+	build/ctest/test_engine
+
+test-c-asan: build/ctest/test_engine-asan
+	$(ASAN_ENV) build/ctest/test_engine-asan
+
+define busted_rule
+test-busted-$(1): build/$(1)/clientpool/core.so
+	@scripts/busted-run.sh $(1) '--lpath=$$(LPATH)' '--cpath=./build/$(1)/?.so' $$(SPEC_ROOTS)
+endef
+$(foreach i,$(INTERPS),$(eval $(call busted_rule,$(i))))
+
+# Build and install with LuaRocks into build/rocks, then run the lua5.4 specs
+# against the installed tree only (no ./lua, no build/<interp> on the paths).
+ROCKS_TREE := build/rocks
+ROCKS_LPATH := ./$(ROCKS_TREE)/share/lua/5.4/?.lua;./$(ROCKS_TREE)/share/lua/5.4/?/init.lua
+ROCKS_CPATH := ./$(ROCKS_TREE)/lib/lua/5.4/?.so
+test-rocks:
+	rm -rf $(ROCKS_TREE)
+	@# luarocks builds in place (csrc/*.o, ./clientpool/core.so): remove those
+	@# whatever happens, or ./?.so on the default cpath would find the module.
+	$(LUAROCKS) --lua-version=5.4 make --tree=$(ROCKS_TREE) rockspec/clientpool-scm-1.rockspec; \
+	  rc=$$?; rm -f csrc/*.o clientpool/core.so; rmdir clientpool 2>/dev/null; exit $$rc
+	@lua5.4 -e "package.path = '$(ROCKS_LPATH);' .. package.path; \
+	  package.cpath = '$(ROCKS_CPATH);' .. package.cpath; \
+	  local m = assert(package.searchpath('clientpool', package.path)); \
+	  local c = assert(package.searchpath('clientpool.core', package.cpath)); \
+	  print('test-rocks: clientpool from ' .. m .. ', clientpool.core from ' .. c); \
+	  assert(m:find('$(ROCKS_TREE)', 1, true) and c:find('$(ROCKS_TREE)', 1, true), \
+	    'installed tree is not what the specs would load')"
+	@scripts/busted-run.sh lua5.4 '--lpath=$(ROCKS_LPATH)' '--cpath=$(ROCKS_CPATH)' $(SPEC_ROOTS)
+
+# Every lua/clientpool/**.lua must be listed in the rockspec (else the
+# LuaRocks install lacks it) and every listed file must exist.
+check-rockspec:
+	@lua5.4 scripts/check-rockspec.lua rockspec/clientpool-scm-1.rockspec
+
+lint:
+	$(LUACHECK) $$([ -t 1 ] || echo --no-color) $(LINT_DIRS)
+
+check-memory:
+	@MAKE='$(MAKE)' scripts/run-steps.sh test-c-asan test-busted-asan
+
+# The lua5.4 specs against build/asan-lua5.4 (ASan runtime preloaded).
+test-busted-asan: build/asan-lua5.4/clientpool/core.so
+	@test -f '$(ASAN_RT)' || { echo "check-memory: no ASan runtime found via $(CLANG)"; exit 1; }
+	@echo "check-memory: lua5.4 busted with $(ASAN_RT) preloaded"
+	@$(ASAN_ENV) BUSTED_PREFIX='env LD_PRELOAD=$(ASAN_RT)' \
+	  scripts/busted-run.sh lua5.4 '--lpath=$(LPATH)' '--cpath=./build/asan-lua5.4/?.so' $(SPEC_ROOTS)
+
+# ---------------------------------------------------------------- other
+
+demo: deps
+	@$(MAKE) --no-print-directory build/lua5.4/clientpool/core.so
+	$(call lua_env,build/lua5.4) lua5.4 examples/quickstart.lua
+
+bench: all
+	@set -e; files='$(wildcard bench/*.lua)'; \
+	if [ -z "$$files" ]; then echo "no benchmarks yet"; exit 0; fi; \
+	for i in $(INTERPS); do for f in $$files; do \
+	  echo "== $$i $$f"; \
+	  env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LPATH);;' \
+	      LUA_CPATH="./build/$$i/?.so;;" LUA_CPATH_5_3="./build/$$i/?.so;;" LUA_CPATH_5_4="./build/$$i/?.so;;" \
+	      $$i $$f; \
+	done; done
+
+install: module
+	install -d '$(DESTDIR)$(LUA_CMODDIR)/clientpool'
+	install -m 755 build/module/clientpool/core.so '$(DESTDIR)$(LUA_CMODDIR)/clientpool/core.so'
+	cd lua && find clientpool -name '*.lua' | while read -r f; do \
+	  install -D -m 644 "$$f" '$(DESTDIR)$(LUA_SHAREDIR)'/"$$f" || exit 1; done
+
+# lua/clientpool/cdef.lua: the header without its preprocessor lines, for ffi.cdef.
+cdef:
+	@if sed '/^#/d' csrc/clientpool.h | grep -q ']]'; then \
+	  echo "cdef: csrc/clientpool.h contains ']]', which would end the long string"; exit 1; fi
+	@{ echo '-- Generated by `make cdef` from csrc/clientpool.h: do not edit.'; \
+	  echo 'return [['; sed '/^#/d' csrc/clientpool.h; echo ']]'; } > lua/clientpool/cdef.lua.tmp
+	@mv lua/clientpool/cdef.lua.tmp lua/clientpool/cdef.lua
+	@echo "cdef: wrote lua/clientpool/cdef.lua"
+
+clean:
+	rm -rf build luacov.stats.out luacov.report.out
+	rm -f csrc/*.o clientpool/core.so
+	rmdir clientpool 2>/dev/null || true

@@ -1,0 +1,41 @@
+-- Build with `luarocks make rockspec/clientpool-scm-1.rockspec` from the
+-- repository root.  Every lua/clientpool/**.lua file must be listed below
+-- (`make check-rockspec`, part of `make test`, checks it).
+rockspec_format = "3.0"
+package = "clientpool"
+version = "scm-1"
+
+source = {
+  -- `luarocks make` builds the working tree and never fetches this.
+  url = "git+file:///dev/null",
+}
+
+description = {
+  summary = "Pool of outbound clients with bounded admission, driven by the host's scheduler",
+  detailed = [[
+clientpool pools outbound clients (HTTP keep-alive, Redis, SQL, game-backend
+sockets) for Lua 5.1-5.4, LuaJIT and OpenResty: bounded admission, client
+lifetime and reuse, protocol-driven pausing and cooperative drain. Waiting
+suspends the calling coroutine on the host's scheduler (OpenResty, cqueues,
+luv, copas, or the built-in loop). The accounting engine is written in C.
+]],
+  license = "MIT",
+}
+
+dependencies = {
+  "lua >= 5.1, < 5.5",
+  -- Schedulers (cqueues, luv, copas, OpenResty) stay optional.
+}
+
+build = {
+  type = "builtin",
+  modules = {
+    ["clientpool.core"] = {
+      sources = { "csrc/engine.c", "csrc/clock.c", "csrc/lclientpool.c" },
+      incdirs = { "csrc" },
+    },
+    ["clientpool"] = "lua/clientpool/init.lua",
+    ["clientpool.loop"] = "lua/clientpool/loop.lua",
+    ["clientpool.sched.loop"] = "lua/clientpool/sched/loop.lua",
+  },
+}
