@@ -36,6 +36,7 @@ build = {
     },
     ["clientpool"] = "lua/clientpool/init.lua",
     ["clientpool.loop"] = "lua/clientpool/loop.lua",
+    ["clientpool.policy"] = "lua/clientpool/policy.lua",
     ["clientpool.sched.loop"] = "lua/clientpool/sched/loop.lua",
   },
 }

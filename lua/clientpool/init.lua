@@ -1213,4 +1213,5 @@ end
 
 _M.Pool = Pool
 _M.Lease = Lease
+_M.policy = require "clientpool.policy"
 return _M
