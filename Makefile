@@ -77,7 +77,8 @@ lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LP
 LINT_DIRS = $(wildcard lua spec examples bench)
 
 .PHONY: all module test deps check-memory demo bench lint install clean cdef \
-        test-c test-c-asan test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS))
+        test-c test-c-asan test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
+        test-busted-luajit-ffi
 
 all: $(foreach i,$(INTERPS),build/$(i)/clientpool/core.so)
 
@@ -139,7 +140,8 @@ build/ctest/test_engine-asan: $(CTEST_SRC) $(ENGINE_SRCS) $(wildcard csrc/*.h)
 deps:
 	@scripts/deps.sh
 
-TEST_STEPS := all test-c test-c-asan $(addprefix test-busted-,$(INTERPS)) check-rockspec test-rocks lint
+TEST_STEPS := all test-c test-c-asan $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
+              check-rockspec test-rocks lint
 
 # Every step runs even after one fails; scripts/run-steps.sh prints one
 # line per step and an overall line, and fails if any step failed.
@@ -152,11 +154,16 @@ test-c: build/ctest/test_engine
 test-c-asan: build/ctest/test_engine-asan
 	$(ASAN_ENV) build/ctest/test_engine-asan
 
+# On LuaJIT the suite runs twice: test-busted-luajit with the C API backend
+# (clientpool.core), test-busted-luajit-ffi with the FFI one (clientpool.ffi).
 define busted_rule
 test-busted-$(1): build/$(1)/clientpool/core.so
-	@scripts/busted-run.sh $(1) '--lpath=$$(LPATH)' '--cpath=./build/$(1)/?.so' $$(SPEC_ROOTS)
+	@CLIENTPOOL_BACKEND=core scripts/busted-run.sh $(1) '--lpath=$$(LPATH)' '--cpath=./build/$(1)/?.so' $$(SPEC_ROOTS)
 endef
 $(foreach i,$(INTERPS),$(eval $(call busted_rule,$(i))))
+
+test-busted-luajit-ffi: build/luajit/clientpool/core.so
+	@CLIENTPOOL_BACKEND=ffi scripts/busted-run.sh luajit '--lpath=$(LPATH)' '--cpath=./build/luajit/?.so' $(SPEC_ROOTS)
 
 # Build and install with LuaRocks into build/rocks, then run the lua5.4 specs
 # against the installed tree only (no ./lua, no build/<interp> on the paths).

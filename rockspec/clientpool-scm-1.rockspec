@@ -36,6 +36,8 @@ build = {
     },
     ["clientpool"] = "lua/clientpool/init.lua",
     ["clientpool.loop"] = "lua/clientpool/loop.lua",
+    ["clientpool.ffi"] = "lua/clientpool/ffi.lua",
+    ["clientpool.cdef"] = "lua/clientpool/cdef.lua",
     ["clientpool.policy"] = "lua/clientpool/policy.lua",
     ["clientpool.sched.loop"] = "lua/clientpool/sched/loop.lua",
   },

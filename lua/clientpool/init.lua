@@ -6,7 +6,20 @@
 -- scheduler adapter, arming the pool's timer. See docs/decisions.md.
 -- @module clientpool
 
-local core = require "clientpool.core"
+-- The engine binding (backend): clientpool.core (the C API) or, on LuaJIT,
+-- clientpool.ffi, whose calls the JIT compiles (C API calls it does not).
+-- Both have the same surface. CLIENTPOOL_BACKEND=core|ffi or the option
+-- `backend` overrides the default.
+local IS_JIT = rawget(_G, "jit") ~= nil
+local function load_backend(name)
+  if name ~= "ffi" and name ~= "core" then return nil, "must be \"core\" or \"ffi\"" end
+  if name == "ffi" and not IS_JIT then return nil, "\"ffi\" needs LuaJIT" end
+  return require("clientpool." .. name)
+end
+local BACKEND = os.getenv("CLIENTPOOL_BACKEND")
+if BACKEND == nil or BACKEND == "" then BACKEND = IS_JIT and "ffi" or "core" end
+local core, backend_err = load_backend(BACKEND)
+if not core then error("clientpool: CLIENTPOOL_BACKEND=" .. BACKEND .. ": " .. backend_err, 0) end
 
 local type, error, pcall, select, setmetatable, tostring = type, error, pcall, select, setmetatable, tostring
 local pairs, ipairs, rawget, getmetatable = pairs, ipairs, rawget, getmetatable
@@ -83,7 +96,7 @@ local KNOWN = {
   acquire_timeout = true, idle_timeout = true, max_lifetime = true,
   lifetime_jitter = true, validate_after_idle = true, max_keys = true,
   leak_threshold = true, policy = true, pause_mode = true, probe = true,
-  restarts = true, scheduler = true, seed = true,
+  restarts = true, scheduler = true, seed = true, backend = true,
 }
 
 local function check_count(o, name, min, default)
@@ -224,6 +237,11 @@ local function validate_options(o)
     fail("option 'seed' must be an integer >= 0, got %s", tostring(o.seed))
   end
   c.seed = o.seed
+  if o.backend ~= nil then
+    local _, err = load_backend(o.backend)
+    if err then fail("option 'backend' %s (got %s)", err, tostring(o.backend)) end
+    c.backend = o.backend
+  end
   return c
 end
 
@@ -501,7 +519,7 @@ function _M.new(opts)
   local ok, c = pcall(validate_options, opts)
   if not ok then error(c, 2) end
   local sched = resolve_scheduler(opts.scheduler)
-  local e = core.new {
+  local e = (c.backend and load_backend(c.backend) or core).new {
     max_live = c.max_live, min_idle = c.min_idle, max_idle = c.max_idle,
     max_concurrency = c.max_concurrency, max_waiting = c.max_waiting, capacity = c.capacity,
     key_max_live = c.key_max_live, key_max_idle = c.key_max_idle, max_keys = c.max_keys,

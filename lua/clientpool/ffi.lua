@@ -1,0 +1,424 @@
+--- clientpool.ffi: the LuaJIT FFI binding of the engine (csrc/clientpool.h).
+--
+-- The same surface as the C API binding clientpool.core (csrc/lclientpool.c):
+-- the status and event constants, BY, monotime, sleep and new(cfg), whose
+-- object has the same methods with the same arguments and results. The
+-- driver (clientpool/init.lua) picks this backend on LuaJIT, where calls
+-- through the C API are not compiled by the JIT and FFI calls are.
+--
+-- A call allocates nothing: each engine object owns its scratch grant,
+-- event, stats and out-parameter cells. The engine is freed by ffi.gc (or
+-- free()); a freed object swaps its metatable so every later call raises.
+-- Leak sentinels are small cdata whose finalizer reports the lease to the
+-- engine, then calls the driver's notify function (the contract of
+-- lcp_lease__gc in lclientpool.c).
+local ffi = require "ffi"
+
+local C = ffi.load(assert(package.searchpath("clientpool.core", package.cpath),
+                          "clientpool.ffi: clientpool.core (the C module) not found on package.cpath"))
+
+-- The header's declarations, once per process: a second cdef of the same
+-- struct would raise "attempt to redefine".
+if not pcall(ffi.typeof, "clientpool_grant_t") then ffi.cdef(require "clientpool.cdef") end
+
+local error, pcall, setmetatable, tostring, type = error, pcall, setmetatable, tostring, type
+local math_floor = math.floor
+local ffi_gc, ffi_cast = ffi.gc, ffi.cast
+
+local _M = { _NAME = "clientpool.ffi" }
+
+local GRANT_IDLE, GRANT_CREATE = C.CLIENTPOOL_GRANT_IDLE, C.CLIENTPOOL_GRANT_CREATE
+local EV_NONE = C.CLIENTPOOL_EV_NONE
+
+-- Status and reason codes, named as clientpool.core names them.
+for name, v in pairs {
+  GRANT_IDLE = GRANT_IDLE, GRANT_CREATE = GRANT_CREATE, MUST_WAIT = C.CLIENTPOOL_MUST_WAIT,
+  PENDING = C.CLIENTPOOL_PENDING, FULL = C.CLIENTPOOL_FULL, CLOSED = C.CLIENTPOOL_CLOSED,
+  TIMEOUT = C.CLIENTPOOL_TIMEOUT, CANCELLED = C.CLIENTPOOL_CANCELLED, STALE = C.CLIENTPOOL_STALE,
+  PAUSED = C.CLIENTPOOL_PAUSED, EV_REFILL = C.CLIENTPOOL_EV_REFILL, EV_LOST = C.CLIENTPOOL_EV_LOST,
+  EKEYS = C.CLIENTPOOL_EKEYS, EV_WAKE = C.CLIENTPOOL_EV_WAKE, EV_DESTROY = C.CLIENTPOOL_EV_DESTROY,
+  EV_TIMER = C.CLIENTPOOL_EV_TIMER, EV_KEY_FREE = C.CLIENTPOOL_EV_KEY_FREE, EV_LEAK = C.CLIENTPOOL_EV_LEAK,
+  EV_CREATED = C.CLIENTPOOL_EV_CREATED,
+} do _M[name] = v end
+
+local BY_NAMES = { "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted" }
+assert(#BY_NAMES == C.CLIENTPOOL_BY_COUNT, "clientpool.ffi: BY names out of date with clientpool.h")
+_M.BY = {}
+for i, name in ipairs(BY_NAMES) do _M.BY[name] = i - 1 end
+
+local monotime = C.clientpool_monotime
+_M.monotime = function() return monotime() end
+
+function _M.sleep(s)
+  if type(s) ~= "number" then
+    error("bad argument #1 to 'sleep' (number expected, got " .. type(s) .. ")", 2)
+  end
+  C.clientpool_sleep(s)
+end
+
+local grant_t = ffi.typeof("clientpool_grant_t")
+local event_t = ffi.typeof("clientpool_event_t")
+local stats_t = ffi.typeof("clientpool_stats_t")
+local config_t = ffi.typeof("clientpool_config_t")
+local u32_1 = ffi.typeof("uint32_t[1]")
+local i32_1 = ffi.typeof("int32_t[1]")
+local engine_pp = ffi.typeof("clientpool_t *[1]")
+local engine_ptr_t = ffi.typeof("clientpool_t *")
+-- A leak sentinel: the lease it guards. Its finalizer is the pool's.
+local sentinel_t = ffi.typeof("struct { int32_t lease; uint32_t gen; }")
+
+local Engine = {}
+local engine_mt = { __index = Engine }
+engine_mt.__tostring = function(self)
+  return "clientpool.Pool: " .. tostring(ffi_cast("void *", self.p)):match("0x%x+")
+end
+
+-- After free(): every method raises, as the C binding's do.
+local freed_mt = {
+  __index = function(_, name)
+    if name == "free" then return function() end end
+    return function() error("bad argument #1 to '" .. tostring(name) .. "' (clientpool.Pool is freed)", 2) end
+  end,
+  __tostring = function() return "clientpool.Pool: (freed)" end,
+}
+
+local function opt_int(cfg, name, def)
+  local v = cfg[name]
+  if v == nil then return def end
+  if type(v) ~= "number" or math_floor(v) ~= v then
+    error("bad argument #1 to 'new' (field '" .. name .. "': integer expected)", 3)
+  end
+  return v
+end
+
+local function opt_num(cfg, name, def)
+  local v = cfg[name]
+  if v == nil then return def end
+  if type(v) ~= "number" then error("bad argument #1 to 'new' (field '" .. name .. "': number expected)", 3) end
+  return v
+end
+
+--- new(cfg): an engine for a config the driver already validated.
+function _M.new(cfg)
+  if type(cfg) ~= "table" then
+    error("bad argument #1 to 'new' (table expected, got " .. type(cfg) .. ")", 2)
+  end
+  local c = config_t()
+  c.max_live = opt_int(cfg, "max_live", 0)
+  c.min_idle = opt_int(cfg, "min_idle", 0)
+  c.max_idle = opt_int(cfg, "max_idle", c.max_live)
+  c.capacity = opt_int(cfg, "capacity", 1)
+  c.max_concurrency = opt_int(cfg, "max_concurrency", c.max_live * c.capacity)
+  c.max_waiting = opt_int(cfg, "max_waiting", 1024)
+  c.key_max_live = opt_int(cfg, "key_max_live", -1)
+  c.key_max_idle = opt_int(cfg, "key_max_idle", -1)
+  c.max_keys = opt_int(cfg, "max_keys", -1)
+  c.pause_fail = opt_int(cfg, "pause_fail", 0)
+  c.idle_timeout = opt_num(cfg, "idle_timeout", -1)
+  c.max_lifetime = opt_num(cfg, "max_lifetime", -1)
+  c.lifetime_jitter = opt_num(cfg, "lifetime_jitter", 0)
+  c.validate_after_idle = opt_num(cfg, "validate_after_idle", -1)
+  c.leak_threshold = opt_num(cfg, "leak_threshold", -1)
+  c.seed = opt_num(cfg, "seed", 0)
+  local out = engine_pp()
+  local rc = C.clientpool_new(c, out)
+  if rc == C.CLIENTPOOL_EINVAL then error("clientpool: options outside the capacity envelope", 2) end
+  if rc ~= C.CLIENTPOOL_OK then error("clientpool: out of memory", 2) end
+  -- Collection.  LuaJIT keeps cdata finalizers in a weak-keyed table whose
+  -- values are marked strongly, so a finalizer must not reach its own cdata:
+  -- the engine's finalizer sees only `life`; the sentinels' finalizer sees
+  -- `life` and `box` (a raw pointer without finalizer and the driver's notify
+  -- function, which reaches the engine object: a pool thus lives as long as
+  -- a sentinel of it, as with the C binding's shared box).  Whatever order
+  -- the collector or lua_close runs them in, the engine is freed once and
+  -- never touched after.
+  local life = { freed = false }
+  local box = { raw = ffi_cast(engine_ptr_t, out[0]), notify = false }
+  local self = { g = grant_t(), ev = event_t(), st = stats_t(), u32 = u32_1(), i32 = i32_1(),
+                 life = life, box = box }
+  self.p = ffi_gc(out[0], function(p)
+    if not life.freed then
+      life.freed = true
+      C.clientpool_free(p)
+    end
+  end)
+  self.on_sentinel = function(s)
+    if life.freed then return end
+    if C.clientpool_leak(box.raw, s.lease, s.gen, -1) == 0 then
+      local notify = box.notify
+      if notify then pcall(notify) end
+    end
+  end
+  return setmetatable(self, engine_mt)
+end
+
+--- E:free(): frees the engine now (idempotent).
+function Engine:free()
+  local p = self.p
+  self.life.freed = true
+  setmetatable(self, freed_mt)
+  ffi_gc(p, nil)
+  C.clientpool_free(p)
+  self.p = nil
+end
+
+--- E:set_notify(fn): fn() runs (protected) after a collected lease was
+-- reported, so the driver can carry out the engine's events.
+function Engine:set_notify(fn)
+  self.box.notify = fn or false
+end
+
+-- A leak sentinel for (lease, gen): its collection reports the lease as
+-- leaked (a released lease is stale, and the engine ignores it).
+local function new_sentinel(self, lease, gen)
+  local s = sentinel_t()
+  s.lease = lease
+  s.gen = gen
+  return ffi_gc(s, self.on_sentinel)
+end
+
+function Engine:sentinel(lease, gen)
+  return new_sentinel(self, lease, gen)
+end
+
+-- status, record, lease, gen, validate, idle, pending [, sentinel]
+local function grant_results(self, st, p, g, sentinel)
+  if sentinel and (st == GRANT_IDLE or st == GRANT_CREATE) then
+    return st, g.record, g.lease, g.lease_gen, g.validate ~= 0, g.idle, C.clientpool_pending(p),
+           new_sentinel(self, g.lease, g.lease_gen)
+  end
+  return st, g.record, g.lease, g.lease_gen, g.validate ~= 0, g.idle, C.clientpool_pending(p)
+end
+
+-- as grant_results, with waited after pending
+local function claim_results(self, st, p, g, sentinel)
+  if sentinel and (st == GRANT_IDLE or st == GRANT_CREATE) then
+    return st, g.record, g.lease, g.lease_gen, g.validate ~= 0, g.idle, C.clientpool_pending(p), g.waited,
+           new_sentinel(self, g.lease, g.lease_gen)
+  end
+  return st, g.record, g.lease, g.lease_gen, g.validate ~= 0, g.idle, C.clientpool_pending(p), g.waited
+end
+
+--- E:acquire(key [, now [, sentinel]]) -> status, record, lease, gen, validate, idle, pending [, sentinel]
+function Engine:acquire(key, now, sentinel)
+  local p, g = self.p, self.g
+  if now == nil then now = monotime() end
+  local st = C.clientpool_acquire(p, key, now, g)
+  return grant_results(self, st, p, g, sentinel)
+end
+
+--- E:release(lease, gen, reason [, now]) -> ok, pending
+function Engine:release(lease, gen, reason, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_release(p, lease, gen, reason or -1, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
+--- E:wait(key, deadline [, now]) -> waiter, gen, pending | nil, status
+function Engine:wait(key, deadline, now)
+  local p, gen = self.p, self.u32
+  if now == nil then now = monotime() end
+  local w = C.clientpool_wait(p, key, deadline or -1, now, gen)
+  if w < 0 then return nil, -w end
+  return w, gen[0], C.clientpool_pending(p)
+end
+
+--- E:claim(waiter, gen [, now [, sentinel]])
+-- -> status, record, lease, gen, validate, idle, pending, waited [, sentinel]
+function Engine:claim(waiter, gen, now, sentinel)
+  local p, g = self.p, self.g
+  if now == nil then now = monotime() end
+  local st = C.clientpool_claim(p, waiter, gen, now, g)
+  return claim_results(self, st, p, g, sentinel)
+end
+
+--- E:cancel(waiter, gen, status [, now [, sentinel]]) -> as claim
+function Engine:cancel(waiter, gen, status, now, sentinel)
+  local p, g = self.p, self.g
+  if now == nil then now = monotime() end
+  local st = C.clientpool_cancel(p, waiter, gen, status or 0, now, g)
+  return claim_results(self, st, p, g, sentinel)
+end
+
+--- E:created(record, ok [, now]) -> ok, pending
+function Engine:created(record, ok, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_created(p, record, ok and 1 or 0, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
+--- E:abandon(waiter, gen [, now]) -> ok, pending
+function Engine:abandon(waiter, gen, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_abandon(p, waiter, gen, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
+--- E:leak(lease, gen [, now]) -> ok, pending
+function Engine:leak(lease, gen, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_leak(p, lease, gen, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
+--- E:retire(record [, now]) -> ok, pending
+function Engine:retire(record, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_retire(p, record, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
+--- E:retire_before(key, before [, now]) -> ok, pending (key < 0: the pool)
+function Engine:retire_before(key, before, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_retire_before(p, key, before or 0, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
+--- E:pause(key [, now]) -> ok, pending
+function Engine:pause(key, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_pause(p, key, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
+--- E:resume(key, probe [, now]) -> ok, pending
+function Engine:resume(key, probe, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_resume(p, key, probe and 1 or 0, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
+--- E:probe_ok(lease, gen [, now]) -> was_probe, pending
+function Engine:probe_ok(lease, gen, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local was = C.clientpool_probe_ok(p, lease, gen, now)
+  return was ~= 0, C.clientpool_pending(p)
+end
+
+--- E:gate([key]) -> 0 open, 1 paused, 2 half-open
+function Engine:gate(key)
+  return C.clientpool_gate(self.p, key or -1)
+end
+
+--- E:floor(on [, now]) -> pending
+function Engine:floor(on, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  C.clientpool_floor(p, on and 1 or 0, now)
+  return C.clientpool_pending(p)
+end
+
+--- E:refill([now]) -> record, key, pending | nil, nil, pending
+function Engine:refill(now)
+  local p, key = self.p, self.i32
+  if now == nil then now = monotime() end
+  key[0] = -1
+  local r = C.clientpool_refill(p, now, key)
+  if r < 0 then return nil, nil, C.clientpool_pending(p) end
+  return r, key[0], C.clientpool_pending(p)
+end
+
+--- E:tick([now]) -> pending
+function Engine:tick(now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  C.clientpool_tick(p, now)
+  return C.clientpool_pending(p)
+end
+
+--- E:close([now]) -> pending
+function Engine:close(now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  C.clientpool_close(p, now)
+  return C.clientpool_pending(p)
+end
+
+--- E:key_open() -> key | nil, status
+function Engine:key_open()
+  local k = C.clientpool_key_open(self.p)
+  if k < 0 then return nil, k end
+  return k
+end
+
+function Engine:key_pin(key, pinned)
+  return C.clientpool_key_pin(self.p, key, pinned and 1 or 0) == 0
+end
+
+function Engine:key_forget(key)
+  return C.clientpool_key_forget(self.p, key) ~= 0
+end
+
+--- E:next_event() -> type, a, b, c, t | nothing
+function Engine:next_event()
+  local ev = self.ev
+  if C.clientpool_next_event(self.p, ev) == EV_NONE then return end
+  return ev.type, ev.a, ev.b, ev.c, ev.t
+end
+
+function Engine:pending()
+  return C.clientpool_pending(self.p)
+end
+
+function Engine:next_deadline()
+  local d = C.clientpool_next_deadline(self.p)
+  if d < 0 then return nil end
+  return d
+end
+
+function Engine:is_closed()
+  return C.clientpool_is_closed(self.p) ~= 0
+end
+
+function Engine:record_created(record)
+  local t = C.clientpool_record_created(self.p, record)
+  if t < 0 then return nil end
+  return t
+end
+
+function Engine:lease_age(lease, gen, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local a = C.clientpool_lease_age(p, lease, gen, now)
+  if a < 0 then return nil end
+  return a
+end
+
+--- E:stats(key, t) -> t filled (key < 0 or nil: the whole pool), or nil
+function Engine:stats(key, t)
+  local s = self.st
+  if C.clientpool_stats(self.p, key or -1, s) ~= 0 then return nil end
+  if type(t) ~= "table" then t = {} end
+  t.opened = s.opened
+  t.reused = s.reused
+  t.closed = s.closed
+  t.leaked = s.leaked
+  t.timeouts = s.timeouts
+  t.rejected = s.rejected
+  t.cancelled = s.cancelled
+  t.create_failed = s.create_failed
+  t.wait_count = s.wait_count
+  t.wait_time = s.wait_time
+  t.live = s.live
+  t.idle = s.idle
+  t.active = s.active
+  t.leases = s.leases
+  t.creating = s.creating
+  t.waiting = s.waiting
+  local by = t.closed_by
+  if type(by) ~= "table" then by = {}; t.closed_by = by end
+  for i = 1, #BY_NAMES do by[BY_NAMES[i]] = s.closed_by[i - 1] end
+  return t
+end
+
+return _M
