@@ -40,5 +40,9 @@ build = {
     ["clientpool.cdef"] = "lua/clientpool/cdef.lua",
     ["clientpool.policy"] = "lua/clientpool/policy.lua",
     ["clientpool.sched.loop"] = "lua/clientpool/sched/loop.lua",
+    ["clientpool.taskq"] = "lua/clientpool/taskq.lua",
+    ["clientpool.sched.cqueues"] = "lua/clientpool/sched/cqueues.lua",
+    ["clientpool.sched.luv"] = "lua/clientpool/sched/luv.lua",
+    ["clientpool.sched.copas"] = "lua/clientpool/sched/copas.lua",
   },
 }

@@ -1,7 +1,9 @@
 -- clientpool: acquire, try_acquire, with, release/destroy, leaks, stats,
 -- events, idle/lifetime expiry, close and create failure (DESIGN.md
 -- sections 2 and 3). The whole suite runs once per scheduler entry of
--- spec/helpers.lua; time only moves on the scheduler's virtual clock.
+-- spec/helpers.lua. Times are written for a virtual clock, where time only
+-- moves when tasks sleep, and multiplied by the entry's scale with T(); on a
+-- real clock (cqueues, luv, copas) a time is checked as a lower bound.
 
 local clientpool = require "clientpool"
 local H = require "spec.helpers"
@@ -37,11 +39,6 @@ local function assert_api_error(msg, ...)
   end
 end
 
-local function near(expected, got, what)
-  assert(type(got) == "number" and math.abs(got - expected) < 1e-6,
-         (what or "value") .. ": expected " .. tostring(expected) .. ", got " .. tostring(got))
-end
-
 local function collect()
   collectgarbage("collect")
   collectgarbage("collect")
@@ -53,15 +50,32 @@ local function wrap(sched, fields)
   return setmetatable(fields, { __index = sched })
 end
 
-for _, S in ipairs(H.schedulers()) do
+for _, M in ipairs(H.missing_schedulers()) do
+  describe("clientpool acquire/release on " .. M.name, function()
+    pending("not run: " .. M.reason)
+  end)
+end
+
+for _, S in ipairs(H.schedulers { hosts = true }) do
   describe("clientpool acquire/release on " .. S.name, function()
+    after_each(function() if S.finish then S.finish() end end)
+
+    -- Spec seconds to the entry's seconds.
+    local function T(x) return x * S.scale end
+
+    local base = 0 -- the clock when the running scenario began
 
     -- Runs body(sched) as a task on a fresh scheduler, to completion.
     local function run(body)
       local sched = S.new()
-      S.run(sched, body, sched)
+      S.run(sched, function(...) base = sched.now(); return body(...) end, sched)
       return sched
     end
+
+    -- The duration got (the entry's seconds) is `expected` spec seconds.
+    local function near(expected, got, what) H.time(S, expected, got, what) end
+    -- The clock value t is `expected` spec seconds into the scenario.
+    local function at(expected, t, what) H.time(S, expected, t - base, what) end
 
     -- A pool over simulated clients: max_live 4 unless o says otherwise.
     -- fo: factory options (latency).
@@ -199,9 +213,9 @@ for _, S in ipairs(H.schedulers()) do
           local l = assert(pool:acquire("k"))
           local c = l.client
           assert.equal(0, #calls)
-          sched.sleep(1)
+          sched.sleep(T(1))
           l:release()
-          sched.sleep(2.5)
+          sched.sleep(T(2.5))
           local l2 = assert(pool:acquire("k"))
           assert.equal(c, l2.client)
           assert.equal(1, #calls)
@@ -262,20 +276,20 @@ for _, S in ipairs(H.schedulers()) do
         run(function(sched)
           local idles = {}
           local pool = mkpool(sched, {
-            validate_after_idle = 5,
+            validate_after_idle = T(5),
             validate = function(_, _, idle) idles[#idles + 1] = idle; return true end,
           })
           local l = assert(pool:acquire("k"))
           l:release()
-          sched.sleep(1)
+          sched.sleep(T(1))
           l = assert(pool:acquire("k"))
           assert.equal(0, #idles)
           l:release()
-          sched.sleep(4.9)
+          sched.sleep(T(S.real and 2 or 4.9)) -- a real clock needs a margin below 5
           l = assert(pool:acquire("k"))
           assert.equal(0, #idles)
           l:release()
-          sched.sleep(6)
+          sched.sleep(T(6))
           l = assert(pool:acquire("k"))
           assert.equal(1, #idles)
           near(6, idles[1], "idle seconds")
@@ -374,7 +388,7 @@ for _, S in ipairs(H.schedulers()) do
 
       it("never yields: run inside a coroutine it finishes in one resume", function()
         run(function(sched)
-          local pool = mkpool(sched, nil, { latency = 1 })
+          local pool = mkpool(sched, nil, { latency = T(1) })
           for round = 1, 2 do
             local co = coroutine.create(function() return pool:try_acquire("k") end)
             local ok, l, code = coroutine.resume(co)
@@ -383,7 +397,7 @@ for _, S in ipairs(H.schedulers()) do
             if round == 1 then
               assert.is_nil(l)
               assert.equal("timeout", code)
-              sched.sleep(2)
+              sched.sleep(T(2))
             else
               assert.is_table(l, code)
               l:release()
@@ -400,7 +414,7 @@ for _, S in ipairs(H.schedulers()) do
         local l, code = pool:try_acquire("k")
         assert.is_nil(l)
         assert.equal("timeout", code)
-        assert.equal(t0, sched.now())
+        H.no_wait(S, t0, sched.now())
         local s = H.check(pool)
         assert.equal(0, s.waiting)
         assert.equal(1, s.live)
@@ -414,7 +428,7 @@ for _, S in ipairs(H.schedulers()) do
 
       it("when create yields, returns nil, timeout at once; the created client then joins the idle pool", function()
         local sched = S.new()
-        local pool, f = mkpool(sched, nil, { latency = 1 })
+        local pool, f = mkpool(sched, nil, { latency = T(1) })
         local l, code = pool:try_acquire("k")
         assert.is_nil(l)
         assert.equal("timeout", code)
@@ -436,14 +450,14 @@ for _, S in ipairs(H.schedulers()) do
 
       it("inside a task, a yielding create also answers nil, timeout without the clock moving", function()
         run(function(sched)
-          local pool, f = mkpool(sched, nil, { latency = 3 })
+          local pool, f = mkpool(sched, nil, { latency = T(3) })
           local t0 = sched.now()
           local l, code = pool:try_acquire("k")
           assert.is_nil(l)
           assert.equal("timeout", code)
-          assert.equal(t0, sched.now())
+          H.no_wait(S, t0, sched.now())
           assert.equal(1, H.check(pool).creating)
-          sched.sleep(4)
+          sched.sleep(T(4))
           assert.equal(1, f.created)
           local s = H.check(pool)
           assert.equal(1, s.idle)
@@ -775,8 +789,9 @@ for _, S in ipairs(H.schedulers()) do
       it("collecting leases (released or leaked) does not move the pool's clock", function()
         run(function(sched)
           local idles = {}
+          local IT = S.real and 10 or 60 -- shorter on a real clock, which really waits
           local pool = mkpool(sched, {
-            max_live = 2, idle_timeout = 60,
+            max_live = 2, idle_timeout = T(IT),
             validate = function(_, _, idle) idles[#idles + 1] = idle; return true end,
           })
           local co = coroutine.create(function() assert(pool:acquire("k")):release() end)
@@ -784,16 +799,16 @@ for _, S in ipairs(H.schedulers()) do
           leak_one(pool, "x")
           collect()
           H.check(pool)
-          sched.sleep(1)
+          sched.sleep(T(1))
           local l = assert(pool:acquire("k"))
           near(1, idles[1], "idle seconds after a collection")
           l:release()
-          sched.sleep(5)
+          sched.sleep(T(5))
           l = assert(pool:acquire("k"))
           near(5, idles[2], "idle seconds after a collection")
           l:release()
           -- and the idle timer still fires on the scheduler's time
-          sched.sleep(61)
+          sched.sleep(T(IT + 1))
           local s = H.check(pool)
           assert.equal(1, s.closed_by.idle)
           assert.equal(0, s.live)
@@ -802,14 +817,14 @@ for _, S in ipairs(H.schedulers()) do
 
       it("leak_threshold reports a lease held too long, with where it was acquired", function()
         run(function(sched)
-          local pool = mkpool(sched, { leak_threshold = 5 })
+          local pool = mkpool(sched, { leak_threshold = T(5) })
           local got = {}
           pool:on("leak", function(key, info) got[#got + 1] = { key = key, info = info, at = sched.now() } end)
           local quick = assert(pool:acquire("k"))
           local slow = assert(pool:acquire("k"))
-          sched.sleep(3)
+          sched.sleep(T(3))
           quick:release()
-          sched.sleep(3)
+          sched.sleep(T(3))
           assert.equal(1, #got)
           local info = got[1].info
           assert.equal("k", got[1].key)
@@ -817,7 +832,7 @@ for _, S in ipairs(H.schedulers()) do
           assert.is_true(contains(info.where, "acquired"), tostring(info.where))
           assert.is_true(contains(info.where, SPEC_NAME), tostring(info.where))
           assert.is_number(info.held)
-          assert.is_true(info.held >= 5, tostring(info.held))
+          near(5, info.held, "info.held")
           assert.equal(slow, info.lease)
           -- a report is not a leak: the lease is still the caller's
           local s = H.check(pool)
@@ -826,7 +841,7 @@ for _, S in ipairs(H.schedulers()) do
           slow:release()
           s = H.check(pool)
           assert.equal(2, s.idle)
-          sched.sleep(10)
+          sched.sleep(T(10))
           assert.equal(1, #got)
         end)
       end)
@@ -835,11 +850,11 @@ for _, S in ipairs(H.schedulers()) do
         run(function(sched)
           local logs = {}
           local pool = mkpool(sched, {
-            leak_threshold = 2,
+            leak_threshold = T(2),
             scheduler = wrap(sched, { log = function(m) logs[#logs + 1] = tostring(m) end }),
           })
           local l = assert(pool:acquire("k"))
-          sched.sleep(3)
+          sched.sleep(T(3))
           assert.equal(1, #logs)
           assert.is_true(contains(logs[1], "acquired"), logs[1])
           assert.is_true(contains(logs[1], SPEC_NAME), logs[1])
@@ -915,19 +930,19 @@ for _, S in ipairs(H.schedulers()) do
           assert.equal(1, s.keys.b.live)
 
           local w1
-          sched.spawn(function() w1 = { pool:acquire("a", { timeout = 1 }) } end)
-          sched.sleep(0.5)
+          sched.spawn(function() w1 = { pool:acquire("a", { timeout = T(1) }) } end)
+          sched.sleep(T(0.5))
           s = expect { waiting = 1, wait_count = 0 }
           assert.equal(1, s.keys.a.waiting)
 
-          local l, code, detail = pool:acquire("a", { timeout = 5 })
+          local l, code, detail = pool:acquire("a", { timeout = T(5) })
           assert.is_nil(l)
           assert.equal("full", code)
           assert.equal(2, detail.live)
           assert.equal(1, detail.waiting)
           expect { rejected = 1, waiting = 1 }
 
-          sched.sleep(1)
+          sched.sleep(T(1))
           assert.equal("timeout", w1[2])
           expect { waiting = 0, timeouts = 1, wait_count = 1, wait_time = 1 }
 
@@ -946,7 +961,7 @@ for _, S in ipairs(H.schedulers()) do
           local token = clientpool.token()
           local w2
           sched.spawn(function() w2 = { pool:acquire("a", { cancel = token }) } end)
-          sched.sleep(0.5)
+          sched.sleep(T(0.5))
           expect { waiting = 1 }
           token:cancel()
           sched.sleep(0)
@@ -1009,7 +1024,7 @@ for _, S in ipairs(H.schedulers()) do
           local ev = record_events(pool, sched)
           local held = assert(pool:acquire("k"))
           sched.spawn(function()
-            sched.sleep(3)
+            sched.sleep(T(3))
             held:release()
           end)
           local l = assert(pool:acquire("k"))
@@ -1025,7 +1040,7 @@ for _, S in ipairs(H.schedulers()) do
           local pool = mkpool(sched, { max_live = 1 })
           local ev = record_events(pool, sched)
           local held = assert(pool:acquire("k"))
-          local l, code, detail = pool:acquire("k", { timeout = 2 })
+          local l, code, detail = pool:acquire("k", { timeout = T(2) })
           assert.is_nil(l)
           assert.equal("timeout", code)
           local t = ev.of("timeout")
@@ -1055,7 +1070,7 @@ for _, S in ipairs(H.schedulers()) do
           local l = assert(pool:acquire("k"))
           l:release()
           l = assert(pool:acquire("k"))
-          local none, code = pool:acquire("k", { timeout = 1 })
+          local none, code = pool:acquire("k", { timeout = T(1) })
           assert.is_nil(none)
           assert.equal("timeout", code)
           l:release(false)
@@ -1112,13 +1127,13 @@ for _, S in ipairs(H.schedulers()) do
       it("idle_timeout is enforced at acquire (even with no pool timer running)", function()
         run(function(sched)
           local pool, f = mkpool(sched, {
-            idle_timeout = 10,
+            idle_timeout = T(10),
             scheduler = wrap(sched, { background = function() end }), -- the pool's timer never runs
           })
           local l = assert(pool:acquire("k"))
           local old = l.client
           l:release()
-          sched.sleep(11)
+          sched.sleep(T(11))
           l = assert(pool:acquire("k"))
           assert.are_not.equal(old, l.client)
           assert.equal(2, f.created)
@@ -1134,12 +1149,12 @@ for _, S in ipairs(H.schedulers()) do
       it("max_lifetime is enforced at acquire for an idle client (even with no pool timer running)", function()
         run(function(sched)
           local pool, f = mkpool(sched, {
-            max_lifetime = 10,
+            max_lifetime = T(10),
             scheduler = wrap(sched, { background = function() end }),
           })
           local l = assert(pool:acquire("k"))
           l:release()
-          sched.sleep(11)
+          sched.sleep(T(11))
           l = assert(pool:acquire("k"))
           assert.equal(2, l.client.id)
           assert.equal(1, H.check(pool).closed_by.lifetime)
@@ -1151,12 +1166,12 @@ for _, S in ipairs(H.schedulers()) do
       it("a client retired at acquire never makes a key's client go to another key", function()
         run(function(sched)
           local pool = mkpool(sched, {
-            idle_timeout = 10,
+            idle_timeout = T(10),
             scheduler = wrap(sched, { background = function() end }),
           })
           local l = assert(pool:acquire("k"))
           l:release()
-          sched.sleep(11)
+          sched.sleep(T(11))
           l = assert(pool:acquire("k")) -- the idle client expired here: a new one for "k"
           assert.equal("k", l.client.key)
           local o = assert(pool:acquire("other"))
@@ -1173,15 +1188,15 @@ for _, S in ipairs(H.schedulers()) do
 
       it("the pool's timer retires idle clients at idle_timeout, with no acquire", function()
         run(function(sched)
-          local pool, f = mkpool(sched, { idle_timeout = 10 })
+          local pool, f = mkpool(sched, { idle_timeout = T(10) })
           local ev = record_events(pool, sched)
           local a = assert(pool:acquire("k"))
           local b = assert(pool:acquire("k"))
           local ca, cb = a.client, b.client
           a:release()          -- idle at 0
-          sched.sleep(5)
+          sched.sleep(T(5))
           b:release()          -- idle at 5
-          sched.sleep(7)       -- t = 12
+          sched.sleep(T(7))       -- t = 12
           local s = H.check(pool)
           assert.equal(1, s.closed_by.idle)
           assert.equal(1, s.idle)
@@ -1192,22 +1207,22 @@ for _, S in ipairs(H.schedulers()) do
           assert.equal(1, #d)
           assert.equal(ca, d[1][2])
           assert.equal("idle", d[1][3])
-          near(10, d[1].at, "time of the idle expiry")
-          sched.sleep(4)       -- t = 16
+          at(10, d[1].at, "time of the idle expiry")
+          sched.sleep(T(4))       -- t = 16
           s = H.check(pool)
           assert.equal(2, s.closed_by.idle)
           assert.equal(0, s.live)
-          near(15, ev.of("destroy")[2].at, "time of the second idle expiry")
+          at(15, ev.of("destroy")[2].at, "time of the second idle expiry")
           assert.equal(2, f.destroyed)
         end)
       end)
 
       it("a client held past max_lifetime is destroyed at its release (closed_by.lifetime)", function()
         run(function(sched)
-          local pool, f = mkpool(sched, { max_lifetime = 10 })
+          local pool, f = mkpool(sched, { max_lifetime = T(10) })
           local l = assert(pool:acquire("k"))
           local c = l.client
-          sched.sleep(15)
+          sched.sleep(T(15))
           local s = H.check(pool)
           assert.equal(1, s.live) -- leased clients stay with their holders
           assert.equal(1, s.active)
@@ -1225,12 +1240,12 @@ for _, S in ipairs(H.schedulers()) do
 
       it("the pool's timer retires an idle client at max_lifetime, with no acquire", function()
         run(function(sched)
-          local pool, f = mkpool(sched, { max_lifetime = 10 })
+          local pool, f = mkpool(sched, { max_lifetime = T(10) })
           local ev = record_events(pool, sched)
           local l = assert(pool:acquire("k"))
-          sched.sleep(2)
+          sched.sleep(T(2))
           l:release()
-          sched.sleep(9) -- t = 11
+          sched.sleep(T(9)) -- t = 11
           local s = H.check(pool)
           assert.equal(1, s.closed_by.lifetime)
           assert.equal(0, s.live)
@@ -1238,14 +1253,14 @@ for _, S in ipairs(H.schedulers()) do
           local d = ev.of("destroy")
           assert.equal(1, #d)
           assert.equal("lifetime", d[1][3])
-          near(10, d[1].at, "time of the lifetime expiry")
+          at(10, d[1].at, "time of the lifetime expiry")
         end)
       end)
 
       it("lifetime_jitter spreads the destroy times within [L/2, L] for jitter 0.5", function()
         run(function(sched)
           local N, L = 8, 10
-          local pool = mkpool(sched, { max_live = N, max_lifetime = L, lifetime_jitter = 0.5 })
+          local pool = mkpool(sched, { max_live = N, max_lifetime = T(L), lifetime_jitter = 0.5 })
           local times = {}
           pool:on("destroy", function(_, _, reason)
             assert.equal("lifetime", reason)
@@ -1254,18 +1269,25 @@ for _, S in ipairs(H.schedulers()) do
           local ls = {}
           for i = 1, N do ls[i] = assert(pool:acquire("k")) end
           for i = 1, N do ls[i]:release() end
-          sched.sleep(L + 1)
+          sched.sleep(T(L + 1))
           assert.equal(N, #times)
           local lo, hi, distinct = math.huge, -math.huge, {}
-          for _, t in ipairs(times) do
-            assert(t >= L / 2 - 1e-9 and t <= L + 1e-9, "destroyed at " .. t .. ", outside [L/2, L]")
+          for _, abs in ipairs(times) do
+            local t = (abs - base) / S.scale
+            assert(t >= L / 2 - 1e-9, "destroyed at " .. t .. ", before L/2")
+            -- a real clock may fire late, and fire late timers together
+            if not S.real then
+              assert(t <= L + 1e-9, "destroyed at " .. t .. ", outside [L/2, L]")
+              distinct[t] = true
+            end
             lo, hi = math.min(lo, t), math.max(hi, t)
-            distinct[t] = true
           end
-          local nd = 0
-          for _ in pairs(distinct) do nd = nd + 1 end
-          assert(nd >= 4, "only " .. nd .. " distinct destroy times")
-          assert(hi - lo >= 0.5, "destroy times spread over only " .. (hi - lo) .. "s")
+          if not S.real then
+            local nd = 0
+            for _ in pairs(distinct) do nd = nd + 1 end
+            assert(nd >= 4, "only " .. nd .. " distinct destroy times")
+            assert(hi - lo >= 0.5, "destroy times spread over only " .. (hi - lo) .. "s")
+          end
           assert.equal(N, H.check(pool).closed_by.lifetime)
         end)
       end)
@@ -1302,7 +1324,7 @@ for _, S in ipairs(H.schedulers()) do
           local held = assert(pool:acquire("c"))
           local waiter
           sched.spawn(function() waiter = { pool:acquire("a") } end)
-          sched.sleep(1)
+          sched.sleep(T(1))
           local s = H.check(pool)
           assert.equal(1, s.waiting)
           assert.equal(2, s.idle)
@@ -1398,16 +1420,16 @@ for _, S in ipairs(H.schedulers()) do
 
       it("hands the forfeited reservation to the next waiter", function()
         run(function(sched)
-          local pool, f = mkpool(sched, { max_live = 1 }, { latency = 1 })
+          local pool, f = mkpool(sched, { max_live = 1 }, { latency = T(1) })
           f.fail_next = 1
           local first, second
           sched.spawn(function() first = { pool:acquire("k") } end)
-          sched.spawn(function() second = { pool:acquire("k", { timeout = 10 }) } end)
-          sched.sleep(0.5)
+          sched.spawn(function() second = { pool:acquire("k", { timeout = T(10) }) } end)
+          sched.sleep(T(0.5))
           local s = H.check(pool)
           assert.equal(1, s.creating)
           assert.equal(1, s.waiting)
-          sched.sleep(3)
+          sched.sleep(T(3))
           assert.is_nil(first[1])
           assert.equal("create", first[2])
           assert.equal("refused", first[3])

@@ -2,25 +2,161 @@
 -- clients, and an invariant check over pool:stats().
 local H = {}
 
+-- busted insulates each spec file: the modules a file loaded are unloaded
+-- after it. luv must be opened once per process: every copy drives libuv's
+-- default loop, and collecting the first copy closes that loop under the
+-- second. So the first copy is kept in the registry and handed back.
+do
+  local reg = debug.getregistry()
+  local kept = reg["clientpool.spec.luv"]
+  if kept then
+    package.loaded.luv = kept
+  else
+    local ok, luv = pcall(require, "luv")
+    if ok then reg["clientpool.spec.luv"] = luv end
+  end
+end
+
 -- Each entry makes a fresh scheduler adapter and runs a test body as a task
--- until everything is done. Timeouts use the virtual clock where the
--- scheduler has one, so no test sleeps for real. Hosts add entries here
--- (cqueues, luv, copas) so the same suite runs on every adapter.
-function H.schedulers()
-  return {
+-- until everything is done. Fields:
+--   name   what the suite's describe() says
+--   new()  a fresh adapter
+--   run(sched, fn, ...)  runs fn(...) in a task and the scheduler until its
+--          foreground tasks are done; re-raises a task's error
+--   scale  seconds of this entry's clock per second of a spec's (virtual)
+--          time: specs write times for a virtual clock and multiply them by
+--          scale, so a 0.5 s timeout is 5 ms on a real clock
+--   real   the clock is real: times are lower bounds (a wait never ends
+--          before its deadline), never exact, and never bounded above
+--   finish()  (optional) retires the adapters made so far; specs call it
+--          in after_each
+-- H.schedulers() is the virtual loop alone; H.schedulers{ hosts = true }
+-- adds the hosts (cqueues, luv, copas) where their library loads under the
+-- running interpreter, for specs whose times go through `scale` and whose
+-- time assertions go through H.time (a spec written for the virtual clock
+-- alone would be slow and wrong on a real one). H.missing_schedulers() lists
+-- the hosts that do not load, with the reason, so specs can mark them pending.
+local unpack = table.unpack or unpack -- luacheck: ignore 143
+
+local function task_run(sched, fn, ...)
+  local args = { n = select("#", ...), ... }
+  sched.spawn(function() fn(unpack(args, 1, args.n)) end)
+  sched.run()
+end
+
+-- Real clocks: 1 spec second = 10 ms. Short enough that the suite takes a
+-- few seconds per host; the specs never depend on sub-millisecond accuracy.
+local REAL_SCALE = 0.01
+
+local HOSTS = {
+  {
+    name = "cqueues (real clock)", lib = "cqueues",
+    new = function()
+      return require("clientpool.sched.cqueues").new(require("cqueues").new())
+    end,
+  },
+  {
+    name = "luv (real clock)", lib = "luv",
+    new = function() return require("clientpool.sched.luv").new() end,
+    -- luv instances share the default uv loop: retire each with close()
+    closes = true,
+  },
+  {
+    name = "copas (real clock)", lib = "copas",
+    new = function() return require("clientpool.sched.copas").new() end,
+  },
+}
+
+local function interp()
+  return rawget(_G, "jit") and "LuaJIT" or _VERSION
+end
+
+-- nil if the host library loads here, else the reason it does not.
+function H.host_missing(lib)
+  local ok, err = pcall(require, lib)
+  if ok then return nil end
+  return lib .. " does not load under " .. interp() .. " (" .. tostring(err):match("^[^\n]*") .. ")"
+end
+
+function H.schedulers(opts)
+  local list = {
     {
       name = "loop (virtual clock)",
       new = function()
         return require("clientpool.loop").new { clock = "virtual" }
       end,
-      -- run(sched, fn): runs fn in a task and the scheduler to completion
-      run = function(sched, fn, ...)
-        local args = { n = select("#", ...), ... }
-        sched.spawn(function() fn((table.unpack or unpack)(args, 1, args.n)) end)
-        sched.run()
-      end,
+      run = task_run,
+      scale = 1,
+      real = false,
     },
   }
+  for _, h in ipairs(HOSTS) do
+    if opts and opts.hosts and not H.host_missing(h.lib) then
+      local made = {}
+      list[#list + 1] = {
+        name = h.name, run = task_run, scale = REAL_SCALE, real = true,
+        new = function()
+          local sched = h.new()
+          if h.closes then made[#made + 1] = sched end
+          return sched
+        end,
+        -- Retires the adapters made since the last call (after_each). A
+        -- scenario that ends with leases held leaves its pool to the garbage
+        -- collector, whose lease finalizers wake the pool's timer task: on a
+        -- loop shared by every scenario (luv's) that task would run in a
+        -- later scenario, after its pool was freed.
+        finish = function()
+          if #made == 0 then return end
+          for i = #made, 1, -1 do
+            made[i].close()
+            made[i] = nil
+          end
+          -- let libuv finish the closes now, not while Lua shuts down
+          require("luv").run("nowait")
+        end,
+      }
+    end
+  end
+  return list
+end
+
+-- { name, reason } for each host whose library does not load here.
+function H.missing_schedulers()
+  local list = {}
+  for _, h in ipairs(HOSTS) do
+    local why = H.host_missing(h.lib)
+    if why then list[#list + 1] = { name = h.name, reason = why } end
+  end
+  return list
+end
+
+-- Time assertions for entry S. `got` is a time in S's seconds, `expected`
+-- in spec seconds. Virtual clocks: equal (to 1e-6). Real clocks: not less
+-- (nothing may end before its time); a slow machine may make it later.
+function H.time(S, expected, got, what)
+  what = what or "time"
+  if type(got) ~= "number" then
+    error(what .. ": expected a number, got " .. tostring(got), 2)
+  end
+  if S.real then
+    if got < expected * S.scale - 1e-9 then
+      error(("%s: %.6fs on a real clock is earlier than %g spec seconds (%.6fs)")
+            :format(what, got, expected, expected * S.scale), 2)
+    end
+  elseif math.abs(got - expected) >= 1e-6 then
+    error(("%s: expected %s, got %s"):format(what, tostring(expected), tostring(got)), 2)
+  end
+end
+
+-- Asserts that no time passed between t0 and t1 (the call did not wait).
+-- Only a virtual clock can tell; on a real clock the spec's other
+-- assertions (nothing waiting, no wait counted) carry the point.
+function H.no_wait(S, t0, t1)
+  if not S.real then
+    if t0 ~= t1 then error(("the clock moved from %s to %s"):format(tostring(t0), tostring(t1)), 2) end
+  elseif t1 < t0 then
+    error("the clock went back", 2)
+  end
 end
 
 -- A simulated client factory: counts creates/destroys, optional latency and

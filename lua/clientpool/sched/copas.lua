@@ -1,0 +1,105 @@
+--- Scheduler adapter "copas": waiting inside a copas dispatcher.
+--
+-- Copas resumes coroutines when their sockets are ready; Debian's copas (1.x)
+-- has no timers and no wakeup. The adapter keeps its own ready queue and
+-- timer heap (clientpool.taskq) and drives them between copas.step calls
+-- whose select timeout is the next deadline. Coroutines move between the two
+-- by copas' own yield protocol, `coroutine.yield(object, queue)` answered by
+-- `queue:insert(object); queue:push(object, co)` (kept by copas up to 4.x):
+-- a task of the adapter that does socket I/O with copas.send/receive/connect
+-- is handed to copas' socket queue; a coroutine copas runs (a server handler,
+-- a copas.addthread thread) that waits in the pool is handed to the adapter.
+--
+--   local copas = require "copas"
+--   local sched = require "clientpool.sched.copas"
+--   local pool = clientpool.new { create = ..., max_live = 8, scheduler = "copas" }
+--   copas.addserver(server, function(skt) ... pool:acquire() ... end)
+--   sched.spawn(function() ... end)
+--   sched.run()      -- until the adapter's own tasks are done
+--   -- or, serving forever: while true do sched.step() end
+--
+-- Contract details (docs/decisions.md, "Hosts"): handle = the running
+-- coroutine; wake never resumes synchronously (the coroutine runs at the
+-- next step); a task's error is re-raised by run()/step() with its traceback
+-- (an error in a coroutine copas resumes is copas' to report). A coroutine
+-- copas started that ends while the adapter resumed it is not closed by copas'
+-- autoclose: close its socket yourself.
+
+local copas = require "copas"
+local taskq = require "clientpool.taskq"
+local core = require "clientpool.core"
+
+local error, tostring = error, tostring
+local monotime = core.monotime
+
+local NAME = "clientpool.sched.copas"
+
+local new
+
+new = function()
+  local A = { name = "copas", monotonic = true }
+  local q = taskq.new { now = monotime, name = NAME }
+
+  A.now = monotime
+  A.current = q.current
+  A.wait = q.wait
+  A.wake = q.wake
+  A.spawn = q.spawn
+  A.background = q.background
+  A.sleep = q.sleep
+
+  -- select timeout until the adapter needs the CPU again (nil = none)
+  local function timeout(max)
+    local t
+    if q.ready() > 0 then
+      t = 0
+    else
+      local d = q.deadline()
+      if d then
+        t = d - monotime()
+        if t < 0 then t = 0 end
+      end
+    end
+    if max ~= nil and (t == nil or max < t) then t = max end
+    return t
+  end
+
+  --- One round: the adapter's ready coroutines (timers due included), then
+  -- copas.step with a select timeout of at most max seconds (nil = until a
+  -- socket is ready or the adapter's next deadline). Raises a task's error.
+  function A.step(max)
+    local err = q.turn()
+    if err ~= nil then error(err, 0) end
+    copas.step(timeout(max))
+  end
+
+  --- Steps until no foreground task, timer or ready coroutine of the adapter
+  -- is left (copas servers do not count). Re-raises a task's error; the
+  -- other tasks stay scheduled. Raises when tasks are left that wait with no
+  -- deadline while none of them waits on a socket (nothing can wake them).
+  function A.run()
+    while true do
+      local err = q.turn()
+      if err ~= nil then error(err, 0) end
+      if not q.busy() then return end
+      if q.ready() == 0 and not q.moving() then
+        error(("%s: deadlock: %d task(s) wait with no deadline and nothing left to wake them")
+              :format(NAME, q.stats().tasks), 2)
+      end
+      copas.step(timeout(nil))
+    end
+  end
+
+  --- Debug counters of the queue: ready, timers, tasks.
+  A.stats = q.stats
+
+  --- Reports a message (listener and destroy-hook errors) on stderr.
+  function A.log(msg)
+    io.stderr:write(tostring(msg), "\n")
+  end
+
+  A.new = new
+  return A
+end
+
+return new()

@@ -1,0 +1,150 @@
+--- Scheduler adapter "luv": waiting inside a libuv event loop (luv).
+--
+-- libuv runs callbacks, not coroutines, so the adapter keeps its own ready
+-- queue and timer heap (clientpool.taskq: clientpool.loop's scheduling) and
+-- drives them from one uv timer on the default loop: armed at 0 ms while
+-- something is ready, else at the next deadline. The timer is referenced
+-- only while foreground work is ready or has a deadline, so uv.run() returns
+-- when the program's own tasks are done (the pool's timer task is a
+-- background task and does not hold the loop).
+--
+--   local uv = require "luv"
+--   local sched = require "clientpool.sched.luv"
+--   local pool = clientpool.new { create = ..., max_live = 8, scheduler = "luv" }
+--   sched.spawn(function() local lease = assert(pool:acquire()) ... end)
+--   uv.run()            -- or sched.run(): also re-raises a task's error
+--
+-- Contract details (docs/decisions.md, "Hosts"):
+-- * handle = the running coroutine. A coroutine waits in any coroutine, a
+--   task of the adapter or not: wait yields, and the adapter resumes the
+--   coroutine itself when it is woken or its deadline passes. A task that
+--   yields anything else (the usual luv pattern: start a request whose
+--   callback resumes coroutine.running()) is left alone until it waits here
+--   again.
+-- * On PUC Lua 5.1 the driver runs hooks in a pass-through coroutine; the
+--   adapter learns the outer coroutine from the relayed yield (taskq's yield
+--   protocol) and resumes that one, which passes the resume down.
+-- * Errors never reach libuv (luv exits the process on a callback error): a
+--   task's error is re-raised by sched.run(), or written to stderr (with its
+--   traceback) when the loop was started by someone else.
+
+local uv = require "luv"
+local taskq = require "clientpool.taskq"
+local core = require "clientpool.core"
+
+local error, pcall, tostring = error, pcall, tostring
+local math_ceil = math.ceil
+local monotime = core.monotime
+
+local NAME = "clientpool.sched.luv"
+
+local new
+
+new = function()
+  local A = { name = "luv", monotonic = true }
+  local timer          -- the one uv timer, made at first use
+  local closed = false -- close() was called: nothing runs any more
+  local in_run = false -- inside A.run()
+  local failure        -- { err } of a task, while in run()
+  local q
+  local on_timer
+
+  -- (Re)arms the timer for what q needs next; references it only while
+  -- foreground work is ready or has a deadline.
+  local function arm()
+    if closed then return end
+    if not timer then timer = uv.new_timer() end
+    if q.ready() > 0 then
+      timer:start(0, 0, on_timer)
+    else
+      local d = q.deadline()
+      if d then
+        uv.update_time()
+        local ms = (d - monotime()) * 1000
+        if ms <= 0 then ms = 0 else ms = math_ceil(ms) end
+        timer:start(ms, 0, on_timer)
+      else
+        timer:stop()
+      end
+    end
+    if q.fgwork() then timer:ref() else timer:unref() end
+  end
+
+  local function report(err)
+    if in_run then
+      if not failure then failure = { err } end
+      uv.stop()
+    else
+      pcall(A.log, NAME .. ": task failed: " .. tostring(err))
+    end
+  end
+
+  on_timer = function()
+    local ok, err = pcall(q.turn)
+    if not ok then
+      report(err)
+    elseif err ~= nil then
+      report(err)
+    end
+    local aok, aerr = pcall(arm)
+    if not aok then report(aerr) end
+  end
+
+  q = taskq.new { now = monotime, name = NAME, changed = function() arm() end }
+
+  A.now = monotime
+  A.current = q.current
+  A.wait = q.wait
+  A.wake = q.wake
+  A.spawn = q.spawn
+  A.background = q.background
+  A.sleep = q.sleep
+
+  --- Runs the uv default loop (uv.run()) until it has nothing left to do,
+  -- which with no other handles means: no foreground task, timer or ready
+  -- coroutine of this adapter is left. Re-raises a task's error (with its
+  -- traceback) after stopping the loop; the other tasks stay scheduled and
+  -- the next run() goes on with them. Raises if tasks are left that wait
+  -- and nothing can wake them. Not re-entrant.
+  function A.run()
+    if in_run then error(NAME .. ": run() is already running (it is not re-entrant)", 2) end
+    in_run = true
+    failure = nil
+    arm()
+    local ok, err = pcall(uv.run, "default")
+    in_run = false
+    local f = failure
+    failure = nil
+    if not ok then error(err, 0) end
+    if f then
+      arm()
+      error(f[1], 0)
+    end
+    if q.busy() and not q.moving() then
+      local n = q.stats().tasks
+      error(("%s: deadlock: %d task(s) wait with no deadline and nothing left to wake them"):format(NAME, n), 2)
+    end
+  end
+
+  --- Debug counters of the queue: ready, timers, tasks.
+  A.stats = q.stats
+
+  --- Reports a message (listener and destroy-hook errors) on stderr.
+  function A.log(msg)
+    io.stderr:write(tostring(msg), "\n")
+  end
+
+  --- Retires the instance: closes its uv timer, and nothing it holds runs
+  -- any more (a pool still using it would wait forever). For programs that
+  -- make instances with new() and drop them while the uv loop goes on.
+  function A.close()
+    closed = true
+    if timer and not timer:is_closing() then timer:close() end
+    timer = nil
+  end
+
+  A.new = new
+  return A
+end
+
+return new()
