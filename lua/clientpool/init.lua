@@ -482,8 +482,10 @@ pump = function(self)
       local set = self._rec_leases and self._rec_leases[a]
       if set then
         for lease in pairs(set) do
-          lease.lost = true
-          fire_cancel(lease)
+          if type(lease) == "table" then   -- else a checkout handle: no object to tell
+            lease.lost = true
+            fire_cancel(lease)
+          end
         end
       end
     elseif t == EV_KEY_FREE then
@@ -501,6 +503,15 @@ pump = function(self)
         else
           log(self, string_format("lease of key '%s' held %.3fs (leak_threshold), %s",
             lease._key, info.held, tostring(lease._where)))
+        end
+      elseif lease == nil and self._co_rec[a + 1] ~= nil then
+        -- a checkout (no lease object, no traceback)
+        local name = self._co_key[a + 1]
+        local info = { leaked = false, held = clock(self) - tt, where = "checkout" }
+        if self._on.leak then
+          emit(self, "leak", hook_key(name), info)
+        else
+          log(self, string_format("checkout of key '%s' held %.3fs (leak_threshold)", name, info.held))
         end
       end
     end
@@ -539,6 +550,7 @@ function _M.new(opts)
     _strikes = 0, _spent = false, _refilling = 0,
     _rec_leases = c.capacity > 1 and {} or nil,
     _scratch = {}, _drain_hs = nil, _pgen = {},
+    _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
   }, Pool)
   e:set_notify(function() kick(self) end)
   local warm = c.keys or { DEFAULT }
@@ -639,22 +651,24 @@ local function ready_idle(self, name, rec, l, g, validate, idle)
 end
 
 -- Runs create for a reservation. Returns the lease, or nil, "create", err.
-local function do_create(self, name, rec, l, g, sentinel, drain)
-  -- the lease exists before create runs: if the creating coroutine is killed
-  -- and collected, the lease's collection forfeits the reservation
-  local lease = new_lease(self, name, rec, l, g, nil, sentinel, drain)
+-- Runs create for reservation rec. Returns the client, or nil, "create",
+-- err. A lease given (acquire; checkout has none) is disarmed on failure and
+-- gets the client on success.
+local function create_client(self, name, rec, lease)
   local ok, client, err = ycall(self._create, hook_key(name))
   local e = self._e
   if not ok or client == nil then
-    lease._g = nil
-    lease._s = nil
+    if lease then
+      lease._g = nil
+      lease._s = nil
+    end
     local _, pending = e:created(rec, false, now_of(self))
     if pending > 0 then pump(self) end
     if ok then err = err or "create returned nil" else err = client end
     return nil, "create", err
   end
   self._clients[rec] = client
-  lease.client = client
+  if lease then lease.client = client end
   local _, pending = e:created(rec, true, now_of(self))
   if pending > 0 then pump(self) end
   -- a fresh client granted: the warm floor's strikes start over
@@ -664,6 +678,15 @@ local function do_create(self, name, rec, l, g, sentinel, drain)
     if self._run_h then self._sched.wake(self._run_h) end
   end
   emit(self, "create", hook_key(name), client)
+  return client
+end
+
+local function do_create(self, name, rec, l, g, sentinel, drain)
+  -- the lease exists before create runs: if the creating coroutine is killed
+  -- and collected, the lease's collection forfeits the reservation
+  local lease = new_lease(self, name, rec, l, g, nil, sentinel, drain)
+  local client, code, err = create_client(self, name, rec, lease)
+  if client == nil then return nil, code, err end
   return lease
 end
 
@@ -680,7 +703,8 @@ local function on_grant(self, name, st, rec, l, g, validate, idle, waited, senti
   return lease, code, err
 end
 
-local function wait_for(self, k, name, opts)
+-- bare: no leak sentinel (checkout)
+local function wait_for(self, k, name, opts, bare)
   local sched = self._sched
   local h, why = sched.current()
   if h == nil then
@@ -708,9 +732,10 @@ local function wait_for(self, k, name, opts)
   if token then token._waits[h] = sched end
   if pending > 0 then pump(self) end
   local st, rec, l, lg, validate, idle, waited, sentinel
+  local want = NEED_SENTINEL and not bare
   while true do
     sched.wait(h, deadline)
-    st, rec, l, lg, validate, idle, pending, waited, sentinel = e:claim(w, g, now_of(self), NEED_SENTINEL)
+    st, rec, l, lg, validate, idle, pending, waited, sentinel = e:claim(w, g, now_of(self), want)
     if st == PENDING then
       if token and token._cancelled then
         local _
@@ -718,7 +743,7 @@ local function wait_for(self, k, name, opts)
         st = CANCELLED
       elseif deadline and clock(self) >= deadline then
         st, rec, l, lg, validate, idle, pending, waited, sentinel =
-          e:cancel(w, g, TIMEOUT, now_of(self), NEED_SENTINEL)
+          e:cancel(w, g, TIMEOUT, now_of(self), want)
       end
     end
     if st ~= PENDING then break end
@@ -1149,6 +1174,24 @@ local function check_held(lease, what)
   if lease._g == nil then error("clientpool: lease released (" .. what .. ")", 3) end
 end
 
+-- After a release for reuse: a record still this pool's (idle, or already
+-- handed to a waiter) that no co-holder uses is parked.
+local function park_released(self, rec, client, name)
+  local rl = self._rec_leases
+  if self._park and self._clients[rec] == client and client ~= nil and not self._parked[rec]
+     and not (rl and rl[rec] and next(rl[rec])) then
+    local ok, stored = pcall(self._park, client, hook_key(name))
+    if ok then
+      self._clients[rec] = stored
+      self._parked[rec] = true
+    else
+      log(self, "park hook failed: " .. tostring(stored))
+      local _, pending = self._e:retire(rec, now_of(self))
+      if pending > 0 then pump(self) end
+    end
+  end
+end
+
 --- Returns the client for reuse; release(false) retires it. Idempotent;
 -- never yields.
 function Lease.release(lease, reuse)
@@ -1161,21 +1204,7 @@ function Lease.release(lease, reuse)
     finish_lease(self, lease, BY.error)
   else
     finish_lease(self, lease, nil)
-    -- still this pool's (idle, or already handed to a waiter) and no
-    -- co-holder uses it: park it
-    local rl = self._rec_leases
-    if self._park and self._clients[rec] == client and client ~= nil and not self._parked[rec]
-       and not (rl and rl[rec] and next(rl[rec])) then
-      local ok, stored = pcall(self._park, client, hook_key(name))
-      if ok then
-        self._clients[rec] = stored
-        self._parked[rec] = true
-      else
-        log(self, "park hook failed: " .. tostring(stored))
-        local _, pending = self._e:retire(rec, now_of(self))
-        if pending > 0 then pump(self) end
-      end
-    end
+    park_released(self, rec, client, name)
   end
   lease.client = nil
   if self._on.release then emit(self, "release", hook_key(name), client, reuse ~= false) end
@@ -1227,6 +1256,103 @@ end
 Lease.__tostring = function(lease)
   if lease._g == nil then return "clientpool.Lease (released)" end
   return string_format("clientpool.Lease: key '%s'", lease._key)
+end
+
+---------------------------------------------------------------------------
+-- Zero-allocation form: checkout / checkin
+---------------------------------------------------------------------------
+
+-- A checkout handle packs the lease slot (low 21 bits) and its generation
+-- (32 bits): below 2^53, exact in a double and in a Lua 5.3+ integer. The
+-- engine checks the generation, so a stale handle is a no-op.
+local HSLOTS = 2097152
+local BY_ERROR = BY.error
+
+local function wake_drainers(self)
+  if self._drain_hs and self._e:stats(-1, self._scratch).leases == 0 then
+    for h in pairs(self._drain_hs) do self._sched.wake(h) end
+  end
+end
+
+--- Acquires a client without a lease object: returns client, h (an integer
+-- handle for checkin) or nil, code[, detail] as acquire does, and may wait
+-- as acquire does. Allocates nothing when an idle client is at hand. No
+-- leak detection by the collector: a handle never checked in holds its
+-- client until the pool is gone (leak_threshold still reports it).
+function Pool:checkout(key)
+  local e = self._e
+  local k, name, kerr = key_id(self, key, "checkout")
+  if not k then
+    if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
+    return nil, "closed"
+  end
+  local st, rec, l, g, validate, idle, pending = e:acquire(k, now_of(self), false)
+  if pending > 0 then pump(self) end
+  local waited
+  if st == MUST_WAIT then
+    local ok
+    ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
+    if not ok then return nil, st, rec end
+  elseif st == FULL then
+    return nil, "full", snapshot(self, "full", name)
+  elseif st == PAUSED then
+    return nil, "paused", self._kpaused[name] or self._paused or "probe"
+  elseif st == CLOSED then
+    return nil, "closed"
+  end
+  local client
+  if st == GRANT_IDLE then
+    client = ready_idle(self, name, rec, l, g, validate, idle)
+    -- the idle record failed validate/unpark and is retired: look again
+    if client == nil then return self:checkout(key) end
+  else
+    local code, err
+    client, code, err = create_client(self, name, rec, nil)
+    if client == nil then return nil, code, err end
+  end
+  if l >= HSLOTS then
+    e:release(l, g, -1, now_of(self))
+    pump(self)
+    error("clientpool: checkout: more than " .. HSLOTS .. " leases at once (use acquire)", 2)
+  end
+  local h = g * HSLOTS + l
+  self._co_rec[l + 1] = rec
+  self._co_key[l + 1] = name
+  local rl = self._rec_leases
+  if rl then
+    local set = rl[rec]
+    if not set then set = {}; rl[rec] = set end
+    set[h] = true
+  end
+  if self._on.acquire then emit(self, "acquire", hook_key(name), client, waited) end
+  return client, h
+end
+
+--- Ends a checkout: returns the client for reuse, or retires it when reuse
+-- is false. A stale or repeated handle is a no-op: it never ends another
+-- holder's lease. Never yields.
+function Pool:checkin(h, reuse)
+  if type(h) ~= "number" or h < 0 or h % 1 ~= 0 then
+    error("clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got " .. tostring(h) .. ")", 2)
+  end
+  if reuse ~= nil and reuse ~= true and reuse ~= false then
+    error("clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got " .. type(reuse) .. ")", 2)
+  end
+  local l = h % HSLOTS
+  local cr = self._co_rec
+  local rec = cr[l + 1]
+  if rec == nil then return end                 -- no checkout holds the slot
+  local name = self._co_key[l + 1]
+  local client = self._clients[rec]
+  local ok, pending = self._e:release(l, (h - l) / HSLOTS, reuse == false and BY_ERROR or -1, now_of(self))
+  if not ok then return end                     -- stale: another holder's lease or none
+  cr[l + 1] = nil
+  local rl = self._rec_leases
+  if rl and rl[rec] then rl[rec][h] = nil end
+  if pending > 0 then pump(self) end
+  wake_drainers(self)
+  if reuse ~= false then park_released(self, rec, client, name) end
+  if self._on.release then emit(self, "release", hook_key(name), client, reuse ~= false) end
 end
 
 _M.Pool = Pool

@@ -1,0 +1,347 @@
+-- pool:checkout(key) -> client, h and pool:checkin(h [, reuse]): the
+-- zero-allocation form of acquire/release (issue 5). Runs on both engine
+-- bindings (the ffi one only on LuaJIT) and every scheduler of
+-- spec/helpers.lua; time only moves on the scheduler's virtual clock.
+
+local clientpool = require "clientpool"
+local H = require "spec.helpers"
+
+local IS_JIT = rawget(_G, "jit") ~= nil
+
+local function is_int(v)
+  return type(v) == "number" and v >= 0 and math.floor(v) == v
+end
+
+local function contains(s, part)
+  return type(s) == "string" and s:find(part, 1, true) ~= nil
+end
+
+local function errmsg(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected an error")
+  return tostring(err)
+end
+
+for _, backend in ipairs { "core", "ffi" } do
+  local bit = (backend == "core" or IS_JIT) and it or pending
+  for _, S in ipairs(H.schedulers()) do
+    describe("checkout/checkin (" .. backend .. " backend) on " .. S.name, function()
+
+      local function run(body)
+        local sched = S.new()
+        S.run(sched, body, sched)
+      end
+
+      local function mkpool(sched, o)
+        local f = H.factory(sched)
+        local opts = { create = f.create, destroy = f.destroy, max_live = 4, scheduler = sched, backend = backend }
+        for k, v in pairs(o or {}) do opts[k] = v end
+        return clientpool.new(opts), f
+      end
+
+      local function settle(sched)
+        sched.sleep(0)
+        sched.sleep(0)
+      end
+
+      bit("hands out a client and an integer handle; checkin returns the client for reuse", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local c, h = pool:checkout("k")
+          assert.is_table(c)
+          assert.equal("k", c.key)
+          assert.is_true(is_int(h), tostring(h))
+          local s = H.check(pool)
+          assert.equal(1, s.leases)
+          assert.equal(1, s.active)
+          pool:checkin(h)
+          s = H.check(pool)
+          assert.equal(0, s.leases)
+          assert.equal(1, s.idle)
+          local c2, h2 = pool:checkout("k")
+          assert.equal(c, c2)                -- LIFO reuse
+          assert.are_not.equal(h, h2)        -- a new generation
+          assert.equal(1, f.created)
+          s = H.check(pool)
+          assert.equal(1, s.reused)
+          pool:checkin(h2)
+          -- the default key, and acquire/release mixed with checkout
+          local c3, h3 = pool:checkout()
+          local lease = assert(pool:acquire())
+          assert.are_not.equal(c3, lease.client)
+          lease:release()
+          pool:checkin(h3)
+          s = H.check(pool)
+          assert.equal(0, s.leases)
+          assert.equal(3, s.idle)
+        end)
+      end)
+
+      bit("a repeated or stale checkin is a no-op and never ends another holder's lease", function()
+        run(function(sched)
+          local pool = mkpool(sched, { max_live = 1 })
+          local c1, h1 = pool:checkout()
+          pool:checkin(h1)
+          pool:checkin(h1)                   -- repeated
+          local c2, h2 = pool:checkout()     -- the same slot, next generation
+          assert.equal(c1, c2)
+          pool:checkin(h1)                   -- stale: must not end h2
+          local s = H.check(pool)
+          assert.equal(1, s.leases)
+          assert.equal(1, s.active)
+          -- forged handles: other slots, other generations, huge numbers
+          for _, bad in ipairs { h2 + 1, h2 + 2097152, h2 - 2097152 >= 0 and h2 - 2097152 or 7,
+                                 2 ^ 52, 123456789 } do
+            if bad ~= h2 then pool:checkin(bad) end
+          end
+          s = H.check(pool)
+          assert.equal(1, s.leases)
+          pool:checkin(h2)
+          s = H.check(pool)
+          assert.equal(0, s.leases)
+          -- a stale handle whose slot now carries a lease object
+          local lease = assert(pool:acquire())
+          pool:checkin(h2)
+          pool:checkin(h1)
+          s = H.check(pool)
+          assert.equal(1, s.leases)
+          assert.equal(c1, lease.client)
+          lease:release()
+          -- and the other way round: a stale handle after release() of a lease
+          local c3, h3 = pool:checkout()
+          assert.equal(c1, c3)
+          pool:checkin(h3)
+          local lease2 = assert(pool:acquire())
+          pool:checkin(h3)
+          s = H.check(pool)
+          assert.equal(1, s.leases)
+          lease2:release()
+          assert.equal(0, H.check(pool).leases)
+        end)
+      end)
+
+      bit("checkin(h, false) retires the client", function()
+        run(function(sched)
+          local pool, f = mkpool(sched)
+          local destroyed = {}
+          pool:on("destroy", function(_, client, reason) destroyed[#destroyed + 1] = { client, reason } end)
+          local released = {}
+          pool:on("release", function(key, client, reuse) released[#released + 1] = { key, client, reuse } end)
+          local c, h = pool:checkout("k")
+          pool:checkin(h, false)
+          settle(sched)
+          assert.equal(1, f.destroyed)
+          assert.is_false(c.alive)
+          assert.same({ { c, "error" } }, destroyed)
+          assert.same({ { "k", c, false } }, released)
+          local s = H.check(pool)
+          assert.equal(0, s.live)
+          assert.equal(1, s.closed_by.error)
+          local c2, h2 = pool:checkout("k")
+          assert.are_not.equal(c, c2)
+          assert.equal(2, f.created)
+          pool:checkin(h2, true)
+          assert.equal(1, H.check(pool).idle)
+        end)
+      end)
+
+      bit("waits like acquire: a checkin hands the client to the first waiter", function()
+        run(function(sched)
+          local pool = mkpool(sched, { max_live = 1 })
+          local order = {}
+          local c0, h0 = pool:checkout()
+          for i = 1, 3 do
+            sched.spawn(function()
+              local c, h = pool:checkout()
+              order[#order + 1] = i
+              assert.equal(c0, c)
+              sched.sleep(1)
+              pool:checkin(h)
+            end)
+          end
+          settle(sched)
+          assert.equal(3, H.check(pool).waiting)
+          pool:checkin(h0)
+          sched.sleep(10)
+          assert.same({ 1, 2, 3 }, order)
+          local s = H.check(pool)
+          assert.equal(0, s.leases)
+          assert.equal(0, s.waiting)
+          assert.equal(1, s.opened)
+        end)
+      end)
+
+      bit("a waiting checkout times out with the acquire_timeout and a detail", function()
+        run(function(sched)
+          local pool = mkpool(sched, { max_live = 1, acquire_timeout = 2 })
+          local _, h = pool:checkout()
+          local t0 = sched.now()
+          local c, code, detail = pool:checkout()
+          assert.is_nil(c)
+          assert.equal("timeout", code)
+          assert.is_true(sched.now() - t0 >= 2)
+          assert.equal(1, detail.live)
+          assert.is_true(contains(tostring(detail), "timeout after"))
+          pool:checkin(h)
+        end)
+      end)
+
+      bit("fails like acquire: create failure, closed pool, full queue", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { max_live = 1, max_waiting = 0 })
+          f.fail_next = 1
+          local c, code, err = pool:checkout()
+          assert.is_nil(c)
+          assert.equal("create", code)
+          assert.equal("refused", err)
+          local _, h = pool:checkout()
+          c, code = pool:checkout()
+          assert.is_nil(c)
+          assert.equal("full", code)
+          pool:close()
+          c, code = pool:checkout()
+          assert.is_nil(c)
+          assert.equal("closed", code)
+          -- the holder still owns its client; its checkin destroys it
+          pool:checkin(h)
+          settle(sched)
+          local s = H.check(pool)
+          assert.equal(0, s.live)
+          assert.equal(1, s.closed_by.drain)
+        end)
+      end)
+
+      bit("runs validate and park/unpark on reuse", function()
+        run(function(sched)
+          local calls, idles = {}, {}
+          local pool = mkpool(sched, {
+            validate = function(_, _, idle)
+              calls[#calls + 1] = "validate"
+              idles[#idles + 1] = idle
+              return #calls < 4
+            end,
+            park = function(c) calls[#calls + 1] = "park"; return { parked = c } end,
+            unpark = function(st) calls[#calls + 1] = "unpark"; return st.parked end,
+          })
+          local c, h = pool:checkout()
+          pool:checkin(h)
+          sched.sleep(1)
+          local c2, h2 = pool:checkout()
+          assert.equal(c, c2)
+          pool:checkin(h2)
+          -- validate fails now: the record is retired and checkout looks again
+          local c3, h3 = pool:checkout()
+          assert.are_not.equal(c, c3)
+          pool:checkin(h3)
+          assert.same({ "park", "unpark", "validate", "park", "unpark", "validate", "park" }, calls)
+          assert.is_true(idles[1] >= 1 and idles[1] < 1.5, tostring(idles[1]))
+          assert.is_true(idles[2] >= 0 and idles[2] < 0.5, tostring(idles[2]))
+          assert.equal(1, H.check(pool).closed_by.invalid)
+        end)
+      end)
+
+      bit("capacity > 1: a shared client is parked only when its last holder checks in", function()
+        run(function(sched)
+          local parks = 0
+          local pool = mkpool(sched, {
+            max_live = 1, capacity = 2,
+            park = function(c) parks = parks + 1; return c end,
+            unpark = function(c) return c end,
+          })
+          local c1, h1 = pool:checkout()
+          local c2, h2 = pool:checkout()
+          assert.equal(c1, c2)
+          pool:checkin(h1)
+          assert.equal(0, parks)
+          pool:checkin(h2)
+          assert.equal(1, parks)
+          -- a holder retiring the shared client: the other keeps its handle
+          local _, h3 = pool:checkout()
+          local _, h4 = pool:checkout()
+          pool:checkin(h3, false)
+          assert.equal(1, H.check(pool).leases)
+          pool:checkin(h4)
+          settle(sched)
+          local s = H.check(pool)
+          assert.equal(0, s.leases)
+          assert.equal(0, s.live)
+        end)
+      end)
+
+      bit("drain() waits for checkouts", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          local _, h = pool:checkout()
+          local drained
+          sched.spawn(function() drained = pool:drain() end)
+          settle(sched)
+          assert.is_nil(drained)
+          pool:checkin(h)
+          settle(sched)
+          assert.is_true(drained)
+        end)
+      end)
+
+      bit("leak_threshold reports a checkout held too long", function()
+        run(function(sched)
+          local pool = mkpool(sched, { leak_threshold = 5 })
+          local got = {}
+          pool:on("leak", function(key, info) got[#got + 1] = { key = key, info = info } end)
+          local _, h = pool:checkout("k")
+          sched.sleep(6)
+          assert.equal(1, #got)
+          assert.equal("k", got[1].key)
+          assert.is_false(got[1].info.leaked)
+          assert.equal("checkout", got[1].info.where)
+          assert.is_true(got[1].info.held >= 5)
+          pool:checkin(h)
+          assert.equal(0, H.check(pool).leaked)
+        end)
+      end)
+
+      bit("bad arguments raise", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          local _, h = pool:checkout()
+          for _, bad in ipairs { "1", -1, 1.5, 0 / 0, math.huge, {} } do
+            local msg = errmsg(pool.checkin, pool, bad)
+            assert.is_true(contains(msg, "clientpool: bad argument #1 to 'checkin'"), msg)
+          end
+          assert.is_true(contains(errmsg(pool.checkin, pool), "bad argument #1 to 'checkin'"))
+          local msg = errmsg(pool.checkin, pool, h, "no")
+          assert.is_true(contains(msg, "bad argument #2 to 'checkin'"), msg)
+          msg = errmsg(pool.checkout, pool, 42)
+          assert.is_true(contains(msg, "clientpool: bad argument #1 to 'checkout'"), msg)
+          assert.equal(1, H.check(pool).leases)   -- none of it touched the lease
+          pool:checkin(h)
+        end)
+      end)
+
+      bit("allocates nothing per checkout/checkin pair", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          local function pairs_n(n)
+            for _ = 1, n do
+              local _, h = pool:checkout("k")
+              pool:checkin(h)
+            end
+          end
+          pairs_n(20000)   -- warm up (and let the JIT compile)
+          local best = math.huge
+          for _ = 1, 3 do
+            collectgarbage("collect")
+            collectgarbage("stop")
+            -- a full collection shrinks the coroutine's stack: grow it back
+            pairs_n(10)
+            local before = collectgarbage("count")
+            pairs_n(2000)
+            local delta = (collectgarbage("count") - before) * 1024
+            collectgarbage("restart")
+            if delta < best then best = delta end
+          end
+          assert.equal(0, best)
+        end)
+      end)
+    end)
+  end
+end
