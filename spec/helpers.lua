@@ -92,9 +92,22 @@ function H.schedulers(opts)
   }
   for _, h in ipairs(HOSTS) do
     if opts and opts.hosts and not H.host_missing(h.lib) then
+      list[#list + 1] = H.host(h.lib)
+    end
+  end
+  return list
+end
+
+-- The entry of one host ("cqueues", "luv", "copas"), or nil and the reason
+-- it does not load here.
+function H.host(lib)
+  for _, h in ipairs(HOSTS) do
+    if h.lib == lib then
+      local why = H.host_missing(lib)
+      if why then return nil, why end
       local made = {}
-      list[#list + 1] = {
-        name = h.name, run = task_run, scale = REAL_SCALE, real = true,
+      return {
+        name = h.name, lib = lib, run = task_run, scale = REAL_SCALE, real = true,
         new = function()
           local sched = h.new()
           if h.closes then made[#made + 1] = sched end
@@ -117,7 +130,7 @@ function H.schedulers(opts)
       }
     end
   end
-  return list
+  error("spec.helpers: no host " .. tostring(lib))
 end
 
 -- { name, reason } for each host whose library does not load here.

@@ -58,17 +58,22 @@ local function noop() end
 --- Makes an instance. opts.now: the clock (required); opts.changed: called
 -- (without arguments) when a coroutine becomes ready or a timer is set while
 -- no turn runs (after a turn the host looks at ready() and deadline()
--- anyway); opts.name: prefix of messages.
+-- anyway); opts.end_in_turn: a task that ends while the host resumed it
+-- goes round the queue once more, so it ends in a turn (copas closes the
+-- socket a coroutine last waited on when it ends in copas' hands);
+-- opts.name: prefix of messages.
 function M.new(opts)
   if type(opts) ~= "table" or type(opts.now) ~= "function" then
     error("clientpool.taskq: new expects { now = function }", 2)
   end
   local now = opts.now
   local changed = opts.changed or noop
+  local end_in_turn = opts.end_in_turn
   local name = opts.name or "clientpool.taskq"
 
   local Q = {}
   local in_turn = false
+  local resuming -- the coroutine a turn is resuming
 
   ---------------------------------------------------------------- entries
   local entries = setmetatable({}, { __mode = "k" })
@@ -219,7 +224,17 @@ function M.new(opts)
     if type(fn) ~= "function" then
       error(name .. ": " .. (bg and "background" or "spawn") .. " expects a function", 3)
     end
-    local co = co_create(fn)
+    local co
+    if end_in_turn then
+      co = co_create(function(...)
+        fn(...)
+        -- resumed by the host (copas, from a socket queue)? go round once
+        -- more, so that the task ends in a turn of this queue
+        if resuming ~= co then Q.sleep(0) end
+      end)
+    else
+      co = co_create(fn)
+    end
     local e = entry_of(co)
     e.task = true
     e.bg = bg
@@ -428,6 +443,7 @@ function M.new(opts)
           local te = target ~= co and entries[target] or e
           if te then te.away = false; te.nested = false end
           local res, ok, a, b = e.res
+          resuming = target
           if res == RES_WAKE then
             ok, a, b = co_resume(target, true)
           elseif res == RES_TIMEOUT then
@@ -439,6 +455,7 @@ function M.new(opts)
           else
             ok, a, b = co_resume(target)
           end
+          resuming = nil
           local err = settle(target, ok, a, b)
           if err ~= nil then
             -- keep what was still due this turn ahead of what came after
@@ -474,10 +491,18 @@ function M.new(opts)
     return hent[1].time
   end
 
+  local function sweep()
+    for co in pairs(tasks) do
+      if co_status(co) == "dead" then forget(co) end
+    end
+    return ntasks
+  end
+
   --- Whether foreground work is left: a live task, a foreground timer or a
-  -- ready foreground coroutine.
+  -- ready foreground coroutine. (Tasks that ended while someone else
+  -- resumed them are forgotten here, when only tasks are left.)
   function Q.busy()
-    return ntasks > 0 or fgtimers > 0 or fgready > 0
+    return fgready > 0 or fgtimers > 0 or (ntasks > 0 and sweep() > 0)
   end
 
   --- Whether a foreground coroutine is ready or has a timer.

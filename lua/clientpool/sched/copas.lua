@@ -38,7 +38,10 @@ local new
 
 new = function()
   local A = { name = "copas", monotonic = true }
-  local q = taskq.new { now = monotime, name = NAME }
+  -- end_in_turn: copas 1.x to 4.x close the socket a coroutine waited on
+  -- last when it ends while copas resumed it; a task ending right after
+  -- its last receive would lose the pooled connection it read from
+  local q = taskq.new { now = monotime, name = NAME, end_in_turn = true }
 
   A.now = monotime
   A.current = q.current
@@ -83,6 +86,7 @@ new = function()
       if err ~= nil then error(err, 0) end
       if not q.busy() then return end
       if q.ready() == 0 and not q.moving() then
+        if not q.busy() then return end
         error(("%s: deadlock: %d task(s) wait with no deadline and nothing left to wake them")
               :format(NAME, q.stats().tasks), 2)
       end

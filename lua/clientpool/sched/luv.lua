@@ -12,7 +12,8 @@
 --   local sched = require "clientpool.sched.luv"
 --   local pool = clientpool.new { create = ..., max_live = 8, scheduler = "luv" }
 --   sched.spawn(function() local lease = assert(pool:acquire()) ... end)
---   uv.run()            -- or sched.run(): also re-raises a task's error
+--   uv.run()            -- or sched.run(): until the adapter's tasks are done,
+--                       -- re-raising a task's error
 --
 -- Contract details (docs/decisions.md, "Hosts"):
 -- * handle = the running coroutine. A coroutine waits in any coroutine, a
@@ -24,6 +25,8 @@
 -- * On PUC Lua 5.1 the driver runs hooks in a pass-through coroutine; the
 --   adapter learns the outer coroutine from the relayed yield (taskq's yield
 --   protocol) and resumes that one, which passes the resume down.
+-- * await(start) runs a luv request and waits for its callback through the
+--   adapter: the way to use luv's callback APIs inside hooks.
 -- * Errors never reach libuv (luv exits the process on a callback error): a
 --   task's error is re-raised by sched.run(), or written to stderr (with its
 --   traceback) when the loop was started by someone else.
@@ -32,7 +35,8 @@ local uv = require "luv"
 local taskq = require "clientpool.taskq"
 local core = require "clientpool.core"
 
-local error, pcall, tostring = error, pcall, tostring
+local error, pcall, select, tostring = error, pcall, select, tostring
+local unpack = table.unpack or unpack
 local math_ceil = math.ceil
 local monotime = core.monotime
 
@@ -100,18 +104,26 @@ new = function()
   A.background = q.background
   A.sleep = q.sleep
 
-  --- Runs the uv default loop (uv.run()) until it has nothing left to do,
-  -- which with no other handles means: no foreground task, timer or ready
-  -- coroutine of this adapter is left. Re-raises a task's error (with its
-  -- traceback) after stopping the loop; the other tasks stay scheduled and
-  -- the next run() goes on with them. Raises if tasks are left that wait
-  -- and nothing can wake them. Not re-entrant.
+  --- Runs the uv default loop until no foreground task, timer or ready
+  -- coroutine of this adapter is left. Other handles (a server, say) are
+  -- served meanwhile but do not keep run() going. Re-raises a task's error
+  -- (with its traceback) after stopping the loop; the other tasks stay
+  -- scheduled and the next run() goes on with them. Raises if tasks are left
+  -- that wait and nothing can wake them. Not re-entrant.
   function A.run()
     if in_run then error(NAME .. ": run() is already running (it is not re-entrant)", 2) end
+    if not q.busy() then return end
     in_run = true
     failure = nil
     arm()
+    -- after every loop iteration: stop once this adapter's work is done
+    local check = uv.new_check()
+    check:start(function()
+      if not q.busy() then uv.stop() end
+    end)
+    check:unref()
     local ok, err = pcall(uv.run, "default")
+    check:close()
     in_run = false
     local f = failure
     failure = nil
@@ -120,10 +132,30 @@ new = function()
       arm()
       error(f[1], 0)
     end
-    if q.busy() and not q.moving() then
+    if not q.moving() and q.busy() then
       local n = q.stats().tasks
       error(("%s: deadlock: %d task(s) wait with no deadline and nothing left to wake them"):format(NAME, n), 2)
     end
+  end
+
+  --- Starts a luv request and waits for its callback: start(cb) is called
+  -- with a callback to pass to luv (`uv.fs_stat(path, cb)`, `tcp:connect(
+  -- host, port, cb)`, ...); await returns the arguments the callback got.
+  -- It waits through this adapter (wait/wake), so it works in hooks on PUC
+  -- Lua 5.1 too, where resuming coroutine.running() from a callback would
+  -- bypass the driver's pass-through coroutine.
+  function A.await(start)
+    local h, why = q.current()
+    if not h then error(NAME .. ": await: " .. tostring(why), 2) end
+    local r
+    start(function(...)
+      if not r then
+        r = { n = select("#", ...), ... }
+        q.wake(h)
+      end
+    end)
+    while not r do q.wait(h) end
+    return unpack(r, 1, r.n)
   end
 
   --- Debug counters of the queue: ready, timers, tasks.

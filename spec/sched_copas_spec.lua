@@ -1,0 +1,222 @@
+-- clientpool.sched.copas: the adapter contract, and a pool of real TCP
+-- connections (LuaSocket driven by copas) to a copas echo server in the same
+-- process, on 127.0.0.1 and an ephemeral port. Debian's copas installs for
+-- Lua 5.1 (LuaJIT loads it too); elsewhere this spec is pending.
+
+local clientpool = require "clientpool"
+local H = require "spec.helpers"
+local contract = require "spec.sched_contract"
+
+local S, missing = H.host("copas")
+
+describe("clientpool.sched.copas", function()
+  if not S then
+    pending("not run: " .. missing)
+    return
+  end
+
+  local copas = require "copas"
+  local socket = require "socket"
+  local csched = require "clientpool.sched.copas"
+  local function T(x) return x * S.scale end
+
+  contract(S, { describe = describe, it = it, after_each = after_each, assert = assert })
+
+  describe("copas coroutines", function()
+    it("a coroutine copas runs (copas.addthread) waits in the pool and is handed back to copas", function()
+      local sched = S.new()
+      local pool = clientpool.new { create = function() return {} end, max_live = 1, scheduler = sched }
+      local held = assert(pool:acquire())
+      local got = {}
+      copas.addthread(function()   -- copas 1.x runs it at once, up to its first wait
+        local t0 = sched.now()
+        got.l, got.code = pool:acquire(nil, { timeout = T(1) })
+        got.waited = sched.now() - t0
+        local l = assert(pool:acquire(nil, { timeout = T(100) }))
+        got.second = true
+        l:release()
+      end)
+      S.run(sched, function()
+        sched.sleep(T(2))
+        held:release()
+        while not got.second do sched.sleep(T(0.1)) end
+      end)
+      assert.is_nil(got.l)
+      assert.equal("timeout", got.code)
+      H.time(S, 1, got.waited, "the timeout")
+      assert.is_true(got.second)
+      pool:close()
+    end)
+
+    it("step() runs ready tasks and polls copas at most the given time", function()
+      local sched = S.new()
+      local ran = false
+      sched.spawn(function() ran = true end)
+      local t0 = sched.now()
+      sched.step(T(1))
+      assert.is_true(ran)
+      sched.step(T(1))                 -- nothing ready: copas polls for up to T(1)
+      assert.is_true(sched.now() - t0 < 60)
+      csched.step(0)
+    end)
+  end)
+
+  describe("with TCP connections", function()
+    -- A copas echo server; accepted counts connections.
+    local function echo_server()
+      local srv = assert(socket.bind("127.0.0.1", 0))
+      local _, port = srv:getsockname()
+      local server = { port = port, accepted = 0, open = 0 }
+      copas.addserver(srv, function(skt)
+        server.accepted = server.accepted + 1
+        server.open = server.open + 1
+        while true do
+          local line = copas.receive(skt, "*l")
+          if not line then break end
+          copas.send(skt, line .. "\n")
+        end
+        server.open = server.open - 1
+      end)                            -- copas closes skt when the handler returns
+      function server.close() srv:close() end
+      return server
+    end
+
+    local function connect(port)
+      local skt = socket.tcp()
+      local ok, err = copas.connect(skt, "127.0.0.1", port)
+      if not ok and err ~= "already connected" then
+        skt:close()
+        return nil, err
+      end
+      return skt
+    end
+
+    local function request(skt, line)
+      assert(copas.send(skt, line .. "\n"))
+      return copas.receive(skt, "*l")
+    end
+
+    local function tcp_pool(sched, server, o)
+      local opts = {
+        create = function() return connect(server.port) end,
+        destroy = function(skt) skt:close() end,
+        max_live = 1, scheduler = sched,
+      }
+      for k, v in pairs(o or {}) do opts[k] = v end
+      return clientpool.new(opts)
+    end
+
+    local server, sched
+    before_each(function()
+      server = echo_server()
+      sched = S.new()
+    end)
+    after_each(function()
+      -- let the server's handlers see the closes
+      local t_end = sched.now() + 5
+      while server.open > 0 and sched.now() < t_end do copas.step(0.01) end
+      server.close()
+      assert.equal(0, server.open)
+    end)
+
+    it("tasks wait for one connection and all reuse it (the server accepts once)", function()
+      local replies = {}
+      S.run(sched, function()
+        local pool = tcp_pool(sched, server)
+        for i = 1, 20 do
+          sched.spawn(function()
+            local l = assert(pool:acquire(nil, { timeout = T(500) }))
+            replies[i] = request(l.client, "ping " .. i)
+            l:release()
+          end)
+        end
+        sched.sleep(0)
+        assert.is_true(H.check(pool).waiting > 0)
+        while #replies < 20 or H.check(pool).leases > 0 do sched.sleep(T(0.1)) end
+        local s = H.check(pool)
+        assert.equal(1, s.opened)
+        assert.is_true(s.wait_count > 0)
+        pool:close()
+      end)
+      for i = 1, 20 do assert.equal("ping " .. i, replies[i]) end
+      assert.equal(1, server.accepted)
+    end)
+
+    it("an acquire times out while the connection is busy; the connection still works", function()
+      local got = {}
+      S.run(sched, function()
+        local pool = tcp_pool(sched, server)
+        local l = assert(pool:acquire())
+        sched.spawn(function()
+          local t0 = sched.now()
+          got.l, got.code, got.detail = pool:acquire(nil, { timeout = T(1) })
+          got.waited = sched.now() - t0
+        end)
+        got.reply = request(l.client, "busy")
+        sched.sleep(T(2))
+        l:release()
+        local again = assert(pool:acquire())
+        got.reply2 = request(again.client, "again")
+        again:release()
+        got.stats = H.check(pool)
+        pool:close()
+      end)
+      assert.is_nil(got.l)
+      assert.equal("timeout", got.code)
+      assert.equal(1, got.detail.live)
+      H.time(S, 1, got.waited, "the timeout")
+      assert.equal("busy", got.reply)
+      assert.equal("again", got.reply2)
+      assert.equal(1, got.stats.timeouts)
+      assert.equal(1, server.accepted)
+    end)
+
+    it("a cancelled waiter leaves; the connection goes to the next one", function()
+      local got = {}
+      S.run(sched, function()
+        local pool = tcp_pool(sched, server)
+        local l = assert(pool:acquire())
+        local token = clientpool.token()
+        sched.spawn(function() got.a = { pool:acquire(nil, { cancel = token }) } end)
+        sched.spawn(function()
+          local l2 = assert(pool:acquire())
+          got.b = request(l2.client, "second")
+          l2:release()
+        end)
+        sched.sleep(T(0.5))
+        token:cancel()
+        sched.sleep(T(0.5))
+        assert.equal("cancelled", got.a[2])
+        l:release()
+        while not got.b do sched.sleep(T(0.1)) end
+        got.stats = H.check(pool)
+        pool:close()
+      end)
+      assert.equal("second", got.b)
+      assert.equal(1, got.stats.cancelled)
+      assert.equal(1, server.accepted)
+    end)
+
+    it("a connection released with false is closed and replaced", function()
+      local got = {}
+      S.run(sched, function()
+        local pool = tcp_pool(sched, server, { max_live = 2 })
+        local l = assert(pool:acquire())
+        got[1] = request(l.client, "one")
+        l:release(false)
+        l = assert(pool:acquire())
+        got[2] = request(l.client, "two")
+        l:release()
+        local t_end = sched.now() + 5
+        while server.open > 1 and sched.now() < t_end do sched.sleep(T(0.1)) end
+        got.open = server.open
+        got.stats = H.check(pool)
+        pool:close()
+      end)
+      assert.same({ "one", "two" }, { got[1], got[2] })
+      assert.equal(2, server.accepted)
+      assert.equal(1, got.open)
+      assert.equal(1, got.stats.closed_by.error)
+    end)
+  end)
+end)
