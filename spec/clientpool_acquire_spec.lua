@@ -961,6 +961,7 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
           local token = clientpool.token()
           local w2
           sched.spawn(function() w2 = { pool:acquire("a", { cancel = token }) } end)
+          sched.sleep(0)       -- w2 waits from now: 0.5 s until the cancel
           sched.sleep(T(0.5))
           expect { waiting = 1 }
           token:cancel()

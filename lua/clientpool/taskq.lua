@@ -13,7 +13,10 @@
 -- becomes ready during a turn runs in the next one), a binary heap of timers
 -- with FIFO ties, one reusable entry per coroutine in a weak-keyed table (the
 -- entry never references its coroutine), a binary semaphore per coroutine
--- for wake-before-wait. A wait/wake cycle allocates nothing.
+-- for wake-before-wait. A wait/wake cycle allocates nothing. One difference,
+-- for real clocks: a turn fires only the earliest due timer, so timers that
+-- fall due together (the process was busy) take effect in deadline order,
+-- each with its consequences, as they would on a virtual clock.
 --
 -- Yield protocol. wait and sleep yield `co, WQ`, where WQ is a table with
 -- `insert` and `push` methods, the protocol copas uses for its socket queues
@@ -86,7 +89,6 @@ function M.new(opts)
         state = IDLE, res = RES_NONE, gen = 0,
         pos = 0, time = 0, seq = 0,
         woke = false, sleeping = false,
-        late = false, -- a sleep whose timer fired: resumed one turn later
         task = false, bg = false,
         target = nil, -- the coroutine to resume to reach this one (pass-through)
         away = false, -- a task that yielded to someone else (a copas queue, a luv callback)
@@ -193,7 +195,6 @@ function M.new(opts)
   local function cancel(e)
     if e.pos > 0 then heap_remove(e) end
     e.state = IDLE
-    e.late = false
   end
 
   -- The queue a waiting coroutine yields (see the header).
@@ -265,8 +266,7 @@ function M.new(opts)
   end
 
   --- Suspends the running coroutine for s seconds; sleep(0) lets the other
-  -- ready coroutines run first, and sleep(s) returns after the coroutines
-  -- that were due with it. A wake does not cut it short.
+  -- ready coroutines run first. A wake does not cut it short.
   function Q.sleep(s)
     local co = running_co()
     if not co or (co_isyieldable and not co_isyieldable()) then
@@ -364,21 +364,14 @@ function M.new(opts)
 
   ---------------------------------------------------------------- driving
 
-  -- A sleeper whose timer fires goes round once more before it resumes, so
-  -- what was due with it, or is made ready by what was (a destroy hook task
-  -- the pool's timer spawns), runs first: on a real clock timers due
-  -- together fire in one turn, and sleep(s) returns after them, as it would
-  -- on a virtual clock.
-  local function fire_timers(t)
-    while hn > 0 do
-      local e = hent[1]
-      if e.time > t then break end
-      if e.sleeping then
-        e.late = true
-        make_ready(hco[1], e, RES_NONE)
-      else
-        make_ready(hco[1], e, RES_TIMEOUT)
-      end
+  -- One timer a turn, the earliest due: when several are due at once (the
+  -- host was busy), each one's coroutine, and what it makes ready, runs
+  -- before the next one fires, as on a virtual clock, where time only moves
+  -- on when nothing is ready. Every turn fires one, so none starves.
+  local function fire_timer(t)
+    local e = hent[1]
+    if e.time <= t then
+      make_ready(hco[1], e, e.sleeping and RES_NONE or RES_TIMEOUT)
     end
   end
 
@@ -415,11 +408,11 @@ function M.new(opts)
     return nil
   end
 
-  --- Runs one turn: fires the timers that are due, then resumes what was
-  -- ready when the turn began, in order. Returns a task's error (with its
+  --- Runs one turn: fires the earliest timer that is due, then resumes
+  -- what was ready when the turn began, in order. Returns a task's error (with its
   -- traceback), the rest of the turn staying queued, or nil.
   function Q.turn()
-    if hn > 0 then fire_timers(now()) end
+    if hn > 0 then fire_timer(now()) end
     if rqn == 0 then return nil end
     in_turn = true
     local l_co, l_gen, l_fg, n = rq_co, rq_gen, rq_fg, rqn
@@ -430,10 +423,7 @@ function M.new(opts)
       if l_fg[i] then fgready = fgready - 1 end
       l_co[i] = nil; l_gen[i] = nil; l_fg[i] = nil
       local e = entries[co]
-      if e and e.gen == gen and e.state == READY and e.late then
-        e.late = false
-        make_ready(co, e, e.res)
-      elseif e and e.gen == gen and e.state == READY then
+      if e and e.gen == gen and e.state == READY then
         local target = e.target or co
         e.target = nil
         e.state = IDLE

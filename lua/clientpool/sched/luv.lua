@@ -90,6 +90,9 @@ new = function()
     elseif err ~= nil then
       report(err)
     end
+    -- run() stops at a task's error: no more turns until it re-raised it
+    -- (a 0 ms timer re-armed here would run in this same loop iteration)
+    if failure then return end
     local aok, aerr = pcall(arm)
     if not aok then report(aerr) end
   end
