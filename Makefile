@@ -209,15 +209,20 @@ demo: deps
 	@$(MAKE) --no-print-directory build/lua5.4/clientpool/core.so
 	$(call lua_env,build/lua5.4) lua5.4 examples/quickstart.lua
 
+# Each interpreter runs bench/run.lua (a table of its own, rows kept in
+# build/bench/*.tsv); bench/report.lua then prints one Markdown table with
+# a column per interpreter. "luajit -joff" runs with the JIT off.
+BENCH_RUNS := lua5.1 lua5.3 lua5.4 luajit-joff luajit
 bench: all
-	@set -e; files='$(wildcard bench/*.lua)'; \
-	if [ -z "$$files" ]; then echo "no benchmarks yet"; exit 0; fi; \
-	for i in $(INTERPS); do for f in $$files; do \
-	  echo "== $$i $$f"; \
+	@mkdir -p build/bench
+	@set -e; for r in $(BENCH_RUNS); do \
+	  case $$r in luajit-joff) i=luajit; flags=-joff ;; *) i=$$r; flags= ;; esac; \
 	  env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LPATH);;' \
 	      LUA_CPATH="./build/$$i/?.so;;" LUA_CPATH_5_3="./build/$$i/?.so;;" LUA_CPATH_5_4="./build/$$i/?.so;;" \
-	      $$i $$f; \
-	done; done
+	      $$i $$flags bench/run.lua --out build/bench/$$r.tsv; \
+	done
+	@echo
+	@lua5.4 bench/report.lua $(foreach r,$(BENCH_RUNS),build/bench/$(r).tsv)
 
 install: module
 	install -d '$(DESTDIR)$(LUA_CMODDIR)/clientpool'

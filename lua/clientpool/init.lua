@@ -6,18 +6,20 @@
 -- scheduler adapter, arming the pool's timer. See docs/decisions.md.
 -- @module clientpool
 
--- The engine binding (backend): clientpool.core (the C API) or, on LuaJIT,
--- clientpool.ffi, whose calls the JIT compiles (C API calls it does not).
--- Both have the same surface. CLIENTPOOL_BACKEND=core|ffi or the option
--- `backend` overrides the default.
-local IS_JIT = rawget(_G, "jit") ~= nil
+-- The engine binding (backend): clientpool.core (the C API) or, on LuaJIT
+-- with the JIT on, clientpool.ffi, whose calls the JIT compiles (C API calls
+-- it does not; with the JIT off, as on iOS or under -joff, FFI calls are
+-- the slower ones). Both have the same surface. CLIENTPOOL_BACKEND=core|ffi
+-- or the option `backend` overrides the default.
+local JIT = rawget(_G, "jit")
+local IS_JIT = JIT ~= nil
 local function load_backend(name)
   if name ~= "ffi" and name ~= "core" then return nil, "must be \"core\" or \"ffi\"" end
   if name == "ffi" and not IS_JIT then return nil, "\"ffi\" needs LuaJIT" end
   return require("clientpool." .. name)
 end
 local BACKEND = os.getenv("CLIENTPOOL_BACKEND")
-if BACKEND == nil or BACKEND == "" then BACKEND = IS_JIT and "ffi" or "core" end
+if BACKEND == nil or BACKEND == "" then BACKEND = (IS_JIT and JIT.status()) and "ffi" or "core" end
 local core, backend_err = load_backend(BACKEND)
 if not core then error("clientpool: CLIENTPOOL_BACKEND=" .. BACKEND .. ": " .. backend_err, 0) end
 
@@ -43,6 +45,10 @@ local BY_NAME = {}
 for name, code in pairs(BY) do BY_NAME[code] = name end
 
 local _M = { _VERSION = "0.1.0" }
+
+--- The engine binding pools use unless their option `backend` says
+-- otherwise: "ffi" (LuaJIT) or "core".
+_M.backend = BACKEND
 
 --- Runtime outcome codes, returned as the second value of a failed acquire.
 _M.codes = { timeout = "timeout", full = "full", closed = "closed", cancelled = "cancelled",
@@ -1268,9 +1274,42 @@ end
 local HSLOTS = 2097152
 local BY_ERROR = BY.error
 
-local function wake_drainers(self)
-  if self._drain_hs and self._e:stats(-1, self._scratch).leases == 0 then
-    for h in pairs(self._drain_hs) do self._sched.wake(h) end
+-- checkout's slow path: anything but an idle client usable as it is (no
+-- key id yet, a wait, a refusal, a create, unpark or validate). Returns
+-- client, nil, rec, lease, gen, waited or nil, code[, detail].
+local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
+  local e = self._e
+  while true do
+    local waited, pending
+    if k == nil then
+      local kerr
+      k, name, kerr = key_id(self, key, "checkout")
+      if not k then
+        if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
+        return nil, "closed"
+      end
+      st, rec, l, g, validate, idle, pending = e:acquire(k, now_of(self), false)
+      if pending > 0 then pump(self) end
+    end
+    if st == MUST_WAIT then
+      local ok
+      ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
+      if not ok then return nil, st, rec end
+    elseif st == FULL then
+      return nil, "full", snapshot(self, "full", name)
+    elseif st == PAUSED then
+      return nil, "paused", self._kpaused[name] or self._paused or "probe"
+    elseif st == CLOSED then
+      return nil, "closed"
+    end
+    if st == GRANT_CREATE then
+      local client, code, err = create_client(self, name, rec, nil)
+      if client == nil then return nil, code, err end
+      return client, nil, rec, l, g, waited
+    end
+    local client = ready_idle(self, name, rec, l, g, validate, idle)
+    if client ~= nil then return client, nil, rec, l, g, waited end
+    k = nil   -- the idle record failed validate/unpark and is retired: look again
   end
 end
 
@@ -1280,38 +1319,28 @@ end
 -- leak detection by the collector: a handle never checked in holds its
 -- client until the pool is gone (leak_threshold still reports it).
 function Pool:checkout(key)
-  local e = self._e
-  local k, name, kerr = key_id(self, key, "checkout")
-  if not k then
-    if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
-    return nil, "closed"
+  -- The common case inline (an idle client of a known key, nothing to
+  -- unpark or validate): on PUC Lua each function call saved counts.
+  local name = key
+  if name == nil then name = DEFAULT end
+  local k = self._kids[name]      -- only strings are keys: anything else takes the slow path
+  local st, rec, l, g, validate, idle, pending
+  if k ~= nil then
+    local now
+    if not self._mono then now = self._sched.now() end
+    st, rec, l, g, validate, idle, pending = self._e:acquire(k, now, false)
+    if pending > 0 then pump(self) end
   end
-  local st, rec, l, g, validate, idle, pending = e:acquire(k, now_of(self), false)
-  if pending > 0 then pump(self) end
-  local waited
-  if st == MUST_WAIT then
-    local ok
-    ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
-    if not ok then return nil, st, rec end
-  elseif st == FULL then
-    return nil, "full", snapshot(self, "full", name)
-  elseif st == PAUSED then
-    return nil, "paused", self._kpaused[name] or self._paused or "probe"
-  elseif st == CLOSED then
-    return nil, "closed"
-  end
-  local client
-  if st == GRANT_IDLE then
-    client = ready_idle(self, name, rec, l, g, validate, idle)
-    -- the idle record failed validate/unpark and is retired: look again
-    if client == nil then return self:checkout(key) end
+  local client, waited
+  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) then
+    client = self._clients[rec]
   else
-    local code, err
-    client, code, err = create_client(self, name, rec, nil)
-    if client == nil then return nil, code, err end
+    local code
+    client, code, rec, l, g, waited = checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
+    if client == nil then return nil, code, rec end
   end
   if l >= HSLOTS then
-    e:release(l, g, -1, now_of(self))
+    self._e:release(l, g, -1, now_of(self))
     pump(self)
     error("clientpool: checkout: more than " .. HSLOTS .. " leases at once (use acquire)", 2)
   end
@@ -1328,6 +1357,18 @@ function Pool:checkout(key)
   return client, h
 end
 
+-- checkin's less common work: shared records, events, drain, park, listeners.
+local function checkin_rest(self, h, rec, client, reuse, pending, name)
+  local rl = self._rec_leases
+  if rl and rl[rec] then rl[rec][h] = nil end
+  if pending > 0 then pump(self) end
+  if self._drain_hs and self._e:stats(-1, self._scratch).leases == 0 then
+    for dh in pairs(self._drain_hs) do self._sched.wake(dh) end
+  end
+  if reuse ~= false then park_released(self, rec, client, name) end
+  if self._on.release then emit(self, "release", hook_key(name), client, reuse ~= false) end
+end
+
 --- Ends a checkout: returns the client for reuse, or retires it when reuse
 -- is false. A stale or repeated handle is a no-op: it never ends another
 -- holder's lease. Never yields.
@@ -1342,17 +1383,15 @@ function Pool:checkin(h, reuse)
   local cr = self._co_rec
   local rec = cr[l + 1]
   if rec == nil then return end                 -- no checkout holds the slot
-  local name = self._co_key[l + 1]
   local client = self._clients[rec]
-  local ok, pending = self._e:release(l, (h - l) / HSLOTS, reuse == false and BY_ERROR or -1, now_of(self))
+  local now
+  if not self._mono then now = self._sched.now() end
+  local ok, pending = self._e:release(l, (h - l) / HSLOTS, reuse == false and BY_ERROR or -1, now)
   if not ok then return end                     -- stale: another holder's lease or none
   cr[l + 1] = nil
-  local rl = self._rec_leases
-  if rl and rl[rec] then rl[rec][h] = nil end
-  if pending > 0 then pump(self) end
-  wake_drainers(self)
-  if reuse ~= false then park_released(self, rec, client, name) end
-  if self._on.release then emit(self, "release", hook_key(name), client, reuse ~= false) end
+  if pending > 0 or self._rec_leases or self._drain_hs or self._park or self._on.release then
+    checkin_rest(self, h, rec, client, reuse, pending, self._co_key[l + 1])
+  end
 end
 
 _M.Pool = Pool

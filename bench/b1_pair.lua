@@ -1,0 +1,27 @@
+-- B1: an uncontended pair (acquire with an idle client, release) against
+-- the bare table pool (bench/baseline_lifo.lua). Both pool forms: the lease
+-- object (acquire/release) and the zero-allocation one (checkout/checkin).
+-- The pool runs on the built-in loop's real clock, the default outside a
+-- host: every engine call reads CLOCK_MONOTONIC.
+local clientpool = require "clientpool"
+local lifo = require "baseline_lifo"
+
+return function(U)
+  local function new_client() return {} end
+
+  local bare = lifo.new(new_client)
+  bare:release(bare:acquire())
+  local bare_pairs = U.loop("bare", "local c = bare:acquire(); bare:release(c)", bare)
+
+  local pool = clientpool.new { max_live = 16, create = new_client }
+  assert(pool:acquire()):release()
+  local lease_pairs = U.loop("pool", "local lease = pool:acquire(); lease:release()", pool)
+  local checkout_pairs = U.loop("pool", "local _, h = pool:checkout(); pool:checkin(h)", pool)
+
+  local r, _, b = U.ratio(lease_pairs, bare_pairs)
+  U.row("B1.lease", "acquire+release pair / bare LIFO pair", r, "x")
+  local r2, _, b2 = U.ratio(checkout_pairs, bare_pairs)
+  U.row("B1.checkout", "checkout+checkin pair / bare LIFO pair", r2, "x")
+  U.row("B1.base", "(baseline: bare LIFO pair, ns)", math.min(b, b2), "ns")
+  pool:close()
+end
