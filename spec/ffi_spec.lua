@@ -154,6 +154,45 @@ describe("clientpool.ffi", function()
     assert(notified == 1)
   end)
 
+  jit_it("a released lease's sentinel guards the next lease, and reports that one when dropped", function()
+    local cffi = require "clientpool.ffi"
+    local e = cffi.new { max_live = 2 }
+    local k = e:key_open()
+    e:key_pin(k, true)
+    local notified = 0
+    e:set_notify(function() notified = notified + 1 end)
+    local first = (function()
+      local _, rec, l, g, _, _, _, s = e:acquire(k, 1, true)
+      e:created(rec, true, 1)
+      assert(e:release(l, g, -1, 2))
+      return s
+    end)()
+    collectgarbage(); collectgarbage()
+    assert(notified == 0)
+    -- the next lease gets the same sentinel, armed for it
+    local l2, g2 = (function()
+      local _, _, l, g, _, _, _, s = e:acquire(k, 3, true)
+      assert(rawequal(s, first), "the released sentinel was not reused")
+      assert(s.lease == l and s.gen == g)
+      return l, g
+    end)()
+    assert(e:lease_age(l2, g2, 4) ~= nil)
+    first = nil -- luacheck: ignore (the last reference: the lease is dropped)
+    collectgarbage(); collectgarbage()
+    assert(notified == 1, "the dropped lease was not reported")
+    assert(e:lease_age(l2, g2, 5) == nil)
+    assert(e:stats(-1).leaked == 1)
+    -- a stale release never recycles the sentinel of the slot's new lease
+    local keep = (function()
+      local st, rec, l, g, _, _, _, s = e:acquire(k, 6, true)
+      if st == cffi.GRANT_CREATE then e:created(rec, true, 6) end
+      e:release(l2, g2, -1, 6)        -- stale (leaked above): a no-op
+      assert(s.lease == l and s.gen == g)
+      return { s = s, l = l, g = g }
+    end)()
+    assert(e:release(keep.l, keep.g, -1, 7))
+  end)
+
   jit_it("engines are collected (finalizers do not keep them alive)", function()
     local cffi = require "clientpool.ffi"
     local freed = setmetatable({}, { __mode = "k" })

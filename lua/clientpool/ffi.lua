@@ -11,7 +11,11 @@
 -- free()); a freed object swaps its metatable so every later call raises.
 -- Leak sentinels are small cdata whose finalizer reports the lease to the
 -- engine, then calls the driver's notify function (the contract of
--- lcp_lease__gc in lclientpool.c).
+-- lcp_lease__gc in lclientpool.c). A sentinel whose lease is released
+-- through release() is kept for the next lease instead of being left to
+-- the collector: the driver drops its reference before it releases, so no
+-- one else holds it, and a finalizer call per lease is what would make the
+-- acquire/release pair slow (LuaJIT runs finalizers outside compiled code).
 local ffi = require "ffi"
 
 local C = ffi.load(assert(package.searchpath("clientpool.core", package.cpath),
@@ -135,7 +139,10 @@ function _M.new(cfg)
   local life = { freed = false }
   local box = { raw = ffi_cast(engine_ptr_t, out[0]), notify = false }
   local self = { g = grant_t(), ev = event_t(), st = stats_t(), u32 = u32_1(), i32 = i32_1(),
-                 life = life, box = box }
+                 life = life, box = box,
+                 -- lease slot + 1 -> its sentinel (weak: a dropped lease must
+                 -- let its sentinel be collected); released ones kept in spare
+                 guards = setmetatable({}, { __mode = "v" }), spare = {}, nspare = 0 }
   self.p = ffi_gc(out[0], function(p)
     if not life.freed then
       life.freed = true
@@ -171,10 +178,20 @@ end
 -- A leak sentinel for (lease, gen): its collection reports the lease as
 -- leaked (a released lease is stale, and the engine ignores it).
 local function new_sentinel(self, lease, gen)
-  local s = sentinel_t()
+  local n = self.nspare
+  local s
+  if n > 0 then
+    local spare = self.spare
+    s = spare[n]
+    spare[n] = nil
+    self.nspare = n - 1
+  else
+    s = ffi_gc(sentinel_t(), self.on_sentinel)
+  end
   s.lease = lease
   s.gen = gen
-  return ffi_gc(s, self.on_sentinel)
+  self.guards[lease + 1] = s
+  return s
 end
 
 function Engine:sentinel(lease, gen)
@@ -212,6 +229,17 @@ function Engine:release(lease, gen, reason, now)
   local p = self.p
   if now == nil then now = monotime() end
   local rc = C.clientpool_release(p, lease, gen, reason or -1, now)
+  if rc == 0 then
+    -- the lease's sentinel (if it has one) is nobody's now: keep it
+    local guards = self.guards
+    local s = guards[lease + 1]
+    if s ~= nil and s.gen == gen then
+      guards[lease + 1] = nil
+      local n = self.nspare + 1
+      self.spare[n] = s
+      self.nspare = n
+    end
+  end
   return rc == 0, C.clientpool_pending(p)
 end
 

@@ -799,31 +799,32 @@ function Pool:acquire(key, opts)
     drain = grace
   end
   local e = self._e
-  while true do
-    if token and token._cancelled then return nil, "cancelled" end
-    local k, name, kerr = key_id(self, key, "acquire")
-    if not k then
-      if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
-      return nil, "closed"
-    end
-    local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
-    if pending > 0 then pump(self) end
-    local waited
-    if st == MUST_WAIT then
-      local ok
-      ok, st, rec, l, g, validate, idle, waited, sentinel = wait_for(self, k, name, opts)
-      if not ok then return nil, st, rec end
-    elseif st == FULL then
-      return nil, "full", snapshot(self, "full", name)
-    elseif st == PAUSED then
-      return nil, "paused", self._kpaused[name] or self._paused or "probe"
-    elseif st == CLOSED then
-      return nil, "closed"
-    end
-    local lease, code, err = on_grant(self, name, st, rec, l, g, validate, idle, waited, sentinel, drain)
-    if lease or code then return lease, code, err end
-    -- the idle record failed validate/unpark and is retired: look again
+  if token and token._cancelled then return nil, "cancelled" end
+  local k, name, kerr = key_id(self, key, "acquire")
+  if not k then
+    if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
+    return nil, "closed"
   end
+  local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
+  if pending > 0 then pump(self) end
+  local waited
+  if st == MUST_WAIT then
+    local ok
+    ok, st, rec, l, g, validate, idle, waited, sentinel = wait_for(self, k, name, opts)
+    if not ok then return nil, st, rec end
+  elseif st == FULL then
+    return nil, "full", snapshot(self, "full", name)
+  elseif st == PAUSED then
+    return nil, "paused", self._kpaused[name] or self._paused or "probe"
+  elseif st == CLOSED then
+    return nil, "closed"
+  end
+  local lease, code, err = on_grant(self, name, st, rec, l, g, validate, idle, waited, sentinel, drain)
+  if lease or code then return lease, code, err end
+  -- the idle record failed validate/unpark and is retired: look again (a
+  -- tail call, not a loop: a loop here keeps the JIT from compiling the
+  -- caller's acquire/release loop, "inner loop in root trace")
+  return self:acquire(key, opts)
 end
 
 --- Never waits or yields: an idle client, or a new one if create need not
