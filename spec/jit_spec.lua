@@ -1,7 +1,7 @@
--- LuaJIT only: the zero-allocation hot path (checkout with an idle client,
--- checkin) on the FFI backend compiles. jit.v reports every trace, abort
--- and NYI while the loop runs; the loop must close a trace and nothing may
--- abort. Not a timing test.
+-- LuaJIT only: the hot path on the FFI backend compiles, in both forms:
+-- checkout/checkin (zero-allocation) and acquire/release (a lease object).
+-- jit.v reports every trace, abort and NYI while the loop runs; the loop
+-- must close a trace and nothing may abort. Not a timing test.
 
 local IS_JIT = rawget(_G, "jit") ~= nil
 local jit_it = IS_JIT and it or pending
@@ -28,36 +28,63 @@ local function here()
   return debug.getinfo(2, "l").currentline
 end
 
-describe("the checkout/checkin loop under the JIT", function()
-  jit_it("compiles on the FFI backend: a looping trace, no abort, no NYI", function()
-    local clientpool = require "clientpool"
-    local loop = require("clientpool.loop").new()   -- real clock: the production path
-    local pool = clientpool.new { max_live = 4, create = function() return {} end,
-                                  scheduler = loop, backend = "ffi" }
-    local lines, loop_line
-    loop.spawn(function()
-      local _, h = pool:checkout("k")   -- the client exists: the loop takes the idle path
-      pool:checkin(h)
-      -- no finalizer of an earlier spec may run while the loop is recorded
-      collectgarbage("collect")
-      collectgarbage("collect")
-      loop_line = here() + 3
-      jit.flush()
-      lines = verbose(function()
+-- Checks jit.v's report: no abort, NYI or stitch; a looping trace for the
+-- loop at line loop_line.
+local function assert_compiled(lines, loop_line)
+  local report = table.concat(lines, "\n")
+  local looped = false
+  for _, line in ipairs(lines) do
+    assert(not line:find("TRACE %-%-%-"), "trace abort on the hot path:\n" .. report)
+    assert(not line:find("NYI", 1, true), "NYI on the hot path:\n" .. report)
+    assert(not line:find("stitch", 1, true), "a C function was stitched on the hot path:\n" .. report)
+    if line:find("jit_spec.lua:" .. loop_line .. " loop", 1, true) then looped = true end
+  end
+  assert(looped, "no looping trace for the loop at line " .. loop_line .. ":\n" .. report)
+end
+
+-- A pool on the FFI backend and a real-clock loop (the production path),
+-- its client created, and fn(pool) run as a task after full collections (no
+-- finalizer of an earlier spec may run while the loop is recorded).
+local function on_pool(fn)
+  local clientpool = require "clientpool"
+  local loop = require("clientpool.loop").new()
+  local pool = clientpool.new { max_live = 4, create = function() return {} end,
+                                scheduler = loop, backend = "ffi" }
+  local result
+  loop.spawn(function()
+    local _, h = pool:checkout("k")   -- the client exists: loops take the idle path
+    pool:checkin(h)
+    collectgarbage("collect")
+    collectgarbage("collect")
+    jit.flush()
+    result = fn(pool)
+  end)
+  loop.run()
+  return pool, result
+end
+
+describe("the hot path under the JIT (FFI backend)", function()
+  jit_it("checkout/checkin compiles: a looping trace, no abort, no NYI", function()
+    local loop_line = here() + 3
+    local pool, lines = on_pool(function(pool)
+      return verbose(function()
         for _ = 1, 200000 do local _, hh = pool:checkout("k"); pool:checkin(hh) end
       end)
     end)
-    loop.run()
-    local report = table.concat(lines, "\n")
-    local looped = false
-    for _, line in ipairs(lines) do
-      assert(not line:find("TRACE %-%-%-"), "trace abort on the hot path:\n" .. report)
-      assert(not line:find("NYI", 1, true), "NYI on the hot path:\n" .. report)
-      assert(not line:find("stitch", 1, true), "a C function was stitched on the hot path:\n" .. report)
-      if line:find("jit_spec.lua:" .. loop_line .. " loop", 1, true) then looped = true end
-    end
-    assert(looped, "no looping trace for the loop at line " .. loop_line .. ":\n" .. report)
+    assert_compiled(lines, loop_line)
     local s = pool:stats()
     assert(s.leases == 0 and s.opened == 1 and s.reused >= 200000)
+  end)
+
+  jit_it("acquire/release (a lease object, a reused leak sentinel) compiles too", function()
+    local loop_line = here() + 3
+    local pool, lines = on_pool(function(pool)
+      return verbose(function()
+        for _ = 1, 200000 do local lease = pool:acquire("k"); lease:release() end
+      end)
+    end)
+    assert_compiled(lines, loop_line)
+    local s = pool:stats()
+    assert(s.leases == 0 and s.opened == 1 and s.reused >= 200000 and s.leaked == 0)
   end)
 end)
