@@ -1276,42 +1276,42 @@ local HSLOTS = 2097152
 local BY_ERROR = BY.error
 
 -- checkout's slow path: anything but an idle client usable as it is (no
--- key id yet, a wait, a refusal, a create, unpark or validate). Returns
--- client, nil, rec, lease, gen, waited or nil, code[, detail].
+-- key id yet, a refusal, a create, unpark or validate). Returns client,
+-- nil, rec, lease, gen, waited or nil, code[, detail]. No loop: a retry is a
+-- tail call. (LuaJIT: a loop here would abort every trace recorded through a
+-- create, and enough aborts blacklist checkout itself, hot path included.)
 local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
-  local e = self._e
-  while true do
-    local waited, pending
-    if k == nil then
-      local kerr
-      k, name, kerr = key_id(self, key, "checkout")
-      if not k then
-        if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
-        return nil, "closed"
-      end
-      st, rec, l, g, validate, idle, pending = e:acquire(k, now_of(self), false)
-      if pending > 0 then pump(self) end
+  local waited
+  if k == nil then
+    local kerr, pending
+    k, name, kerr = key_id(self, key, "checkout")
+    if not k then
+      if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
+      return nil, "closed"
     end
+    st, rec, l, g, validate, idle, pending = self._e:acquire(k, now_of(self), false)
+    if pending > 0 then pump(self) end
     if st == MUST_WAIT then
       local ok
       ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
       if not ok then return nil, st, rec end
-    elseif st == FULL then
-      return nil, "full", snapshot(self, "full", name)
-    elseif st == PAUSED then
-      return nil, "paused", self._kpaused[name] or self._paused or "probe"
-    elseif st == CLOSED then
-      return nil, "closed"
     end
-    if st == GRANT_CREATE then
-      local client, code, err = create_client(self, name, rec, nil)
-      if client == nil then return nil, code, err end
-      return client, nil, rec, l, g, waited
-    end
-    local client = ready_idle(self, name, rec, l, g, validate, idle)
-    if client ~= nil then return client, nil, rec, l, g, waited end
-    k = nil   -- the idle record failed validate/unpark and is retired: look again
   end
+  if st == FULL then
+    return nil, "full", snapshot(self, "full", name)
+  elseif st == PAUSED then
+    return nil, "paused", self._kpaused[name] or self._paused or "probe"
+  elseif st == CLOSED then
+    return nil, "closed"
+  elseif st == GRANT_CREATE then
+    local client, code, err = create_client(self, name, rec, nil)
+    if client == nil then return nil, code, err end
+    return client, nil, rec, l, g, waited
+  end
+  local client = ready_idle(self, name, rec, l, g, validate, idle)
+  if client ~= nil then return client, nil, rec, l, g, waited end
+  -- the idle record failed validate/unpark and is retired: look again
+  return checkout_grant(self, key, nil, name)
 end
 
 --- Acquires a client without a lease object: returns client, h (an integer
@@ -1333,12 +1333,20 @@ function Pool:checkout(key)
     if pending > 0 then pump(self) end
   end
   local client, waited
+  if st == MUST_WAIT then
+    -- waited for here, not in checkout_grant: a waiting coroutine's stack
+    -- is one frame shallower (memory per waiter)
+    local ok
+    ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
+    if not ok then return nil, st, rec end
+  end
   if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) then
     client = self._clients[rec]
   else
-    local code
-    client, code, rec, l, g, waited = checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
+    local code, w
+    client, code, rec, l, g, w = checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
     if client == nil then return nil, code, rec end
+    waited = waited or w
   end
   if l >= HSLOTS then
     self._e:release(l, g, -1, now_of(self))
