@@ -34,16 +34,24 @@ end
 local function assert_compiled(form)
   local lines = report(form)
   local text = table.concat(lines, "\n")
-  local at = "jit_check.lua:" .. loop_line(form) .. " loop"
+  local at = "jit_check.lua:" .. loop_line(form == "burst" and "checkout" or form) .. " loop"
   local looped = false
   for _, line in ipairs(lines) do
     assert(line:find("^%[TRACE"), "jit_check.lua failed:\n" .. text)
-    assert(not line:find("TRACE %-%-%-"), "trace abort on the hot path:\n" .. text)
+    assert(not line:find("blacklisted", 1, true), "blacklisted on the hot path:\n" .. text)
+    -- after a burst, side traces of traces the burst left may abort while
+    -- the loop warms up (they fall back to the interpreter, the loop's own
+    -- trace does not): only root traces count there
+    local side = form == "burst" and line:find("^%[TRACE %-%-%- %(%d+/%d+%)")
+    assert(side or not line:find("TRACE %-%-%-"), "trace abort on the hot path:\n" .. text)
     assert(not line:find("NYI", 1, true), "NYI on the hot path:\n" .. text)
     assert(not line:find("stitch", 1, true), "a C function was stitched on the hot path:\n" .. text)
     if line:find(at, 1, true) then looped = true end
   end
-  assert(looped, "no looping trace at " .. at .. ":\n" .. text)
+  -- after a burst the loop may run on traces the burst left (linked side
+  -- traces) instead of a loop of its own; what must not happen there is a
+  -- blacklisted checkout, checked above
+  assert(looped or form == "burst", "no looping trace at " .. at .. ":\n" .. text)
 end
 
 describe("the hot path under the JIT (FFI backend)", function()
@@ -53,5 +61,9 @@ describe("the hot path under the JIT (FFI backend)", function()
 
   jit_it("acquire/release compiles too", function()
     assert_compiled("lease")
+  end)
+
+  jit_it("checkout/checkin still compiles after a burst of creates and a spell of contention", function()
+    assert_compiled("burst")
   end)
 end)
