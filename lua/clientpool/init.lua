@@ -387,14 +387,16 @@ end
 
 local pump
 
+local function destroy_task(self, destroy, client, name)
+  local ok, err = ycall(destroy, client, hook_key(name))
+  if not ok then log(self, "destroy hook failed: " .. tostring(err)) end
+end
+
+-- (No closure here or in start_timer: LuaJIT cannot compile closure
+-- creation, and an abort in a path this common blacklists its callers.)
 local function run_destroy(self, client, name, reason)
   local destroy = self._destroy
-  if destroy then
-    self._sched.spawn(function()
-      local ok, err = ycall(destroy, client, hook_key(name))
-      if not ok then log(self, "destroy hook failed: " .. tostring(err)) end
-    end)
-  end
+  if destroy then self._sched.spawn(destroy_task, self, destroy, client, name) end
   emit(self, "destroy", hook_key(name), client, reason)
 end
 
@@ -422,18 +424,20 @@ local function timer_task(self)
   self._timer_h = nil
 end
 
+local function timer_main(self)
+  local ok, err = ycall(timer_task, self)
+  self._timer_spawned = false
+  self._timer_h = nil
+  if not ok then log(self, "timer task failed: " .. tostring(err)) end
+end
+
 local function start_timer(self)
   if self._timer_h then
     self._sched.wake(self._timer_h)
   elseif not self._timer_spawned then
     self._timer_spawned = true
     local bg = self._sched.background or self._sched.spawn
-    bg(function()
-      local ok, err = ycall(timer_task, self)
-      self._timer_spawned = false
-      self._timer_h = nil
-      if not ok then log(self, "timer task failed: " .. tostring(err)) end
-    end)
+    bg(timer_main, self)
   end
 end
 
@@ -450,13 +454,9 @@ local function kick(self)
   start_timer(self)
 end
 
--- Carries out the engine's queued events, one at a time and in order, so a
--- hook that re-enters the pool sees them in order too.
-pump = function(self)
-  local e = self._e
-  while true do
-    local t, a, b, c, tt = e:next_event()
-    if not t then return end
+-- Carries out one engine event (pump's body).
+local function handle_event(self, e, t, a, b, c, tt)
+  do
     if t == EV_WAKE then
       local h = self._waiters[a]
       if h ~= nil and self._wgen[a] == b then
@@ -522,6 +522,19 @@ pump = function(self)
       end
     end
   end
+end
+
+-- Carries out the engine's queued events, one at a time and in order, so a
+-- hook that re-enters the pool sees them in order too. A tail call per
+-- event, not a loop: under LuaJIT a loop here aborts every trace recorded
+-- through it (create, wait, destroy paths), and the aborts blacklist the
+-- functions they start in, checkout and acquire included, hot path and all.
+pump = function(self)
+  local e = self._e
+  local t, a, b, c, tt = e:next_event()
+  if not t then return end
+  handle_event(self, e, t, a, b, c, tt)
+  return pump(self)
 end
 
 local function snapshot(self, reason, name, waited)
