@@ -213,8 +213,14 @@ demo: deps
 # build/bench/*.tsv); bench/report.lua then prints one Markdown table with
 # a column per interpreter. "luajit -joff" runs with the JIT off.
 BENCH_RUNS := lua5.1 lua5.3 lua5.4 luajit-joff luajit
-bench: all
+build/bench/engine_pair: bench/c/engine_pair.c $(ENGINE_SRCS) $(wildcard csrc/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/engine_pair.c $(ENGINE_SRCS) $(LIBS)
+
+bench: all build/bench/engine_pair
 	@mkdir -p build/bench
+	@echo "== the engine alone (C, no Lua; absolute figures, a diagnostic)"
+	@build/bench/engine_pair
 	@set -e; for r in $(BENCH_RUNS); do \
 	  case $$r in luajit-joff) i=luajit; flags=-joff ;; *) i=$$r; flags= ;; esac; \
 	  env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LPATH);;' \

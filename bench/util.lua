@@ -149,7 +149,7 @@ end
 
 --- Appends every row to a TSV file: interp, id, what, value, unit, note.
 function U.save(path, interp)
-  local f = assert(io.open(path, "w"))
+  local f = assert(io.open(path, "a"))
   for _, r in ipairs(rows) do
     f:write(concat({ interp, r.id, r.what, r.value == nil and "" or string.format("%.6g", r.value),
                      r.unit or "", r.note }, "\t"), "\n")
