@@ -454,13 +454,24 @@ local function kick(self)
   start_timer(self)
 end
 
+-- wake() returned true, but the adapter learned later that the waiter died
+-- before it ran (OpenResty: killed or aborted between the post and its
+-- resumption): the adapter calls this, and the grant goes back.
+local function give_back(self, w, g)
+  if self._waiters[w] == nil or self._wgen[w] ~= g then return end
+  self._waiters[w] = nil
+  self._wgen[w] = nil
+  self._e:abandon(w, g, now_of(self))
+  pump(self)
+end
+
 -- Carries out one engine event (pump's body).
 local function handle_event(self, e, t, a, b, c, tt)
   do
     if t == EV_WAKE then
       local h = self._waiters[a]
       if h ~= nil and self._wgen[a] == b then
-        if not self._sched.wake(h) then
+        if not self._sched.wake(h, give_back, self, a, b) then
           -- the waiting coroutine is gone: give its grant back
           self._waiters[a] = nil
           e:abandon(a, b, now_of(self))
@@ -863,16 +874,25 @@ function Pool:try_acquire(key)
     elseif st == CLOSED then
       return nil, "closed"
     end
-    -- run the grant in a coroutine of its own: if a hook yields, the work
-    -- finishes in the background and this caller does not wait for it
-    local co = co_create(on_grant)
-    local ok, lease, code, err = co_resume(co, self, name, st, rec, l, g, validate, idle, 0, sentinel)
-    if co_status(co) == "suspended" then
-      self:_adopt(co, lease, code, err)
-      return nil, "timeout", snapshot(self, "timeout", name, 0)
+    -- where the host cannot yield at all (OpenResty's log, set, filter and
+    -- init_worker phases, which also refuse its coroutine API), no hook can
+    -- yield either: the grant runs right here
+    local yieldable = self._sched.yieldable
+    if yieldable and not yieldable() then
+      local lease, code, err = on_grant(self, name, st, rec, l, g, validate, idle, 0, sentinel)
+      if lease or code then return lease, code, err end
+    else
+      -- run the grant in a coroutine of its own: if a hook yields, the work
+      -- finishes in the background and this caller does not wait for it
+      local co = co_create(on_grant)
+      local ok, lease, code, err = co_resume(co, self, name, st, rec, l, g, validate, idle, 0, sentinel)
+      if co_status(co) == "suspended" then
+        self:_adopt(co, lease, code, err)
+        return nil, "timeout", snapshot(self, "timeout", name, 0)
+      end
+      if not ok then error(lease, 0) end
+      if lease or code then return lease, code, err end
     end
-    if not ok then error(lease, 0) end
-    if lease or code then return lease, code, err end
   end
 end
 
