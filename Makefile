@@ -16,7 +16,7 @@
 #   make demo | bench | lint | install | clean | cdef
 #
 # Single steps of `make test`: all test-c test-c-asan test-busted-<interp>
-# check-rockspec test-rocks lint.
+# test-nginx check-rockspec test-rocks lint.
 #
 # check-memory preloads clang-14's ASan runtime (libclang_rt.asan-<arch>.so)
 # into the uninstrumented lua5.4 so an ASan/UBSan build of core.so can be
@@ -78,7 +78,7 @@ LINT_DIRS = $(wildcard lua spec examples bench)
 
 .PHONY: all module test deps check-memory demo bench lint install clean cdef \
         test-c test-c-asan test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
-        test-busted-luajit-ffi
+        test-busted-luajit-ffi test-nginx
 
 all: $(foreach i,$(INTERPS),build/$(i)/clientpool/core.so)
 
@@ -141,7 +141,7 @@ deps:
 	@scripts/deps.sh
 
 TEST_STEPS := all test-c test-c-asan $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
-              check-rockspec test-rocks lint
+              test-nginx check-rockspec test-rocks lint
 
 # Every step runs even after one fails; scripts/run-steps.sh prints one
 # line per step and an overall line, and fails if any step failed.
@@ -164,6 +164,11 @@ $(foreach i,$(INTERPS),$(eval $(call busted_rule,$(i))))
 
 test-busted-luajit-ffi: build/luajit/clientpool/core.so
 	@CLIENTPOOL_BACKEND=ffi scripts/busted-run.sh luajit '--lpath=$(LPATH)' '--cpath=./build/luajit/?.so' $(SPEC_ROOTS)
+
+# The OpenResty specs in a private nginx (Debian's, with the Lua module) and a
+# private redis-server, both on 127.0.0.1 and always stopped: spec/nginx/run.sh.
+test-nginx: build/luajit/clientpool/core.so
+	@spec/nginx/run.sh
 
 # Build and install with LuaRocks into build/rocks, then run the lua5.4 specs
 # against the installed tree only (no ./lua, no build/<interp> on the paths).

@@ -44,5 +44,7 @@ build = {
     ["clientpool.sched.cqueues"] = "lua/clientpool/sched/cqueues.lua",
     ["clientpool.sched.luv"] = "lua/clientpool/sched/luv.lua",
     ["clientpool.sched.copas"] = "lua/clientpool/sched/copas.lua",
+    ["clientpool.sched.ngx"] = "lua/clientpool/sched/ngx.lua",
+    ["clientpool.ngx"] = "lua/clientpool/ngx.lua",
   },
 }

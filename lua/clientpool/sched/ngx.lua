@@ -1,0 +1,474 @@
+--- clientpool.sched.ngx: the scheduler adapter for OpenResty (lua-nginx-module).
+--
+-- The adapter contract is DESIGN.md section 4 and docs/decisions.md
+-- ("Schedulers"); the choices made for nginx are in docs/decisions.md
+-- ("OpenResty"). In short:
+--
+-- * current() returns a fresh handle in the phases where a light thread can
+--   yield (rewrite, server_rewrite, access, content, timer, ssl_cert,
+--   ssl_session_fetch, ssl_client_hello) and `nil, "cannot wait in the <phase>
+--   phase"` elsewhere, so the driver's error names the phase.
+-- * A handle waits on an ngx.semaphore. Semaphores are recycled through a free
+--   list: a handle gives its semaphore back when the garbage collector takes
+--   the handle (nothing refers to it any more, so nothing can wake it), when
+--   done(handle) says so, or when its waiter is found gone. A wait/wake cycle
+--   allocates no semaphore; current() allocates one small table.
+-- * wake() posts the semaphore and remembers it (`pending`), so a wake that
+--   comes before the wait, or while a wait times out, is not lost. It returns
+--   false when the waiter left the semaphore's queue without returning from
+--   wait(): ngx.thread.kill or the end of its request (client abort with
+--   lua_check_client_abort, ngx.exit in another thread) ran the semaphore's
+--   cleanup. sema:count() is resources minus queued waiters, so that state is
+--   exact, not a guess from coroutine identities (ngx_lua reuses coroutines
+--   across requests, so coroutine.status cannot tell).
+-- * A waiter killed after its wake was posted but before it resumed (the
+--   post is delivered by a posted event, later in the same event-loop turn)
+--   cannot be reported by wake(): wake(h, lost, ...) takes an optional
+--   callback that is called as lost(...) once that is detected (a check runs
+--   from an ngx.timer once per batch of wakes), so the driver can give the
+--   grant back.
+-- * now() is the CLOCK_MONOTONIC clock of the C module (monotonic = true):
+--   ngx.now() is the cached wall clock, which steps with NTP and is only
+--   refreshed once per event-loop turn.
+-- * spawn(fn, ...) starts fn at once in a light thread (ngx.thread.spawn) in
+--   request phases, because a cosocket belongs to the request that made it: a
+--   destroy hook that closes a released client must run there. In the timer
+--   phase of the pool's own background task and in phases without light
+--   threads (log, header_filter, body_filter, set, init_worker, ...), it
+--   uses ngx.timer.at(0). If no timer can be made (too many pending timers),
+--   fn runs at once in a protected call.
+-- * background(fn, ...) runs fn in ngx.timer.at(0): the task outlives the
+--   request that started it.
+-- * An exiting worker (HUP, QUIT) is kept alive by nginx while a timer
+--   waits, up to the wait's deadline (a pool's timer task may wait for an
+--   idle_timeout of minutes). So waits and sleeps in the timer phase go in
+--   slices of at most a second and raise "clientpool.sched.ngx: worker
+--   exiting" once the worker exits; the driver logs that (at info level:
+--   log() demotes it). Requests wait as usual: nginx finishes them anyway.
+-- * sleep = ngx.sleep; log = ngx.log(ngx.ERR, ...).
+local ngx = ngx
+local semaphore = require "ngx.semaphore"
+
+local type, error, pcall, tostring, select, setmetatable = type, error, pcall, tostring, select, setmetatable
+local math_ceil = math.ceil
+local co_running = coroutine.running
+local unpack = table.unpack or unpack
+
+local get_phase = ngx.get_phase
+local thread_spawn = ngx.thread.spawn
+local timer_at = ngx.timer.at
+local ngx_sleep = ngx.sleep
+local ngx_log, ERR, INFO = ngx.log, ngx.ERR, ngx.INFO
+local worker_exiting = ngx.worker.exiting
+
+local monotime
+do
+  local ok, b = pcall(require, "clientpool.ffi")
+  if not ok or type(b) ~= "table" or type(b.monotime) ~= "function" then b = require "clientpool.core" end
+  monotime = b.monotime
+end
+
+local M = { _NAME = "clientpool.sched.ngx", monotonic = true }
+
+-- Phases in which a light thread may yield (ngx.semaphore:wait works there).
+local WAITABLE = {
+  rewrite = true, server_rewrite = true, access = true, content = true, timer = true,
+  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
+}
+-- Phases in which ngx.thread.spawn works and a request (not a timer) runs.
+local REQUEST = {
+  rewrite = true, server_rewrite = true, access = true, content = true,
+  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true,
+}
+
+-- The error a background task's wait raises in an exiting worker. log()
+-- reports messages that carry it at info level.
+local EXITING = "clientpool.sched.ngx: worker exiting"
+M.EXITING = EXITING
+
+-- One semaphore wait at most this long; longer waits loop (the C side takes
+-- an int of milliseconds).
+local MAX_WAIT = 86400
+-- Longest slice of a wait or sleep in a timer (see wait()).
+local TIMER_SLICE = 1
+
+---------------------------------------------------------------------------
+-- Semaphore slots and handles
+---------------------------------------------------------------------------
+
+-- handle.st
+local HELD, WAITING, DEAD = 1, 2, 3
+
+-- Slot i: S[i] the semaphore (kept for good), H[i] the handle using it
+-- (weak: a handle nobody refers to is collected, and its slot is free).
+local S = {}
+local H = setmetatable({}, { __mode = "v" })
+local nslots = 0
+local free, nfree = {}, 0
+local isfree = {}                 -- isfree[i]: slot i is on the free list
+local sweep_at = 32               -- sweep when this many slots exist and none is free
+local lost_count = 0              -- grants reported lost (diagnostics)
+local wakes_refused = 0           -- wake() returned false (diagnostics)
+
+local function release_slot(i)
+  H[i] = nil
+  if not isfree[i] then
+    isfree[i] = true
+    nfree = nfree + 1
+    free[nfree] = i
+  end
+end
+
+-- Ends a handle for good: later wakes return false, its slot is free.
+local function retire(h)
+  if h.st == DEAD then return end
+  h.st = DEAD
+  local i = h.i
+  if H[i] == h then release_slot(i) end
+end
+
+-- The waiter of h (inside wait()) left the semaphore's queue without
+-- returning: killed or its request finished. count() = resources - queued.
+local function gone(h)
+  return h.st == WAITING and S[h.i]:count() > (h.pending and 0 or -1)
+end
+
+-- Reports a grant that a woken-then-killed waiter took with it.
+local function report_lost(h)
+  local fn = h.lost
+  lost_count = lost_count + 1
+  if fn then
+    local a, b, c = h.la, h.lb, h.lc
+    h.lost, h.la, h.lb, h.lc = nil, nil, nil, nil
+    local ok, err = pcall(fn, a, b, c)
+    if not ok then ngx_log(ERR, "clientpool: lost-wake callback failed: ", tostring(err)) end
+  else
+    ngx_log(ERR, "clientpool: a waiter was killed after it was woken and before it ran; ",
+            "its grant could not be given back (the driver passed no lost-wake callback)")
+  end
+end
+
+local function sweep()
+  local used = 0
+  for i = 1, nslots do
+    if not isfree[i] then
+      local h = H[i]
+      if h == nil then
+        release_slot(i)
+      elseif gone(h) then
+        local had = h.pending
+        retire(h)
+        if had then report_lost(h) end
+      else
+        used = used + 1
+      end
+    end
+  end
+  sweep_at = used * 2
+  if sweep_at < 32 then sweep_at = 32 end
+end
+
+-- A free slot with an empty semaphore. Runs where waiting is possible, so
+-- leftover resources (a post that came after its waiter was gone) can be
+-- taken with wait(0), which returns at once.
+local function take_slot()
+  if nfree == 0 and nslots >= sweep_at then sweep() end
+  local i
+  if nfree > 0 then
+    i = free[nfree]
+    free[nfree] = nil
+    nfree = nfree - 1
+    isfree[i] = nil
+    local s = S[i]
+    local c = s:count()
+    while c > 0 do
+      s:wait(0)
+      c = c - 1
+    end
+  else
+    local s, err = semaphore.new(0)
+    if not s then error("clientpool.sched.ngx: cannot make a semaphore: " .. tostring(err), 0) end
+    nslots = nslots + 1
+    i = nslots
+    S[i] = s
+  end
+  return i
+end
+
+---------------------------------------------------------------------------
+-- Lost-wake watch: handles woken with a callback, checked after the
+-- semaphores' posted events ran.
+---------------------------------------------------------------------------
+
+local watch, nwatch = {}, 0
+local watch_armed = false
+
+-- Reports the watched handles whose waiter died between its wake and its
+-- resumption; drops the ones that resumed.
+local function run_watch()
+  local n = nwatch
+  local i = 1
+  while i <= n do
+    local h = watch[i]
+    local drop = true
+    if h.st ~= DEAD and h.pending and h.lost then
+      if gone(h) then
+        retire(h)
+        report_lost(h)
+      else
+        drop = false
+      end
+    end
+    if drop then
+      watch[i] = watch[n]
+      watch[n] = nil
+      n = n - 1
+    else
+      i = i + 1
+    end
+  end
+  nwatch = n
+end
+-- The first check runs at the next timer turn. A waiter still queued then
+-- (its posted event has not run: a zero timer armed from inside a timer
+-- handler fires in the same expiry loop, before posted events) is checked
+-- again a millisecond later; a zero delay there would spin in that loop.
+local arm_watch
+local function watch_timer(premature) -- luacheck: ignore premature
+  watch_armed = false
+  run_watch()
+  if nwatch > 0 then arm_watch(0.001) end
+end
+
+arm_watch = function(delay)
+  if watch_armed then return end
+  local ok = timer_at(delay or 0, watch_timer)
+  if ok then watch_armed = true end
+end
+
+local bg_cos = setmetatable({}, { __mode = "k" }) -- coroutines running a background task
+
+---------------------------------------------------------------------------
+-- The adapter
+---------------------------------------------------------------------------
+
+--- Monotonic seconds (clientpool's CLOCK_MONOTONIC clock, not ngx.now()).
+M.now = monotime
+
+--- A handle for the running light thread, or nil, "cannot wait in the <phase>
+-- phase".
+function M.current()
+  local phase = get_phase()
+  if not WAITABLE[phase] then return nil, "cannot wait in the " .. phase .. " phase" end
+  if nwatch > 0 and not watch_armed then run_watch() end
+  local i = take_slot()
+  local h = { i = i, st = HELD, pending = false, tm = phase == "timer",
+              lost = nil, la = nil, lb = nil, lc = nil }
+  H[i] = h
+  return h
+end
+
+--- Whether the running code can yield (wait, connect, sleep) in this phase.
+-- The driver runs try_acquire's grant in place where it cannot: there
+-- OpenResty also refuses its coroutine API.
+function M.yieldable()
+  return WAITABLE[get_phase()] == true
+end
+
+-- Takes the one pending post of h.
+local function consume(h)
+  h.pending = false
+  h.lost = nil
+  S[h.i]:wait(0)
+  return true
+end
+
+--- Suspends until wake(h) or the absolute deadline (now() seconds; nil =
+-- none). Returns true when woken (or spuriously), nil, "timeout" at the
+-- deadline.
+function M.wait(h, deadline)
+  local st = h.st
+  if st == DEAD then return nil, "dead handle" end
+  if st == WAITING then error("clientpool.sched.ngx: wait: the handle is already waiting", 2) end
+  if h.pending then return consume(h) end
+  -- In a timer, nginx keeps an exiting worker alive while a wait lasts: such
+  -- waits go in slices of at most TIMER_SLICE and end with EXITING.
+  local tm = h.tm
+  if tm and worker_exiting() then error(EXITING, 0) end
+  local s = S[h.i]
+  while true do
+    local secs = tm and TIMER_SLICE or MAX_WAIT
+    if deadline then
+      local rem = deadline - monotime()
+      if rem <= 0 then return nil, "timeout" end
+      -- whole milliseconds, rounded up: a wait never ends before the deadline
+      if rem < secs then secs = math_ceil(rem * 1000) / 1000 end
+    end
+    h.st = WAITING
+    local ok, err = s:wait(secs)
+    h.st = HELD
+    if ok then
+      h.pending = false
+      h.lost = nil
+      return true
+    end
+    if err ~= "timeout" then return nil, err end
+    -- a post that came as the wait timed out is still there: take it
+    if h.pending then return consume(h) end
+    if tm and worker_exiting() then error(EXITING, 0) end
+  end
+end
+
+--- Wakes the waiter of h (at once if it waits, at its next wait otherwise).
+-- Returns false when the waiter is gone (killed, or its request ended). With
+-- lost, lost(a, b, c) is called later if the waiter dies before it resumes.
+function M.wake(h, lost, a, b, c)
+  local st = h.st
+  if st == DEAD then
+    wakes_refused = wakes_refused + 1
+    return false
+  end
+  if h.pending then return true end
+  if st == WAITING and S[h.i]:count() >= 0 then
+    retire(h)
+    wakes_refused = wakes_refused + 1
+    return false
+  end
+  h.pending = true
+  S[h.i]:post(1)
+  if lost and st == WAITING then
+    h.lost, h.la, h.lb, h.lc = lost, a, b, c
+    nwatch = nwatch + 1
+    watch[nwatch] = h
+    arm_watch()
+  end
+  return true
+end
+
+--- Gives h's semaphore back at once (optional; without it the garbage
+-- collector does). The handle must not be used again.
+function M.done(h)
+  if h.st == HELD then retire(h) end
+end
+
+local function log_task_error(err)
+  local msg = tostring(err)
+  if msg:find(EXITING, 1, true) then
+    ngx_log(INFO, "clientpool: ", msg)
+  else
+    ngx_log(ERR, "clientpool: task failed: ", msg)
+  end
+end
+
+local function run_protected(fn, ...)
+  local ok, err = pcall(fn, ...)
+  if not ok then log_task_error(err) end
+end
+
+local function timer_task(premature, fn, ...) -- luacheck: ignore premature
+  return run_protected(fn, ...)
+end
+
+local function bg_task(premature, fn, ...)
+  if premature then return end -- the worker is exiting: a background task has nothing left to do
+  local co = co_running()
+  bg_cos[co] = true
+  local ok, err = pcall(fn, ...)
+  bg_cos[co] = nil
+  if not ok then log_task_error(err) end
+end
+
+-- Background tasks that could not get a timer (too many pending timers):
+-- retried at the next spawn/background/wake that can make one.
+local deferred, ndeferred = {}, 0
+
+local function retry_deferred()
+  local list, n = deferred, ndeferred
+  deferred, ndeferred = {}, 0
+  for i = 1, n do
+    local t = list[i]
+    local ok = timer_at(0, bg_task, t[1], unpack(t, 2, t.n))
+    if not ok then
+      ndeferred = ndeferred + 1
+      deferred[ndeferred] = t
+    end
+  end
+end
+
+--- Runs fn(...) in a new task: at once in a light thread of the current
+-- request (request phases), else in ngx.timer.at(0).
+function M.spawn(fn, ...)
+  if type(fn) ~= "function" then error("clientpool.sched.ngx: spawn expects a function", 2) end
+  local phase = get_phase()
+  if REQUEST[phase] or (phase == "timer" and not bg_cos[co_running()]) then
+    local ok, t = pcall(thread_spawn, run_protected, fn, ...)
+    if ok and t then return t end
+  end
+  if phase ~= "init" then
+    local ok = timer_at(0, timer_task, fn, ...)
+    if ok then return true end
+  end
+  run_protected(fn, ...)
+  return true
+end
+
+--- Runs fn(...) in ngx.timer.at(0): a task that outlives the request.
+function M.background(fn, ...)
+  if type(fn) ~= "function" then error("clientpool.sched.ngx: background expects a function", 2) end
+  if ndeferred > 0 then retry_deferred() end
+  local ok, err = timer_at(0, bg_task, fn, ...)
+  if ok then return true end
+  if err == "process exiting" then return nil, err end
+  ngx_log(ERR, "clientpool: cannot start a background task (", tostring(err), "); retrying later")
+  ndeferred = ndeferred + 1
+  deferred[ndeferred] = { n = select("#", ...) + 1, fn, ... }
+  return nil, err
+end
+
+--- ngx.sleep; in a timer, in slices that end with EXITING when the worker
+-- exits (see wait()).
+function M.sleep(s)
+  if s <= TIMER_SLICE or get_phase() ~= "timer" then return ngx_sleep(s) end
+  local deadline = monotime() + s
+  while true do
+    if worker_exiting() then error(EXITING, 0) end
+    local rem = deadline - monotime()
+    if rem <= 0 then return end
+    ngx_sleep(rem < TIMER_SLICE and math_ceil(rem * 1000) / 1000 or TIMER_SLICE)
+  end
+end
+
+--- Reports listener and hook errors in nginx's error log.
+function M.log(msg)
+  msg = tostring(msg)
+  if msg:find("worker exiting", 1, true) then
+    ngx_log(INFO, "clientpool: ", msg)
+  else
+    ngx_log(ERR, "clientpool: ", msg)
+  end
+end
+
+--- Counters for tests and diagnostics: semaphores made, free, handles
+-- that still hold one, grants reported lost, wakes refused.
+function M.stats(t)
+  t = t or {}
+  local held = 0
+  for i = 1, nslots do
+    if not isfree[i] and H[i] ~= nil then held = held + 1 end
+  end
+  t.semaphores = nslots
+  t.free = nfree
+  t.held = held
+  t.watching = nwatch
+  t.lost = lost_count
+  t.refused = wakes_refused
+  t.deferred = ndeferred
+  return t
+end
+
+--- Sweeps the semaphore slots now (tests).
+function M._sweep()
+  sweep()
+end
+
+return M

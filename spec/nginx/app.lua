@@ -1,0 +1,223 @@
+-- spec/nginx/app.lua: the handlers the nginx specs call over HTTP, and the
+-- shared state they inspect. Specs run in the same (single) worker, so they
+-- put pools into app.pools and read what the handlers recorded.
+--
+-- Endpoints (content phase, GET, arguments in the query string):
+--   /app/acquire?pool=P[&key=K][&timeout=S][&hold=S][&destroy=1][&tag=T]
+--       acquire, hold S seconds, release (or destroy); says
+--       "ok <client id> waited=<s>" or "err <code> <detail>"
+--   /app/redis_ping?pool=P[&key=K]     acquire, PING, release
+--   /app/sched_wait?id=X[&timeout=S]   a raw adapter wait, woken by a spec
+--   /app/wait_abort?pool=P            says "waiting", then acquires (abort tests)
+--   /app/sample?name=N&secs=S         samples redis CLIENT LIST for S seconds,
+--                                      says the most clients named N seen at once
+-- Phase locations (see nginx.conf): /phase/set, /phase/log, /phase/header_filter,
+-- /phase/rewrite, /phase/access; each runs app.phase_probe(phase) there.
+local clientpool = require "clientpool"
+local sched = require "clientpool.sched.ngx"
+local H -- harness, loaded lazily (it needs spec_conf)
+
+local A = {
+  pools = {},      -- name -> pool
+  managers = {},   -- name -> clientpool.ngx manager
+  factories = {},  -- name -> plain client factory
+  handles = {},    -- id -> adapter handle (sched_wait)
+  log = {},        -- name -> list of events recorded by handlers
+  probes = {},     -- name -> function(phase) run by the phase locations
+}
+
+local function harness()
+  if not H then H = require "harness" end
+  return H
+end
+
+--- A plain client factory (no I/O): counts creates and destroys.
+function A.factory(name, o)
+  o = o or {}
+  local f = { created = 0, destroyed = 0, open = {}, destroyed_in = {} }
+  function f.create(key)
+    if o.create_delay then ngx.sleep(o.create_delay) end
+    f.created = f.created + 1
+    local c = { id = f.created, key = key }
+    f.open[c] = true
+    return c
+  end
+  function f.destroy(c)
+    f.destroyed = f.destroyed + 1
+    f.destroyed_in[#f.destroyed_in + 1] = ngx.get_phase()
+    if c then f.open[c] = nil end
+  end
+  function f.nopen()
+    local n = 0
+    for _ in pairs(f.open) do n = n + 1 end
+    return n
+  end
+  if name then A.factories[name] = f end
+  return f
+end
+
+--- A pool of plain clients on the ngx scheduler.
+function A.plain_pool(name, o)
+  local f = A.factory(name, o and o.factory)
+  local opts = { create = f.create, destroy = f.destroy, scheduler = "ngx" }
+  for k, v in pairs(o or {}) do if k ~= "factory" then opts[k] = v end end
+  local pool = clientpool.new(opts)
+  A.pools[name] = pool
+  return pool, f
+end
+
+local function record(name, v)
+  local l = A.log[name]
+  if not l then l = {}; A.log[name] = l end
+  l[#l + 1] = v
+end
+A.record = record
+
+local function arg(name)
+  return ngx.var["arg_" .. name]
+end
+
+local handlers = {}
+
+function handlers.acquire()
+  local pool = A.pools[arg("pool")]
+  if not pool then ngx.say("err nopool"); return end
+  local timeout = tonumber(arg("timeout"))
+  local tag = arg("tag")
+  if tag then record(arg("pool") .. ":asked", tag) end
+  local t0 = sched.now()
+  local lease, code, detail = pool:acquire(arg("key"), timeout and { timeout = timeout } or nil)
+  if not lease then
+    ngx.say("err ", tostring(code), " ", tostring(detail))
+    return
+  end
+  local waited = sched.now() - t0
+  if tag then record(arg("pool") .. ":got", tag) end
+  local hold = tonumber(arg("hold"))
+  if hold then ngx.sleep(hold) end
+  local id = type(lease.client) == "table" and lease.client.id or tostring(lease.client)
+  if arg("destroy") then lease:release(false) else lease:release() end
+  ngx.say(string.format("ok %s waited=%.3f", tostring(id), waited))
+end
+
+function handlers.redis_ping()
+  local pool = A.pools[arg("pool")]
+  if not pool then ngx.say("err nopool"); return end
+  local lease, code, detail = pool:acquire(arg("key"))
+  if not lease then
+    ngx.status = 503
+    ngx.say("err ", tostring(code), " ", tostring(detail))
+    return
+  end
+  local sock = lease.client
+  local reused = sock:getreusedtimes()
+  local r, err = harness().command(sock, "PING")
+  if r ~= "PONG" then
+    lease:release(false)
+    ngx.status = 502
+    ngx.say("err ping ", tostring(err))
+    return
+  end
+  local hold = tonumber(arg("hold"))
+  if hold then ngx.sleep(hold) end
+  lease:release()
+  ngx.say("PONG reused=", reused)
+end
+
+function handlers.sched_wait()
+  local id = arg("id")
+  local h, why = sched.current()
+  if not h then ngx.say("err ", why); return end
+  A.handles[id] = h
+  local ok, err = sched.wait(h, sched.now() + (tonumber(arg("timeout")) or 5))
+  A.handles[id] = nil
+  ngx.say(ok and "woken" or ("err " .. tostring(err)))
+end
+
+function handlers.wait_abort()
+  local name = arg("pool")
+  local pool = A.pools[name]
+  ngx.say("waiting")
+  ngx.flush(true)
+  local lease, code = pool:acquire(nil, { timeout = tonumber(arg("timeout")) or 10 })
+  -- reached only if the request was not aborted
+  record(name .. ":abort_result", lease and "lease" or tostring(code))
+  if lease then lease:release() end
+  ngx.say("done")
+end
+
+function handlers.sample()
+  local name = arg("name")
+  local secs = tonumber(arg("secs")) or 1
+  local r = assert(harness().redis())
+  local max, samples = 0, 0
+  local deadline = harness().now() + secs
+  while harness().now() < deadline do
+    local n = r:clients(name)
+    samples = samples + 1
+    if n > max then max = n end
+    ngx.sleep(0.002)
+  end
+  r:close()
+  ngx.say("max=", max, " samples=", samples)
+end
+
+function handlers.pool_stats()
+  local pool = A.pools[arg("pool")]
+  if not pool then ngx.say("err nopool"); return end
+  local s = pool:stats()
+  ngx.say(string.format("live=%d idle=%d leases=%d waiting=%d opened=%d closed=%d",
+    s.live, s.idle, s.leases, s.waiting, s.opened, s.closed))
+end
+
+--- /app/<name>
+function A.content()
+  local name = ngx.var.uri:match("^/app/([%w_]+)$")
+  local h = name and handlers[name]
+  if not h then
+    ngx.status = 404
+    ngx.say("no handler")
+    return
+  end
+  h()
+end
+
+--- Runs the probe a spec registered for this location (A.probes[name]) in
+-- the current phase; its result goes to the shared dict under name.
+function A.phase_probe(phase)
+  local name = ngx.var.arg_probe
+  local fn = name and A.probes[name]
+  if not fn then return "noprobe" end
+  local ok, res = pcall(fn, phase)
+  local v = ok and tostring(res) or ("error: " .. tostring(res))
+  ngx.shared.spec:set(name, v)
+  return v
+end
+
+--- init_worker: what acquire and try_acquire do there (specs read it).
+function A.init_worker()
+  local dict = ngx.shared.spec
+  local function step(name, fn)
+    local ok, v = pcall(fn)
+    dict:set("init_worker:" .. name, ok and tostring(v) or ("error: " .. tostring(v)))
+  end
+  local h, why = sched.current()
+  dict:set("init_worker:current", h and "handle" or tostring(why))
+  -- a task spawned in init_worker runs in a timer
+  step("spawn", function()
+    sched.spawn(function() dict:set("init_worker:spawned_phase", ngx.get_phase()) end)
+    return "ok"
+  end)
+  local pool, f = A.plain_pool("init_worker", { max_live = 1 })
+  local held
+  step("try_acquire", function()
+    local l, code = pool:try_acquire()
+    held = l
+    return l and "lease" or code
+  end)
+  -- max_live is 1 and held: acquire would have to wait
+  step("acquire", function() pool:acquire(); return "returned" end)
+  step("release", function() if held then held:release() end; return pool:stats().idle end)
+  step("created", function() return f.created end)
+end
+return A

@@ -1,0 +1,50 @@
+-- A worker that is exiting (here: nginx reloads with HUP while this request
+-- runs in the old worker) closes released connections instead of parking
+-- them. Runs last: after it, a new worker serves.
+local H = require "harness"
+local clientpool = require "clientpool"
+local cpngx = require "clientpool.ngx"
+local sched = require "clientpool.sched.ngx"
+
+local function master_pid()
+  local f = assert(io.open(H.conf.pid_file))
+  local pid = tonumber(f:read("*l"))
+  f:close()
+  return pid
+end
+
+it("closes a connection released after the reload instead of parking it", function()
+  local opts, mgr = cpngx.tcp {
+    host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 1, max_live = 3,
+    idle_timeout = 60, scheduler = "ngx",
+    on_connect = function(sock) return H.command(sock, "CLIENT", "SETNAME", "cp-exiting") end,
+  }
+  local pool = clientpool.new(opts)
+  local r = assert(H.redis())
+  local held = assert(pool:acquire())
+  local parked = assert(pool:acquire())
+  parked:release()                    -- idle for 60 s: the pool's timer task waits that long
+  assert.are.equal(2, r:clients("cp-exiting"))
+  assert.is_false(ngx.worker.exiting())
+
+  assert.are.equal(0, os.execute("kill -HUP " .. master_pid()))
+  assert.truthy(H.wait_until(function() return ngx.worker.exiting() end, 5), "the worker did not start exiting")
+
+  held:release()
+  assert.are.equal(1, mgr.stats.closed_exiting)
+  assert.are.equal(1, mgr.stats.parked)             -- only the one parked before the reload
+  local s = pool:stats()
+  assert.are.equal(0, s.leases)
+  assert.are.equal(1, s.closed_by.retired)
+  -- redis sees the released connection go (nginx also drops the parked one on exit)
+  assert.truthy(H.wait_until(function() return r:clients("cp-exiting") == 0 end, 2))
+  r:close()
+  -- waits in timers end in an exiting worker instead of holding it
+  local res
+  ngx.timer.at(0, function()
+    local h = sched.current()
+    local ok, err = pcall(sched.wait, h, sched.now() + 30)
+    res = ok and "returned" or err
+  end)
+  assert.are.equal(sched.EXITING, H.wait_until(function() return res end, 3))
+end, 30)

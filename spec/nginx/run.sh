@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# spec/nginx/run.sh - run the OpenResty specs in a private nginx against a
+# private redis-server, both on 127.0.0.1 and both always stopped.
+#
+# usage: spec/nginx/run.sh [CASE...]     (default: every spec/nginx/cases/*.lua)
+#
+# Steps: pick two free loopback ports; start redis-server (no persistence,
+# daemonized, pid file under the run dir); write nginx.conf (Debian's nginx
+# with ndk + lua modules, one worker, error log, pid and temp paths under
+# build/nginx-spec) and start nginx; GET /run/<case> for each case file (the
+# harness runs the file inside nginx and answers TAP-like lines); then the
+# external checks (wrk load against a pool while redis is sampled; the old
+# worker exits quickly after a reload). The exiting-worker case, which sends
+# nginx a HUP, runs last. Ends with "N passed, M failed"; exit status 1 on
+# any failure. The run dir stays for inspection (error.log, redis.log).
+#
+# environment: NGINX (default nginx), REDIS_SERVER (default redis-server),
+# EXTRA_LUA_PATH (prepended to lua_package_path, e.g. "/tmp/x/?.lua;"),
+# NGINX_MODULES (default /usr/lib/nginx/modules), KEEP=1 leaves both servers
+# running (for debugging; stop them yourself).
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+run=$root/build/nginx-spec
+nginx_bin=${NGINX:-nginx}
+redis_bin=${REDIS_SERVER:-redis-server}
+mods=${NGINX_MODULES:-/usr/lib/nginx/modules}
+
+passed=0 failed=0
+note() { echo "nginx-spec: $*"; }
+
+die() {
+  note "$*"
+  echo "0 passed, 1 failed"
+  exit 1
+}
+
+command -v "$nginx_bin" >/dev/null || die "no nginx ($nginx_bin): install nginx libnginx-mod-http-lua lua-resty-core"
+command -v "$redis_bin" >/dev/null || die "no redis-server ($redis_bin)"
+[ -f "$mods/ngx_http_lua_module.so" ] || die "no $mods/ngx_http_lua_module.so (libnginx-mod-http-lua)"
+[ -f "$root/build/luajit/clientpool/core.so" ] || die "build/luajit/clientpool/core.so missing: run make"
+
+rm -rf "$run"
+mkdir -p "$run/tmp" "$run/logs" || die "cannot make $run"
+
+# Free loopback ports: bind port 0 and read back what the kernel gave.
+free_port() {
+  lua5.1 -e 'local s = assert(require("socket").bind("127.0.0.1", 0)); local _, p = s:getsockname(); print(p); s:close()' 2>/dev/null ||
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+port=$(free_port); redis_port=$(free_port)
+while [ "$redis_port" = "$port" ]; do redis_port=$(free_port); done
+[ -n "$port" ] && [ -n "$redis_port" ] || die "cannot find free ports"
+
+nginx_pid() { cat "$run/nginx.pid" 2>/dev/null; }
+
+cleanup() {
+  local rc=$?
+  if [ "${KEEP:-0}" = 1 ]; then
+    note "KEEP=1: nginx (pid $(nginx_pid)) and redis (port $redis_port) left running"
+    return $rc
+  fi
+  local pid workers
+  pid=$(nginx_pid)
+  [ -n "$pid" ] || pid=${master_pid:-}
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    workers=$(ps -o pid= --ppid "$pid" 2>/dev/null)
+    kill -QUIT "$pid" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      note "nginx did not stop in 5 s: killing master $pid and workers" $workers
+      workers=$(ps -o pid= --ppid "$pid" 2>/dev/null)
+      kill -KILL "$pid" $workers 2>/dev/null
+    fi
+  fi
+  pid=$(cat "$run/redis.pid" 2>/dev/null)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+  fi
+  return $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- redis
+"$redis_bin" --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize yes --pidfile "$run/redis.pid" --logfile "$run/redis.log" --dir "$run" \
+  || die "redis-server did not start (see $run/redis.log)"
+for _ in $(seq 1 50); do
+  [ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" = PONG ] && break
+  sleep 0.1
+done
+[ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" = PONG ] || die "redis-server does not answer on $redis_port"
+
+# ---------------------------------------------------------------- nginx
+cat >"$run/spec_conf.lua" <<EOF
+-- written by spec/nginx/run.sh
+return {
+  port = $port,
+  redis_port = $redis_port,
+  root = "$root",
+  run = "$run",
+  pid_file = "$run/nginx.pid",
+}
+EOF
+
+cat >"$run/nginx.conf" <<EOF
+# written by spec/nginx/run.sh
+load_module $mods/ndk_http_module.so;
+load_module $mods/ngx_http_lua_module.so;
+
+$([ "$(id -u)" = 0 ] && echo "user root;  # as root (CI): the exiting spec signals the master")
+worker_processes 1;
+env CLIENTPOOL_BACKEND;  # core or ffi (the default on LuaJIT)
+pid $run/nginx.pid;
+error_log $run/error.log info;
+
+events { worker_connections 1024; }
+
+http {
+  access_log off;
+  client_body_temp_path $run/tmp/body;
+  proxy_temp_path $run/tmp/proxy;
+  fastcgi_temp_path $run/tmp/fastcgi;
+  uwsgi_temp_path $run/tmp/uwsgi;
+  scgi_temp_path $run/tmp/scgi;
+
+  lua_package_path "${EXTRA_LUA_PATH:-}$root/spec/nginx/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
+  lua_package_cpath "$root/build/luajit/?.so;;";
+  lua_shared_dict spec 1m;
+
+  init_worker_by_lua_block { require("app").init_worker() }
+
+  server {
+    listen 127.0.0.1:$port;
+    keepalive_timeout 0;
+
+    location = /ping { return 200 "pong\n"; }
+
+    location ~ ^/run/([A-Za-z0-9_]+)\$ {
+      content_by_lua_block { require("harness").run(ngx.var[1]) }
+    }
+
+    location /app/ {
+      content_by_lua_block { require("app").content() }
+    }
+
+    location = /app/wait_abort {
+      lua_check_client_abort on;
+      content_by_lua_block { require("app").content() }
+    }
+
+    location = /phase/set {
+      set_by_lua_block \$probe_result { return require("app").phase_probe("set") }
+      return 200 "\$probe_result\n";
+    }
+    location = /phase/rewrite {
+      rewrite_by_lua_block { require("app").phase_probe("rewrite") }
+      content_by_lua_block { ngx.say(ngx.shared.spec:get(ngx.var.arg_probe)) }
+    }
+    location = /phase/access {
+      access_by_lua_block { require("app").phase_probe("access") }
+      content_by_lua_block { ngx.say(ngx.shared.spec:get(ngx.var.arg_probe)) }
+    }
+    location = /phase/content {
+      content_by_lua_block { ngx.say(require("app").phase_probe("content")) }
+    }
+    location = /phase/header_filter {
+      content_by_lua_block { ngx.say("body") }
+      header_filter_by_lua_block { require("app").phase_probe("header_filter") }
+    }
+    location = /phase/body_filter {
+      content_by_lua_block { ngx.say("body") }
+      body_filter_by_lua_block { if ngx.arg[2] then require("app").phase_probe("body_filter") end }
+    }
+    location = /phase/log {
+      content_by_lua_block {
+        local app = require "app"
+        local pre = app.probes[(ngx.var.arg_probe or "") .. ":content"]
+        if pre then pre() end
+        ngx.say("logged")
+      }
+      log_by_lua_block { require("app").phase_probe("log") }
+    }
+  }
+}
+EOF
+
+"$nginx_bin" -p "$run" -c "$run/nginx.conf" -e "$run/error.log" 2>"$run/nginx.start.log" ||
+  { cat "$run/nginx.start.log"; die "nginx did not start"; }
+for _ in $(seq 1 50); do
+  [ -s "$run/nginx.pid" ] && curl -fs "http://127.0.0.1:$port/ping" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+master_pid=$(nginx_pid)
+curl -fs "http://127.0.0.1:$port/ping" >/dev/null || { tail -20 "$run/error.log"; die "nginx does not answer on $port"; }
+note "nginx pid $master_pid on 127.0.0.1:$port, redis on 127.0.0.1:$redis_port, run dir $run"
+
+# ---------------------------------------------------------------- cases
+if [ $# -gt 0 ]; then
+  cases=("$@")
+else
+  cases=()
+  for f in "$here"/cases/*.lua; do
+    n=$(basename "$f" .lua)
+    case $n in exiting|setup_*) ;; *) cases+=("$n") ;; esac
+  done
+  [ -f "$here/cases/exiting.lua" ] && cases+=(exiting)
+fi
+
+run_case() {
+  local name=$1 out line p f
+  out=$(curl -s -m 300 "http://127.0.0.1:$port/run/$name")
+  echo "$out" | sed "s/^/[$name] /"
+  line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+  if [ -z "$line" ]; then
+    note "$name: no summary line (crashed or timed out); error.log tail:"
+    tail -n 30 "$run/error.log" | sed 's/^/    /'
+    failed=$((failed + 1))
+    return
+  fi
+  read -r p _ f _ <<<"$line"
+  passed=$((passed + p)); failed=$((failed + f))
+}
+
+# A check done from here (outside nginx): name, then a command that succeeds.
+check() {
+  local name=$1; shift
+  if "$@"; then
+    echo "[external] ok - $name"
+    passed=$((passed + 1))
+  else
+    echo "[external] not ok - $name"
+    failed=$((failed + 1))
+  fi
+}
+
+# wrk load on one pool while redis is sampled: never more connections than max_live.
+wrk_load() {
+  local max_live=4 res sample
+  curl -fs "http://127.0.0.1:$port/run/setup_wrk" >"$run/logs/setup_wrk.log" || return 1
+  grep -q '^1 passed, 0 failed$' "$run/logs/setup_wrk.log" || { cat "$run/logs/setup_wrk.log"; return 1; }
+  curl -s -m 20 "http://127.0.0.1:$port/app/sample?name=cp-wrk&secs=3" >"$run/logs/wrk_sample.log" &
+  local sampler=$!
+  sleep 0.2
+  wrk -t2 -c50 -d2s "http://127.0.0.1:$port/app/redis_ping?pool=wrk" >"$run/logs/wrk.log" 2>&1
+  wait "$sampler"
+  sample=$(cat "$run/logs/wrk_sample.log")
+  res=$(grep -E 'Requests/sec|Non-2xx|Socket errors|requests in' "$run/logs/wrk.log" | tr -s ' ' | tr '\n' ';')
+  echo "    wrk: $res sampler: $sample"
+  local max=${sample#max=}; max=${max%% *}
+  [ -n "$max" ] && [ "$max" -ge 1 ] && [ "$max" -le "$max_live" ] || return 1
+  ! grep -q 'Non-2xx' "$run/logs/wrk.log" || return 1
+  grep -q 'requests in' "$run/logs/wrk.log"
+}
+
+# After the reload (exiting case), the old worker must be gone soon, though
+# its pool had a timer task waiting on a long deadline.
+old_worker_gone() {
+  local i
+  for i in $(seq 1 50); do
+    if ! ps -o args= --ppid "$master_pid" 2>/dev/null | grep -q 'shutting down'; then return 0; fi
+    sleep 0.1
+  done
+  ps -o pid=,args= --ppid "$master_pid"
+  return 1
+}
+
+for c in "${cases[@]}"; do
+  if [ "$c" = exiting ] && [ $# -eq 0 ]; then
+    check "wrk -c50 against one pool: redis never sees more than max_live connections" wrk_load
+  fi
+  run_case "$c"
+  if [ "$c" = exiting ]; then
+    check "the exiting worker is gone within 5 s of the reload" old_worker_gone
+  fi
+done
+
+# nginx must not have crashed or logged alerts
+if grep -E '\[(alert|emerg)\]|exited on signal' "$run/error.log" >"$run/logs/alerts.log"; then
+  echo "[external] not ok - error.log has alerts or crashes:"
+  sed 's/^/    /' "$run/logs/alerts.log" | head -20
+  failed=$((failed + 1))
+else
+  echo "[external] ok - no alerts or crashes in error.log"
+  passed=$((passed + 1))
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
