@@ -31,11 +31,12 @@
 --   ngx.now() is the cached wall clock, which steps with NTP and is only
 --   refreshed once per event-loop turn.
 -- * spawn(fn, ...) starts fn at once in a light thread (ngx.thread.spawn) in
---   request phases, because a cosocket belongs to the request that made it: a
---   destroy hook that closes a released client must run there. In the timer
---   phase of the pool's own background task and in phases without light
---   threads (log, header_filter, body_filter, set, init_worker, ...), it
---   uses ngx.timer.at(0). If no timer can be made (too many pending timers),
+--   request phases and user timers, because a cosocket belongs to the
+--   request (or timer) that made it: a destroy hook that closes a released
+--   client must run there. In the pool's background tasks (long-lived: a
+--   light thread leaves a record in its timer until the timer ends) and in
+--   phases without light threads (log, header_filter, body_filter, set,
+--   init_worker, ...), it uses ngx.timer.at(0). If no timer can be made (too many pending timers),
 --   fn runs at once in a protected call.
 -- * background(fn, ...) runs fn in ngx.timer.at(0): the task outlives the
 --   request that started it.
