@@ -203,7 +203,7 @@ function H.run(name)
   local path = conf.root .. "/spec/nginx/cases/" .. name .. ".lua"
   local chunk, lerr = loadfile(path)
   local tests, befores, afters, prefix = {}, {}, {}, {}
-  local passed, failed = 0, 0
+  local passed, failed, skipped = 0, 0, 0
   if not chunk then
     out("not ok 1 - load ", name)
     out("# ", lerr)
@@ -214,7 +214,10 @@ function H.run(name)
   env.assert = luassert
   function env.describe(desc, fn)
     prefix[#prefix + 1] = desc
+    local nb, na = #befores, #afters
     fn()
+    for i = #befores, nb + 1, -1 do befores[i] = nil end
+    for i = #afters, na + 1, -1 do afters[i] = nil end
     prefix[#prefix] = nil
   end
   function env.it(desc, fn, secs)
@@ -238,6 +241,7 @@ function H.run(name)
   out("# ", name, ": ", #tests, " tests")
   for i, t in ipairs(tests) do
     if t.pending then
+      skipped = skipped + 1
       out("ok ", i, " - ", t.name, " # SKIP pending")
     else
       local started = H.now()
@@ -279,6 +283,7 @@ function H.run(name)
       end
     end
   end
+  if skipped > 0 then out("# ", skipped, " pending") end
   out(passed, " passed, ", failed, " failed")
 end
 

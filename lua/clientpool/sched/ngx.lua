@@ -46,7 +46,9 @@
 --   slices of at most a second and raise "clientpool.sched.ngx: worker
 --   exiting" once the worker exits; the driver logs that (at info level:
 --   log() demotes it). Requests wait as usual: nginx finishes them anyway.
--- * sleep = ngx.sleep; log = ngx.log(ngx.ERR, ...).
+-- * sleep(s) = ngx.sleep, continued until s passed by the monotonic clock;
+--   sleep(0) is a turn (woken tasks run first), see sleep().
+-- * log = ngx.log(ngx.ERR, ...).
 local ngx = ngx
 local semaphore = require "ngx.semaphore"
 
@@ -428,14 +430,36 @@ end
 
 --- ngx.sleep; in a timer, in slices that end with EXITING when the worker
 -- exits (see wait()).
+local function wake_task(premature, h) -- luacheck: ignore premature
+  M.wake(h)
+end
+
 function M.sleep(s)
-  if s <= TIMER_SLICE or get_phase() ~= "timer" then return ngx_sleep(s) end
+  if s <= 0 then
+    -- A turn: the tasks that wakes made ready run first. ngx.sleep(0) on
+    -- nginx without OpenResty's posted-delayed-events patch is a zero timer,
+    -- which runs before the posted events (the semaphore wakes) of the
+    -- current turn when armed from a timer handler. A zero timer that posts
+    -- this task's semaphore queues it behind them in both cases.
+    local h = M.current()
+    if h and timer_at(0, wake_task, h) then
+      M.wait(h, nil)
+      retire(h)
+      return
+    end
+    return ngx_sleep(0.001)
+  end
+  -- nginx's timers count from its cached clock, so a sleep can end a little
+  -- early by the monotonic clock: sleep on until s really passed
   local deadline = monotime() + s
+  local tm = get_phase() == "timer"
   while true do
-    if worker_exiting() then error(EXITING, 0) end
+    if tm and worker_exiting() then error(EXITING, 0) end
     local rem = deadline - monotime()
     if rem <= 0 then return end
-    ngx_sleep(rem < TIMER_SLICE and math_ceil(rem * 1000) / 1000 or TIMER_SLICE)
+    local secs = math_ceil(rem * 1000) / 1000
+    if tm and secs > TIMER_SLICE then secs = TIMER_SLICE end
+    ngx_sleep(secs)
   end
 end
 
