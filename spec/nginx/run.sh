@@ -38,6 +38,8 @@ die() {
 
 command -v "$nginx_bin" >/dev/null || die "no nginx ($nginx_bin): install nginx libnginx-mod-http-lua lua-resty-core"
 command -v "$redis_bin" >/dev/null || die "no redis-server ($redis_bin)"
+command -v curl >/dev/null || die "no curl"
+command -v redis-cli >/dev/null || die "no redis-cli (redis-tools)"
 [ -f "$mods/ngx_http_lua_module.so" ] || die "no $mods/ngx_http_lua_module.so (libnginx-mod-http-lua)"
 [ -f "$root/build/luajit/clientpool/core.so" ] || die "build/luajit/clientpool/core.so missing: run make"
 
@@ -241,6 +243,7 @@ check() {
 # wrk load on one pool while redis is sampled: never more connections than max_live.
 wrk_load() {
   local max_live=4 res sample
+  command -v wrk >/dev/null || { echo "    wrk is not installed (apt-get install wrk)"; return 1; }
   curl -fs "http://127.0.0.1:$port/run/setup_wrk" >"$run/logs/setup_wrk.log" || return 1
   grep -q '^1 passed, 0 failed$' "$run/logs/setup_wrk.log" || { cat "$run/logs/setup_wrk.log"; return 1; }
   curl -s -m 20 "http://127.0.0.1:$port/app/sample?name=cp-wrk&secs=3" >"$run/logs/wrk_sample.log" &
