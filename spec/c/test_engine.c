@@ -1,0 +1,2977 @@
+/*
+ * test_engine.c - C tests of the clientpool engine (csrc/engine.c).
+ *
+ * The engine is a pure, clock-injected state machine: every test passes the
+ * time in explicitly and drains the engine's events itself, playing the part
+ * of the driver.
+ *
+ * Build and run (also built by `make test-c` and, under ASan/UBSan, by
+ * `make test-c-asan`):
+ *
+ *   gcc -std=c99 -Wall -Wextra -Werror -pedantic -Wshadow -Wmissing-prototypes \
+ *       -Wstrict-prototypes -O1 -g -Icsrc spec/c/test_engine.c csrc/engine.c \
+ *       csrc/clock.c -lm -o build/test_engine && ./build/test_engine
+ *
+ *   ./build/test_engine [substring]   runs only the tests whose name contains it
+ *   CLIENTPOOL_FUZZ_SEED=n            changes the seed of the randomized test
+ *
+ * Harness.  Each test is a function.  A failing CHECK prints file:line and
+ * the expression, marks the test failed and abandons it (longjmp back to the
+ * runner, which frees the pools and memory the test registered), and the
+ * next test runs.  The program ends by printing one line `N passed, N
+ * failed` and exits non-zero if any test failed.
+ *
+ * Every mutating engine call goes through a wrapper (ACQUIRE, RELEASE_RAW,
+ * TICK, ...) that runs clientpool_check() right after the call and fails the
+ * test if an invariant is broken.  The only exception is the scale test,
+ * where the O(pool size) checker runs every 1000 calls and at each phase
+ * boundary (running it after each of ~300k calls on a 100k-record pool would
+ * take minutes).
+ *
+ * Section 19 holds regression tests for engine bugs found while this suite
+ * was written (see the comment above each).  A test for a bug that is not
+ * fixed yet is named KNOWN_BUG_* and fails with a message that says what was
+ * expected and what happened.
+ *
+ * Sections:
+ *   harness - events - engine-call wrappers - helpers
+ *   1 config            8 FIFO and cross-key order  14 close
+ *   2 lazy creation     9 waiter deadlines/cancel   15 time
+ *   3 reuse, validate  10 abandon                   16 stats identities
+ *   4 idle timeout     11 release                   17 scale
+ *   5 lifetime         12 leak, leak_threshold      18 randomized model test
+ *   6 max_idle         13 retire                    19 regressions (engine bugs)
+ *   7 keys, caps, max_keys, max_concurrency, max_waiting (7a-7d)
+ *
+ * Not covered here (engine features added after this suite was written):
+ * capacity > 1 (shared records, EV_LOST), pause/resume/probe gates,
+ * pause_fail, the warm floor (clientpool_floor/refill, EV_REFILL) and
+ * clientpool_retire_before.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ===================================================================== */
+/* harness                                                               */
+/* ===================================================================== */
+
+static jmp_buf g_jump;
+static const char *g_test = "";
+static int g_failed;
+static char g_ctx[200];          /* context printed with a failure (fuzz seed, step) */
+static long g_stride = 1;        /* run clientpool_check every g_stride calls */
+static long g_calls;
+
+#define OWN_MAX 32
+static clientpool_t *g_pools[OWN_MAX];
+static void *g_mem[OWN_MAX];
+
+static void fail_at(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  printf("FAIL %s\n  %s:%d: ", g_test, file, line);
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  printf("\n");
+  if (g_ctx[0]) printf("  (%s)\n", g_ctx);
+  fflush(stdout);
+  g_failed = 1;
+  longjmp(g_jump, 1);
+}
+
+#define CHECK_AT(e, file, line) \
+  do { if (!(e)) fail_at((file), (line), "CHECK(%s)", #e); } while (0)
+#define CHECK(e) CHECK_AT(e, __FILE__, __LINE__)
+/* a check whose failure message explains what was expected (regressions) */
+#define CHECK_MSG(e, msg) \
+  do { if (!(e)) fail_at(__FILE__, __LINE__, "CHECK(%s)\n  %s", #e, (msg)); } while (0)
+#define CHECK_EQ(a, b) \
+  do { long chk_a_ = (long)(a), chk_b_ = (long)(b); \
+       if (chk_a_ != chk_b_) fail_at(__FILE__, __LINE__, "CHECK(%s == %s): %ld != %ld", \
+                                     #a, #b, chk_a_, chk_b_); } while (0)
+#define CHECK_NEAR(a, b) \
+  do { double chk_x_ = (double)(a), chk_y_ = (double)(b); \
+       if (!(fabs(chk_x_ - chk_y_) <= 1e-9)) fail_at(__FILE__, __LINE__, \
+           "CHECK(%s ~= %s): %.17g != %.17g", #a, #b, chk_x_, chk_y_); } while (0)
+
+static void own_pool(clientpool_t *p) {
+  int i;
+  for (i = 0; i < OWN_MAX; i++) if (!g_pools[i]) { g_pools[i] = p; return; }
+  abort();
+}
+
+static void free_pool(clientpool_t *p) {   /* frees an owned pool before the test ends */
+  int i;
+  for (i = 0; i < OWN_MAX; i++) if (g_pools[i] == p) g_pools[i] = NULL;
+  clientpool_free(p);
+}
+
+static void *own_mem(size_t n) {
+  int i;
+  void *m = calloc(1, n);
+  if (!m) abort();
+  for (i = 0; i < OWN_MAX; i++) if (!g_mem[i]) { g_mem[i] = m; return m; }
+  abort();
+}
+
+static void free_owned(void) {
+  int i;
+  for (i = 0; i < OWN_MAX; i++) {
+    clientpool_free(g_pools[i]);
+    free(g_mem[i]);
+    g_pools[i] = NULL;
+    g_mem[i] = NULL;
+  }
+}
+
+/* deterministic PRNG for the tests (xorshift64*) */
+static uint64_t g_rng = 1;
+static void rng_seed(uint64_t s) { g_rng = s ? s : 0x9E3779B97F4A7C15ULL; }
+static uint32_t rng_u32(void) {
+  uint64_t x = g_rng;
+  x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+  g_rng = x;
+  return (uint32_t)((x * 2685821657736338717ULL) >> 32);
+}
+static int rng_int(int n) { return (int)(rng_u32() % (uint32_t)n); }
+static double rng_unit(void) { return (double)rng_u32() / 4294967296.0; }
+
+static const char *status_name(int s) {
+  switch (s) {
+  case CLIENTPOOL_GRANT_IDLE: return "GRANT_IDLE";
+  case CLIENTPOOL_GRANT_CREATE: return "GRANT_CREATE";
+  case CLIENTPOOL_MUST_WAIT: return "MUST_WAIT";
+  case CLIENTPOOL_PENDING: return "PENDING";
+  case CLIENTPOOL_FULL: return "FULL";
+  case CLIENTPOOL_CLOSED: return "CLOSED";
+  case CLIENTPOOL_TIMEOUT: return "TIMEOUT";
+  case CLIENTPOOL_CANCELLED: return "CANCELLED";
+  case CLIENTPOOL_STALE: return "STALE";
+  case CLIENTPOOL_PAUSED: return "PAUSED";
+  default: return "?";
+  }
+}
+
+#define CHECK_STATUS(got, want) \
+  do { int chk_s_ = (got), chk_w_ = (want); \
+       if (chk_s_ != chk_w_) fail_at(__FILE__, __LINE__, "CHECK(%s == %s): got %s (%d)", \
+                                     #got, #want, status_name(chk_s_), chk_s_); } while (0)
+
+/* ===================================================================== */
+/* events: drain the queue into g_ev and ask questions about it           */
+/* ===================================================================== */
+
+#define EVCAP 2048
+static clientpool_event_t g_ev[EVCAP];
+static int g_nev;
+#define EVTYPES 16
+static long g_evcount[EVTYPES];      /* by type, this drain */
+static long g_evby[CLIENTPOOL_BY_COUNT];   /* DESTROY by reason, this drain */
+
+static void drain(clientpool_t *p) {
+  clientpool_event_t e;
+  g_nev = 0;
+  memset(g_evcount, 0, sizeof g_evcount);
+  memset(g_evby, 0, sizeof g_evby);
+  while (clientpool_next_event(p, &e) != CLIENTPOOL_EV_NONE) {
+    if (e.type >= 0 && e.type < EVTYPES) g_evcount[e.type]++;
+    if (e.type == CLIENTPOOL_EV_DESTROY && e.b >= 0 && e.b < CLIENTPOOL_BY_COUNT) g_evby[e.b]++;
+    if (g_nev < EVCAP) g_ev[g_nev++] = e;
+  }
+}
+
+static long n_events(int type) { return g_evcount[type]; }
+
+/* index of the first event matching, or -1; a field < 0 (or gen ~0) matches anything */
+static int find_ev(int type, int32_t a, int32_t b, int32_t c) {
+  int i;
+  for (i = 0; i < g_nev; i++) {
+    const clientpool_event_t *e = &g_ev[i];
+    if (e->type == type && (a < 0 || e->a == a) && (b < 0 || e->b == b) && (c < 0 || e->c == c))
+      return i;
+  }
+  return -1;
+}
+
+static int count_ev(int type, int32_t a, int32_t b) {
+  int i, n = 0;
+  for (i = 0; i < g_nev; i++)
+    if (g_ev[i].type == type && (a < 0 || g_ev[i].a == a) && (b < 0 || g_ev[i].b == b)) n++;
+  return n;
+}
+
+static int n_destroy(int32_t rec, int32_t reason) { return count_ev(CLIENTPOOL_EV_DESTROY, rec, reason); }
+static int n_wake(int32_t w, uint32_t gen) { return count_ev(CLIENTPOOL_EV_WAKE, w, (int32_t)gen); }
+static int n_key_free(int32_t k) { return count_ev(CLIENTPOOL_EV_KEY_FREE, k, -1); }
+static int n_leak(int32_t l, uint32_t gen) { return count_ev(CLIENTPOOL_EV_LEAK, l, (int32_t)gen); }
+
+static double last_timer(void) {   /* t of the last EV_TIMER of this drain, or -1 */
+  int i;
+  for (i = g_nev - 1; i >= 0; i--) if (g_ev[i].type == CLIENTPOOL_EV_TIMER) return g_ev[i].t;
+  return -1;
+}
+
+#define EXPECT_DESTROY(rec, reason) \
+  do { if (n_destroy((rec), (reason)) != 1) fail_at(__FILE__, __LINE__, \
+       "expected one EV_DESTROY of record %d with reason %d, got %d (destroys this drain: %ld)", \
+       (int)(rec), (int)(reason), n_destroy((rec), (reason)), n_events(CLIENTPOOL_EV_DESTROY)); } while (0)
+#define EXPECT_WAKE(wh) \
+  do { if (n_wake((wh).w, (wh).gen) != 1) fail_at(__FILE__, __LINE__, \
+       "expected one EV_WAKE of waiter %d/%u, got %d", (int)(wh).w, (unsigned)(wh).gen, \
+       n_wake((wh).w, (wh).gen)); } while (0)
+#define EXPECT_NO_WAKE(wh) CHECK(n_wake((wh).w, (wh).gen) == 0)
+
+/* ===================================================================== */
+/* engine-call wrappers: each runs clientpool_check() after the call      */
+/* ===================================================================== */
+
+static void after(clientpool_t *p, const char *file, int line, const char *what) {
+  char buf[512];
+  if (g_stride > 1 && ++g_calls % g_stride != 0) return;
+  buf[0] = 0;
+  if (clientpool_check(p, buf, sizeof buf) != 0)
+    fail_at(file, line, "clientpool_check after %s: %s", what, buf);
+}
+
+static void check_full(clientpool_t *p, const char *file, int line) {
+  long s = g_stride;
+  g_stride = 1;
+  after(p, file, line, "(explicit check)");
+  g_stride = s;
+}
+#define INVARIANTS(p) check_full((p), __FILE__, __LINE__)
+
+static int w_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g,
+                     const char *file, int line) {
+  int rc = clientpool_acquire(p, k, now, g);
+  after(p, file, line, "clientpool_acquire");
+  return rc;
+}
+static int32_t w_wait(clientpool_t *p, int32_t k, double deadline, double now, uint32_t *gen,
+                      const char *file, int line) {
+  int32_t rc = clientpool_wait(p, k, deadline, now, gen);
+  after(p, file, line, "clientpool_wait");
+  return rc;
+}
+static int w_created(clientpool_t *p, int32_t r, int32_t ok, double now, const char *file, int line) {
+  int rc = clientpool_created(p, r, ok, now);
+  after(p, file, line, "clientpool_created");
+  return rc;
+}
+static int w_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason, double now,
+                     const char *file, int line) {
+  int rc = clientpool_release(p, l, gen, reason, now);
+  after(p, file, line, "clientpool_release");
+  return rc;
+}
+static int w_claim(clientpool_t *p, int32_t w, uint32_t gen, double now, clientpool_grant_t *g,
+                   const char *file, int line) {
+  int rc = clientpool_claim(p, w, gen, now, g);
+  after(p, file, line, "clientpool_claim");
+  return rc;
+}
+static int w_cancel(clientpool_t *p, int32_t w, uint32_t gen, int32_t st, double now,
+                    clientpool_grant_t *g, const char *file, int line) {
+  int rc = clientpool_cancel(p, w, gen, st, now, g);
+  after(p, file, line, "clientpool_cancel");
+  return rc;
+}
+static int w_abandon(clientpool_t *p, int32_t w, uint32_t gen, double now, const char *file, int line) {
+  int rc = clientpool_abandon(p, w, gen, now);
+  after(p, file, line, "clientpool_abandon");
+  return rc;
+}
+static int w_leak(clientpool_t *p, int32_t l, uint32_t gen, double now, const char *file, int line) {
+  int rc = clientpool_leak(p, l, gen, now);
+  after(p, file, line, "clientpool_leak");
+  return rc;
+}
+static int w_retire(clientpool_t *p, int32_t r, double now, const char *file, int line) {
+  int rc = clientpool_retire(p, r, now);
+  after(p, file, line, "clientpool_retire");
+  return rc;
+}
+static void w_tick(clientpool_t *p, double now, const char *file, int line) {
+  clientpool_tick(p, now);
+  after(p, file, line, "clientpool_tick");
+}
+static void w_close(clientpool_t *p, double now, const char *file, int line) {
+  clientpool_close(p, now);
+  after(p, file, line, "clientpool_close");
+}
+static int32_t w_key_open(clientpool_t *p, const char *file, int line) {
+  int32_t k = clientpool_key_open(p);
+  after(p, file, line, "clientpool_key_open");
+  return k;
+}
+static int w_key_pin(clientpool_t *p, int32_t k, int32_t on, const char *file, int line) {
+  int rc = clientpool_key_pin(p, k, on);
+  after(p, file, line, "clientpool_key_pin");
+  return rc;
+}
+static int w_key_forget(clientpool_t *p, int32_t k, const char *file, int line) {
+  int rc = clientpool_key_forget(p, k);
+  after(p, file, line, "clientpool_key_forget");
+  return rc;
+}
+
+#define ACQUIRE(p, k, now, g) w_acquire((p), (k), (now), (g), __FILE__, __LINE__)
+#define WAIT_RAW(p, k, dl, now, gen) w_wait((p), (k), (dl), (now), (gen), __FILE__, __LINE__)
+#define CREATED(p, r, ok, now) w_created((p), (r), (ok), (now), __FILE__, __LINE__)
+#define RELEASE_RAW(p, l, gen, reason, now) w_release((p), (l), (gen), (reason), (now), __FILE__, __LINE__)
+#define CLAIM(p, wh, now, g) w_claim((p), (wh).w, (wh).gen, (now), (g), __FILE__, __LINE__)
+#define CANCEL(p, wh, st, now, g) w_cancel((p), (wh).w, (wh).gen, (st), (now), (g), __FILE__, __LINE__)
+#define ABANDON(p, wh, now) w_abandon((p), (wh).w, (wh).gen, (now), __FILE__, __LINE__)
+#define LEAK(p, h, now) w_leak((p), (h).lease, (h).gen, (now), __FILE__, __LINE__)
+#define RETIRE(p, r, now) w_retire((p), (r), (now), __FILE__, __LINE__)
+#define TICK(p, now) w_tick((p), (now), __FILE__, __LINE__)
+#define CLOSE(p, now) w_close((p), (now), __FILE__, __LINE__)
+#define KEY_OPEN(p) w_key_open((p), __FILE__, __LINE__)
+#define KEY_PIN(p, k, on) w_key_pin((p), (k), (on), __FILE__, __LINE__)
+#define KEY_FORGET(p, k) w_key_forget((p), (k), __FILE__, __LINE__)
+
+/* ===================================================================== */
+/* helpers                                                               */
+/* ===================================================================== */
+
+typedef struct { int32_t lease; uint32_t gen; int32_t record; int32_t key; } hold_t;
+typedef struct { int32_t w; uint32_t gen; } waiter_h;
+
+static hold_t hold_of(const clientpool_grant_t *g) {
+  hold_t h;
+  h.lease = g->lease; h.gen = g->lease_gen; h.record = g->record; h.key = g->key;
+  return h;
+}
+
+static clientpool_config_t cfg_base(void) {
+  clientpool_config_t c;
+  memset(&c, 0, sizeof c);
+  c.min_idle = 0;
+  c.max_idle = 4;
+  c.max_live = 4;
+  c.max_concurrency = 4;
+  c.max_waiting = 8;
+  c.capacity = 1;
+  c.key_max_live = -1;
+  c.key_max_idle = -1;
+  c.max_keys = -1;
+  c.idle_timeout = -1;
+  c.max_lifetime = -1;
+  c.lifetime_jitter = 0;
+  c.validate_after_idle = -1;
+  c.leak_threshold = -1;
+  c.seed = 1;
+  return c;
+}
+
+static clientpool_t *pool_at(const clientpool_config_t *c, const char *file, int line) {
+  clientpool_t *p = NULL;
+  int rc = clientpool_new(c, &p);
+  if (rc != CLIENTPOOL_OK || !p) fail_at(file, line, "clientpool_new failed: %d", rc);
+  own_pool(p);
+  after(p, file, line, "clientpool_new");
+  return p;
+}
+#define POOL(c) pool_at(&(c), __FILE__, __LINE__)
+
+static int32_t key_at(clientpool_t *p, int pinned, const char *file, int line) {
+  int32_t k = w_key_open(p, file, line);
+  if (k < 0) fail_at(file, line, "clientpool_key_open failed: %d", (int)k);
+  if (pinned && w_key_pin(p, k, 1, file, line) != 0) fail_at(file, line, "key_pin failed");
+  return k;
+}
+#define PKEY(p) key_at((p), 1, __FILE__, __LINE__)   /* pinned: never forgotten */
+#define UKEY(p) key_at((p), 0, __FILE__, __LINE__)   /* forgotten once empty */
+
+/* an acquire that must reserve, followed by a successful create */
+static hold_t lease_new_at(clientpool_t *p, int32_t k, double now, const char *file, int line) {
+  clientpool_grant_t g;
+  int st = w_acquire(p, k, now, &g, file, line);
+  if (st != CLIENTPOOL_GRANT_CREATE)
+    fail_at(file, line, "acquire(key %d) gave %s, expected GRANT_CREATE", (int)k, status_name(st));
+  CHECK_AT(g.record >= 0 && g.lease >= 0 && g.key == k, file, line);
+  if (w_created(p, g.record, 1, now, file, line) != 0) fail_at(file, line, "created(ok) failed");
+  return hold_of(&g);
+}
+#define NEW_LEASE(p, k, now) lease_new_at((p), (k), (now), __FILE__, __LINE__)
+
+/* an acquire that must hand out an idle record; *g (optional) gets the grant */
+static hold_t lease_idle_at(clientpool_t *p, int32_t k, double now, clientpool_grant_t *out,
+                            const char *file, int line) {
+  clientpool_grant_t g;
+  int st = w_acquire(p, k, now, &g, file, line);
+  if (st != CLIENTPOOL_GRANT_IDLE)
+    fail_at(file, line, "acquire(key %d) gave %s, expected GRANT_IDLE", (int)k, status_name(st));
+  CHECK_AT(g.record >= 0 && g.lease >= 0 && g.key == k, file, line);
+  if (out) *out = g;
+  return hold_of(&g);
+}
+#define REUSE(p, k, now, g) lease_idle_at((p), (k), (now), (g), __FILE__, __LINE__)
+
+static void release_at(clientpool_t *p, hold_t h, int32_t reason, double now, const char *file, int line) {
+  int rc = w_release(p, h.lease, h.gen, reason, now, file, line);
+  if (rc != 0) fail_at(file, line, "release(lease %d/%u) gave %s", (int)h.lease, (unsigned)h.gen, status_name(rc));
+}
+#define RELEASE(p, h, now) release_at((p), (h), -1, (now), __FILE__, __LINE__)
+#define RELEASE_AS(p, h, reason, now) release_at((p), (h), (reason), (now), __FILE__, __LINE__)
+
+static waiter_h wait_at(clientpool_t *p, int32_t k, double deadline, double now, const char *file, int line) {
+  waiter_h wh;
+  wh.gen = 0;
+  wh.w = w_wait(p, k, deadline, now, &wh.gen, file, line);
+  if (wh.w < 0) fail_at(file, line, "wait(key %d) gave %d", (int)k, (int)wh.w);
+  return wh;
+}
+#define WAIT(p, k, deadline, now) wait_at((p), (k), (deadline), (now), __FILE__, __LINE__)
+
+static void must_wait_at(clientpool_t *p, int32_t k, double now, const char *file, int line) {
+  clientpool_grant_t g;
+  int st = w_acquire(p, k, now, &g, file, line);
+  if (st != CLIENTPOOL_MUST_WAIT)
+    fail_at(file, line, "acquire(key %d) gave %s, expected MUST_WAIT", (int)k, status_name(st));
+}
+#define MUST_WAIT(p, k, now) must_wait_at((p), (k), (now), __FILE__, __LINE__)
+
+static clientpool_stats_t pstats(const clientpool_t *p) {
+  clientpool_stats_t s;
+  clientpool_stats(p, -1, &s);
+  return s;
+}
+
+static clientpool_stats_t kstats_at(const clientpool_t *p, int32_t k, const char *file, int line) {
+  clientpool_stats_t s;
+  memset(&s, 0, sizeof s);
+  if (clientpool_stats(p, k, &s) != 0) fail_at(file, line, "stats of key %d: unknown key", (int)k);
+  return s;
+}
+#define KSTATS(p, k) kstats_at((p), (k), __FILE__, __LINE__)
+
+static int stats_equal(const clientpool_stats_t *a, const clientpool_stats_t *b) {
+  int i;
+  if (a->opened != b->opened || a->reused != b->reused || a->closed != b->closed ||
+      a->leaked != b->leaked || a->timeouts != b->timeouts || a->rejected != b->rejected ||
+      a->cancelled != b->cancelled || a->create_failed != b->create_failed ||
+      a->wait_count != b->wait_count || a->wait_time != b->wait_time) return 0;
+  for (i = 0; i < CLIENTPOOL_BY_COUNT; i++) if (a->closed_by[i] != b->closed_by[i]) return 0;
+  return a->live == b->live && a->idle == b->idle && a->active == b->active &&
+         a->leases == b->leases && a->creating == b->creating && a->waiting == b->waiting;
+}
+
+/* The pool's counters equal the sum over the given keys (all keys in use,
+ * none ever forgotten), opened - closed == live and sum(closed_by) == closed. */
+static void check_sums_at(const clientpool_t *p, const int32_t *keys, int n, const char *file, int line) {
+  clientpool_stats_t s = pstats(p), sum, k;
+  double by = 0;
+  int i, j;
+  memset(&sum, 0, sizeof sum);
+  for (i = 0; i < n; i++) {
+    double kby = 0;
+    k = kstats_at(p, keys[i], file, line);
+    CHECK_AT(k.opened - k.closed == k.live, file, line);
+    for (j = 0; j < CLIENTPOOL_BY_COUNT; j++) { sum.closed_by[j] += k.closed_by[j]; kby += k.closed_by[j]; }
+    CHECK_AT(kby == k.closed, file, line);
+    sum.opened += k.opened; sum.reused += k.reused; sum.closed += k.closed; sum.leaked += k.leaked;
+    sum.timeouts += k.timeouts; sum.rejected += k.rejected; sum.cancelled += k.cancelled;
+    sum.create_failed += k.create_failed; sum.wait_count += k.wait_count; sum.wait_time += k.wait_time;
+    sum.live += k.live; sum.idle += k.idle; sum.active += k.active; sum.leases += k.leases;
+    sum.creating += k.creating; sum.waiting += k.waiting;
+  }
+  for (j = 0; j < CLIENTPOOL_BY_COUNT; j++) by += s.closed_by[j];
+  CHECK_AT(s.opened - s.closed == s.live, file, line);
+  CHECK_AT(by == s.closed, file, line);
+  CHECK_AT(fabs(sum.wait_time - s.wait_time) < 1e-9, file, line);
+  sum.wait_time = s.wait_time;
+  if (!stats_equal(&sum, &s))
+    fail_at(file, line, "per-key stats do not sum to the pool's (live %d/%d idle %d/%d leases %d/%d "
+            "opened %g/%g closed %g/%g)", sum.live, s.live, sum.idle, s.idle, sum.leases, s.leases,
+            sum.opened, s.opened, sum.closed, s.closed);
+}
+#define CHECK_SUMS(p, keys, n) check_sums_at((p), (keys), (n), __FILE__, __LINE__)
+
+/* ===================================================================== */
+/* 1. config                                                             */
+/* ===================================================================== */
+
+static void t_config_rejects_outside_envelope(void) {
+  struct { const char *what; clientpool_config_t c; } bad[24];
+  clientpool_config_t c;
+  int n = 0, i;
+  clientpool_t *p;
+  /* each case breaks exactly one rule of a good config */
+#define BAD(stmt) do { c = cfg_base(); stmt; bad[n].what = #stmt; bad[n].c = c; n++; } while (0)
+  BAD(c.max_live = 0; c.max_idle = 0);
+  BAD(c.max_live = -1; c.max_idle = 0);
+  BAD(c.min_idle = 3; c.max_idle = 2);
+  BAD(c.min_idle = -1);
+  BAD(c.max_idle = 5);                      /* > max_live 4 */
+  BAD(c.max_idle = -1);
+  BAD(c.max_concurrency = 0);
+  BAD(c.capacity = 0);
+  BAD(c.capacity = -1);
+  BAD(c.max_waiting = -1);
+  BAD(c.key_max_live = 5);                  /* > max_live 4 */
+  BAD(c.key_max_live = 0);
+  BAD(c.key_max_idle = 5);                  /* > max_idle 4 */
+  BAD(c.max_keys = 0);
+  BAD(c.lifetime_jitter = -0.01);
+  BAD(c.lifetime_jitter = 1.0);
+  BAD(c.lifetime_jitter = 2.0);
+  BAD(c.lifetime_jitter = NAN);
+  BAD(c.lifetime_jitter = INFINITY);
+#undef BAD
+  for (i = 0; i < n; i++) {
+    int rc;
+    p = (clientpool_t *)&c;                 /* poison: must come back NULL */
+    rc = clientpool_new(&bad[i].c, &p);
+    if (rc == CLIENTPOOL_OK && p) clientpool_free(p);
+    if (rc != CLIENTPOOL_EINVAL || p != NULL)
+      fail_at(__FILE__, __LINE__, "config { %s } gave rc %d (want EINVAL and *out NULL)", bad[i].what, rc);
+  }
+  p = (clientpool_t *)&c;
+  CHECK(clientpool_new(NULL, &p) == CLIENTPOOL_EINVAL && p == NULL);
+}
+
+static void t_config_accepts_envelope_edges(void) {
+  clientpool_config_t good[10], c;
+  int n = 0, i;
+  good[n++] = cfg_base();
+  c = cfg_base(); c.min_idle = 4; c.max_idle = 4; c.max_live = 4; good[n++] = c;
+  c = cfg_base(); c.max_idle = 0; c.max_waiting = 0; good[n++] = c;
+  c = cfg_base(); c.key_max_live = 4; c.key_max_idle = 4; c.max_keys = 1; good[n++] = c;
+  c = cfg_base(); c.key_max_live = 1; c.key_max_idle = 0; good[n++] = c;
+  c = cfg_base(); c.lifetime_jitter = 0.999; c.max_lifetime = 10; good[n++] = c;
+  c = cfg_base(); c.max_concurrency = 1000; c.max_live = 1; c.max_idle = 1; good[n++] = c;
+  c = cfg_base(); c.capacity = 8; good[n++] = c;     /* shared records (HTTP/2-style) */
+  c = cfg_base(); c.idle_timeout = 1; c.max_lifetime = 2; c.validate_after_idle = 0.5;
+  c.leak_threshold = 3; c.seed = 0; good[n++] = c;
+  for (i = 0; i < n; i++) {
+    clientpool_t *p = NULL;
+    clientpool_stats_t s;
+    CHECK_EQ(clientpool_new(&good[i], &p), CLIENTPOOL_OK);
+    CHECK(p != NULL);
+    own_pool(p);
+    INVARIANTS(p);
+    s = pstats(p);
+    CHECK(s.live == 0 && s.idle == 0 && s.leases == 0 && s.waiting == 0 && s.opened == 0);
+    CHECK_NEAR(clientpool_next_deadline(p), -1);
+    CHECK_EQ(clientpool_pending(p), 0);
+    CHECK_EQ(clientpool_is_closed(p), 0);
+    free_pool(p);
+  }
+  clientpool_free(NULL);                    /* accepted */
+}
+
+/* ===================================================================== */
+/* 2. lazy creation                                                      */
+/* ===================================================================== */
+
+static void t_create_first_acquire_reserves(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  int i;
+
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK(g.record >= 0 && g.lease >= 0 && g.key == k && g.validate == 0);
+  CHECK_EQ(clientpool_record_key(p, g.record), k);
+  s = pstats(p);
+  CHECK(s.creating == 1 && s.live == 0 && s.leases == 1 && s.active == 0 && s.opened == 0);
+  /* a reservation's lease is not valid before created(ok) */
+  CHECK_STATUS(RELEASE_RAW(p, g.lease, g.lease_gen, -1, 0), CLIENTPOOL_STALE);
+  drain(p);
+
+  CHECK_EQ(CREATED(p, g.record, 1, 0.5), 0);
+  drain(p);
+  i = find_ev(CLIENTPOOL_EV_CREATED, g.record, -1, k);
+  CHECK(i >= 0);
+  s = pstats(p);
+  CHECK(s.live == 1 && s.opened == 1 && s.active == 1 && s.creating == 0 && s.leases == 1);
+  s = KSTATS(p, k);
+  CHECK(s.live == 1 && s.opened == 1 && s.active == 1);
+  CHECK_NEAR(clientpool_lease_age(p, g.lease, g.lease_gen, 1.0), 1.0);   /* held since the grant at 0 */
+  CHECK_STATUS(CREATED(p, g.record, 1, 1), CLIENTPOOL_STALE);            /* not creating any more */
+
+  RELEASE(p, hold_of(&g), 1);
+  s = pstats(p);
+  CHECK(s.live == 1 && s.idle == 1 && s.active == 0 && s.leases == 0);
+}
+
+static void t_create_failure_forfeits(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  drain(p);
+  CHECK_EQ(CREATED(p, g.record, 0, 1), 0);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);   /* no client was made: nothing to destroy */
+  CHECK_EQ(n_events(CLIENTPOOL_EV_CREATED), 0);
+  s = pstats(p);
+  CHECK(s.live == 0 && s.creating == 0 && s.leases == 0 && s.idle == 0);
+  CHECK(s.create_failed == 1 && s.opened == 0 && s.closed == 0);
+  CHECK(KSTATS(p, k).create_failed == 1);
+  CHECK_EQ(clientpool_record_key(p, g.record), -1);
+  CHECK_STATUS(CREATED(p, g.record, 0, 1), CLIENTPOOL_STALE);
+  CHECK_STATUS(CREATED(p, g.record, 1, 1), CLIENTPOOL_STALE);
+  CHECK_STATUS(RELEASE_RAW(p, g.lease, g.lease_gen, -1, 1), CLIENTPOOL_STALE);
+  /* the capacity is back: a new acquire reserves again */
+  CHECK_STATUS(ACQUIRE(p, k, 2, &g), CLIENTPOOL_GRANT_CREATE);
+}
+
+static void t_create_failure_hands_capacity_to_waiter(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  clientpool_grant_t g1, g2;
+  waiter_h w;
+  clientpool_stats_t s;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g1), CLIENTPOOL_GRANT_CREATE);
+  MUST_WAIT(p, k, 0);
+  w = WAIT(p, k, -1, 0);
+  CHECK_STATUS(CLAIM(p, w, 0, &g2), CLIENTPOOL_PENDING);
+  drain(p);
+
+  CHECK_EQ(CREATED(p, g1.record, 0, 2), 0);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 2, &g2), CLIENTPOOL_GRANT_CREATE);
+  CHECK_NEAR(g2.waited, 2);
+  CHECK(g2.key == k && g2.record >= 0);
+  CHECK_EQ(CREATED(p, g2.record, 1, 3), 0);
+  s = pstats(p);
+  CHECK(s.live == 1 && s.opened == 1 && s.create_failed == 1 && s.leases == 1 && s.waiting == 0);
+  RELEASE(p, hold_of(&g2), 4);
+  CHECK_STATUS(RELEASE_RAW(p, g1.lease, g1.lease_gen, -1, 4), CLIENTPOOL_STALE);
+}
+
+/* ===================================================================== */
+/* 3. reuse (LIFO) and validate                                          */
+/* ===================================================================== */
+
+static void t_reuse_lifo(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h1, h2, x;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+
+  h1 = NEW_LEASE(p, k, 0);
+  h2 = NEW_LEASE(p, k, 0);
+  RELEASE(p, h1, 1);
+  RELEASE(p, h2, 2);
+  x = REUSE(p, k, 3, &g);                   /* most recently released first */
+  CHECK_EQ(x.record, h2.record);
+  CHECK_NEAR(g.idle, 1);
+  x = REUSE(p, k, 4, &g);
+  CHECK_EQ(x.record, h1.record);
+  CHECK_NEAR(g.idle, 3);
+  s = pstats(p);
+  CHECK(s.reused == 2 && s.opened == 2 && s.idle == 0 && s.active == 2);
+  CHECK(KSTATS(p, k).reused == 2);
+  RELEASE(p, x, 5);                         /* h1's record back on top */
+  x = REUSE(p, k, 6, &g);
+  CHECK_EQ(x.record, h1.record);
+  CHECK(pstats(p).reused == 3);
+}
+
+static void t_validate_after_idle(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  clientpool_grant_t g;
+
+  c.validate_after_idle = 1.0;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE(p, h, 0);
+  h = REUSE(p, k, 0.5, &g);
+  CHECK(g.validate == 0); CHECK_NEAR(g.idle, 0.5);     /* used recently: skip validate */
+  RELEASE(p, h, 0.5);
+  h = REUSE(p, k, 1.5, &g);
+  CHECK(g.validate == 1); CHECK_NEAR(g.idle, 1.0);     /* idle == validate_after_idle */
+  RELEASE(p, h, 1.5);
+  h = REUSE(p, k, 4, &g);
+  CHECK(g.validate == 1); CHECK_NEAR(g.idle, 2.5);
+  RELEASE(p, h, 4);
+
+  c.validate_after_idle = -1;                          /* none: always validate */
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE(p, h, 0);
+  h = REUSE(p, k, 0, &g);
+  CHECK(g.validate == 1); CHECK_NEAR(g.idle, 0);
+
+  c.validate_after_idle = 0;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE(p, h, 1);
+  h = REUSE(p, k, 1, &g);
+  CHECK(g.validate == 1);
+}
+
+/* ===================================================================== */
+/* 4. idle timeout, next_deadline, EV_TIMER                              */
+/* ===================================================================== */
+
+static void t_idle_timeout_at_acquire(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, x;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  c.idle_timeout = 10;
+  p = POOL(c);
+  k = PKEY(p);        /* unpinned: t_regress_acquire_expired_idle_keeps_key */
+
+  h = NEW_LEASE(p, k, 0);
+  RELEASE(p, h, 1);
+  x = REUSE(p, k, 10.5, &g);                /* 9.5s idle: still fresh */
+  CHECK_EQ(x.record, h.record);
+  RELEASE(p, x, 11);
+  drain(p);
+  CHECK_STATUS(ACQUIRE(p, k, 21, &g), CLIENTPOOL_GRANT_CREATE);   /* idle exactly 10s */
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_IDLE);
+  CHECK(find_ev(CLIENTPOOL_EV_DESTROY, h.record, CLIENTPOOL_BY_IDLE, k) >= 0);
+  s = pstats(p);
+  CHECK(s.closed_by[CLIENTPOOL_BY_IDLE] == 1 && s.live == 0 && s.creating == 1 && s.idle == 0);
+}
+
+static void t_idle_timeout_by_tick(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h1, h2, x;
+  clientpool_stats_t s;
+  c.idle_timeout = 10;
+  p = POOL(c);
+  k = UKEY(p);
+
+  h1 = NEW_LEASE(p, k, 0);
+  h2 = NEW_LEASE(p, k, 0);
+  CHECK_NEAR(clientpool_next_deadline(p), -1);          /* nothing idle, no other deadline */
+  RELEASE(p, h1, 1);
+  RELEASE(p, h2, 3);
+  CHECK_NEAR(clientpool_next_deadline(p), 11);          /* oldest idle_since + idle_timeout */
+  x = REUSE(p, k, 4, NULL);                             /* takes h2 (LIFO) */
+  CHECK_EQ(x.record, h2.record);
+  CHECK_NEAR(clientpool_next_deadline(p), 11);
+  RELEASE(p, x, 5);                                     /* h2 idle since 5 */
+  CHECK_NEAR(clientpool_next_deadline(p), 11);
+  drain(p);
+
+  TICK(p, 10.99);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  TICK(p, 11);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 1);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_IDLE);
+  CHECK_NEAR(clientpool_next_deadline(p), 15);
+  TICK(p, 15);
+  drain(p);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_IDLE);
+  CHECK_EQ(n_key_free(k), 1);                           /* unpinned and empty now */
+  CHECK_NEAR(clientpool_next_deadline(p), -1);
+  s = pstats(p);
+  CHECK(s.live == 0 && s.idle == 0 && s.closed_by[CLIENTPOOL_BY_IDLE] == 2 && s.closed == 2);
+}
+
+static void t_timer_events(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t la, lb;
+  waiter_h w;
+  clientpool_grant_t g;
+  c.max_live = 2; c.max_idle = 2; c.key_max_live = 1; c.idle_timeout = 10;
+  p = POOL(c);
+  a = PKEY(p);
+  b = PKEY(p);
+
+  la = NEW_LEASE(p, a, 0);
+  lb = NEW_LEASE(p, b, 0);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_TIMER), 0);           /* no deadline yet */
+  RELEASE(p, lb, 1);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_TIMER), 1);
+  CHECK_NEAR(last_timer(), 11);
+  MUST_WAIT(p, a, 2);                                   /* a is at its per-key cap */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_TIMER), 0);           /* deadline unchanged: no timer */
+  w = WAIT(p, a, 5, 2);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_TIMER), 1);           /* an earlier deadline appeared */
+  CHECK_NEAR(last_timer(), 5);
+  CHECK_NEAR(clientpool_next_deadline(p), 5);
+  TICK(p, 4);                                           /* the timer is re-armed after a tick */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_TIMER), 1);
+  CHECK_NEAR(last_timer(), 5);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_WAKE), 0);
+  TICK(p, 5);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_TIMER), 1);
+  CHECK_NEAR(last_timer(), 11);
+  CHECK_STATUS(CLAIM(p, w, 5, &g), CLIENTPOOL_TIMEOUT);
+  TICK(p, 11);
+  drain(p);
+  EXPECT_DESTROY(lb.record, CLIENTPOOL_BY_IDLE);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_TIMER), 0);
+  CHECK_NEAR(clientpool_next_deadline(p), -1);
+  RELEASE(p, la, 12);
+  drain(p);
+  CHECK_NEAR(last_timer(), 22);
+}
+
+/* ===================================================================== */
+/* 5. max_lifetime and jitter                                            */
+/* ===================================================================== */
+
+/* Creates n records one after another with max_lifetime 100 and jitter 0.5,
+ * lets each sit idle until tick destroys it, and stores its lifetime. */
+static void lifetimes(uint64_t seed, double *out, int n) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  double now = 0;
+  int i;
+  c.max_live = 1; c.max_idle = 1; c.max_lifetime = 100; c.lifetime_jitter = 0.5; c.seed = seed;
+  p = POOL(c);
+  k = PKEY(p);
+  for (i = 0; i < n; i++) {
+    hold_t h = NEW_LEASE(p, k, now);
+    double d;
+    RELEASE(p, h, now);
+    d = clientpool_next_deadline(p);
+    CHECK(d >= now + 50 && d <= now + 100);              /* [created + L(1-j), created + L] */
+    out[i] = d - now;
+    drain(p);
+    TICK(p, d - 1e-6);
+    drain(p);
+    CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+    TICK(p, d);
+    drain(p);
+    EXPECT_DESTROY(h.record, CLIENTPOOL_BY_LIFETIME);
+    now = d + 1;
+  }
+  CHECK(pstats(p).closed_by[CLIENTPOOL_BY_LIFETIME] == n);
+  free_pool(p);
+}
+
+static void t_lifetime_jitter_window_and_seed(void) {
+  double a[20], b[20], d[20], lo = 1e9, hi = -1;
+  int i, differ = 0;
+  lifetimes(42, a, 20);
+  lifetimes(42, b, 20);
+  lifetimes(7, d, 20);
+  for (i = 0; i < 20; i++) {
+    CHECK(a[i] == b[i]);                    /* same seed: same lifetimes */
+    if (a[i] != d[i]) differ++;
+    if (a[i] < lo) lo = a[i];
+    if (a[i] > hi) hi = a[i];
+  }
+  CHECK(differ > 0);                        /* another seed: other lifetimes */
+  CHECK(hi - lo > 5);                       /* the jitter really spreads them */
+}
+
+static void t_lifetime_without_jitter_exact(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  c.max_lifetime = 10;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 2);
+  RELEASE(p, h, 3);
+  CHECK_NEAR(clientpool_next_deadline(p), 12);
+  drain(p);
+  TICK(p, 12);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_LIFETIME);
+}
+
+static void t_lifetime_leased_destroyed_at_release(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, h2;
+  c.max_lifetime = 10;
+  p = POOL(c);
+  k = PKEY(p);
+
+  h = NEW_LEASE(p, k, 0);                   /* expires at 10 */
+  CHECK_NEAR(clientpool_next_deadline(p), 10);
+  drain(p);
+  TICK(p, 10);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);      /* leased: stays with its holder */
+  CHECK_EQ(pstats(p).live, 1);
+  CHECK(clientpool_lease_age(p, h.lease, h.gen, 10) >= 0);
+  RELEASE(p, h, 12);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_LIFETIME);
+  CHECK(pstats(p).idle == 0 && pstats(p).live == 0);
+
+  h2 = NEW_LEASE(p, k, 20);                 /* expires at 30; released before: idle */
+  RELEASE(p, h2, 25);
+  CHECK_EQ(pstats(p).idle, 1);
+  drain(p);
+  TICK(p, 30);
+  drain(p);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_LIFETIME);
+  CHECK(pstats(p).closed_by[CLIENTPOOL_BY_LIFETIME] == 2);
+}
+
+static void t_lifetime_at_acquire(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  clientpool_grant_t g;
+  c.max_lifetime = 10;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE(p, h, 5);
+  drain(p);
+  CHECK_STATUS(ACQUIRE(p, k, 10, &g), CLIENTPOOL_GRANT_CREATE);   /* met on the way, no tick */
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_LIFETIME);
+}
+
+/* ===================================================================== */
+/* 6. max_idle and key_max_idle                                          */
+/* ===================================================================== */
+
+static void t_max_idle_on_release(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h1, h2, h3;
+  clientpool_stats_t s;
+  c.max_idle = 2;
+  p = POOL(c);
+  k = PKEY(p);
+  h1 = NEW_LEASE(p, k, 0);
+  h2 = NEW_LEASE(p, k, 0);
+  h3 = NEW_LEASE(p, k, 0);
+  RELEASE(p, h1, 1);
+  RELEASE(p, h2, 1);
+  drain(p);
+  RELEASE(p, h3, 2);
+  drain(p);
+  EXPECT_DESTROY(h3.record, CLIENTPOOL_BY_MAX_IDLE);
+  s = pstats(p);
+  CHECK(s.idle == 2 && s.live == 2 && s.closed_by[CLIENTPOOL_BY_MAX_IDLE] == 1);
+}
+
+static void t_key_max_idle_on_release(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t a1, a2, b1;
+  c.key_max_idle = 1;
+  p = POOL(c);
+  a = PKEY(p);
+  b = PKEY(p);
+  a1 = NEW_LEASE(p, a, 0);
+  a2 = NEW_LEASE(p, a, 0);
+  b1 = NEW_LEASE(p, b, 0);
+  RELEASE(p, a1, 1);
+  drain(p);
+  RELEASE(p, a2, 1);
+  drain(p);
+  EXPECT_DESTROY(a2.record, CLIENTPOOL_BY_MAX_IDLE);
+  RELEASE(p, b1, 1);                        /* b's own cap: still room */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  CHECK_EQ(pstats(p).idle, 2);
+  CHECK(KSTATS(p, a).closed_by[CLIENTPOOL_BY_MAX_IDLE] == 1 && KSTATS(p, a).idle == 1);
+  CHECK_EQ(KSTATS(p, b).idle, 1);
+}
+
+static void t_max_idle_zero_still_hands_to_waiter(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, x;
+  waiter_h w;
+  clientpool_grant_t g;
+  c.max_live = 1; c.max_idle = 0;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  MUST_WAIT(p, k, 0);
+  w = WAIT(p, k, -1, 0);
+  drain(p);
+  RELEASE(p, h, 1);                         /* goes straight to the waiter */
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  CHECK_STATUS(CLAIM(p, w, 1, &g), CLIENTPOOL_GRANT_IDLE);
+  CHECK_EQ(g.record, h.record);
+  x = hold_of(&g);
+  RELEASE(p, x, 2);                         /* nobody waits: max_idle 0 destroys it */
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_MAX_IDLE);
+}
+
+/* ===================================================================== */
+/* 7a. per-key caps under the global caps; eviction                       */
+/* ===================================================================== */
+
+static void t_key_max_live_under_global(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b, k3;
+  hold_t a1, x;
+  clientpool_grant_t g;
+  c.key_max_live = 2;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p); k3 = PKEY(p);
+  a1 = NEW_LEASE(p, a, 0);
+  (void)NEW_LEASE(p, a, 0);
+  MUST_WAIT(p, a, 0);                       /* per-key cap, the pool has room */
+  CHECK_EQ(pstats(p).live, 2);
+  (void)NEW_LEASE(p, b, 0);
+  (void)NEW_LEASE(p, b, 0);
+  MUST_WAIT(p, b, 0);
+  MUST_WAIT(p, k3, 0);                      /* global cap, nothing idle */
+  CHECK(KSTATS(p, a).live == 2 && KSTATS(p, b).live == 2 && KSTATS(p, k3).live == 0);
+
+  RELEASE(p, a1, 1);
+  x = REUSE(p, a, 2, NULL);                 /* idle records of a key under its cap are usable */
+  CHECK_EQ(x.record, a1.record);
+  RELEASE(p, x, 3);
+  drain(p);
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_CREATE);   /* by evicting a's idle one */
+  drain(p);
+  EXPECT_DESTROY(a1.record, CLIENTPOOL_BY_EVICTED);
+  CHECK(find_ev(CLIENTPOOL_EV_DESTROY, a1.record, CLIENTPOOL_BY_EVICTED, a) >= 0);
+  CHECK(pstats(p).live + pstats(p).creating == 4);
+}
+
+static void t_evict_lru_idle_of_other_key(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b, k3;
+  hold_t ha, hb, hc;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  c.max_live = 3; c.max_idle = 3;
+  p = POOL(c);
+  a = UKEY(p); b = UKEY(p); k3 = UKEY(p);
+  ha = NEW_LEASE(p, a, 0);
+  hb = NEW_LEASE(p, b, 0);
+  hc = NEW_LEASE(p, k3, 0);
+  RELEASE(p, ha, 1);                        /* least recently used */
+  RELEASE(p, hb, 2);
+  drain(p);
+  CHECK_STATUS(ACQUIRE(p, k3, 3, &g), CLIENTPOOL_GRANT_CREATE);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 1);
+  EXPECT_DESTROY(ha.record, CLIENTPOOL_BY_EVICTED);
+  CHECK_EQ(n_key_free(a), 1);               /* a held only that record */
+  CHECK_EQ(KSTATS(p, b).idle, 1);
+  CHECK_EQ(CREATED(p, g.record, 1, 3), 0);
+  drain(p);
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_CREATE);
+  drain(p);
+  EXPECT_DESTROY(hb.record, CLIENTPOOL_BY_EVICTED);
+  s = pstats(p);
+  CHECK(s.closed_by[CLIENTPOOL_BY_EVICTED] == 2 && s.idle == 0);
+  RELEASE(p, hc, 5);
+}
+
+static void t_no_eviction_when_key_capped(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t hb;
+  c.max_live = 2; c.max_idle = 2; c.key_max_live = 1;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p);
+  (void)NEW_LEASE(p, a, 0);
+  hb = NEW_LEASE(p, b, 0);
+  RELEASE(p, hb, 1);
+  drain(p);
+  MUST_WAIT(p, a, 2);                       /* evicting b's record would not help a */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  CHECK_EQ(pstats(p).idle, 1);
+}
+
+/* ===================================================================== */
+/* 7b. keys: max_keys, forgetting, pinning                               */
+/* ===================================================================== */
+
+static void t_max_keys(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k0, k1, k2;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  c.max_keys = 2;
+  p = POOL(c);
+  k0 = UKEY(p);
+  k1 = UKEY(p);
+  CHECK(k0 != k1);
+  CHECK_EQ(KEY_OPEN(p), CLIENTPOOL_EKEYS);
+  CHECK_STATUS(ACQUIRE(p, k1, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  drain(p);
+  CHECK_EQ(CREATED(p, g.record, 0, 1), 0);  /* k1 holds nothing now: forgotten */
+  drain(p);
+  CHECK_EQ(n_key_free(k1), 1);
+  CHECK_EQ(n_key_free(k0), 0);
+  CHECK(clientpool_stats(p, k1, &s) == CLIENTPOOL_EINVAL);
+  k2 = KEY_OPEN(p);
+  CHECK_EQ(k2, k1);                         /* the id is reused */
+  CHECK_EQ(KSTATS(p, k2).create_failed, 0); /* with fresh counters */
+  CHECK_EQ(KEY_OPEN(p), CLIENTPOOL_EKEYS);
+}
+
+static void t_key_forgotten_after_last_record(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = UKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  uint32_t gen;
+  int id, ik;
+  RELEASE(p, h, 1);                          /* an idle record keeps the key */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_KEY_FREE), 0);
+  h = REUSE(p, k, 2, NULL);
+  RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 3);
+  drain(p);
+  id = find_ev(CLIENTPOOL_EV_DESTROY, h.record, CLIENTPOOL_BY_ERROR, k);
+  ik = find_ev(CLIENTPOOL_EV_KEY_FREE, k, -1, -1);
+  CHECK(id >= 0 && ik > id);                 /* destroyed, then forgotten */
+  CHECK_EQ(clientpool_stats(p, k, &s), CLIENTPOOL_EINVAL);
+  CHECK_STATUS(ACQUIRE(p, k, 4, &g), CLIENTPOOL_STALE);
+  CHECK_EQ(WAIT_RAW(p, k, -1, 4, &gen), -CLIENTPOOL_STALE);
+  CHECK_EQ(KEY_FORGET(p, k), 0);
+}
+
+static void t_key_pinned_not_forgotten(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
+  RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 1);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_KEY_FREE), 0);
+  CHECK_EQ(KEY_FORGET(p, k), 0);            /* pinned */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_KEY_FREE), 0);
+  CHECK_EQ(KSTATS(p, k).closed, 1);
+  CHECK_EQ(KEY_PIN(p, k, 0), 0);            /* unpinned while empty: forgotten */
+  drain(p);
+  CHECK_EQ(n_key_free(k), 1);
+  CHECK_EQ(KEY_PIN(p, k, 1), CLIENTPOOL_EINVAL);
+  CHECK_EQ(KEY_PIN(p, 99, 1), CLIENTPOOL_EINVAL);
+  CHECK_EQ(KEY_PIN(p, -1, 1), CLIENTPOOL_EINVAL);
+}
+
+static void t_key_forget(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t pk, k, k2;
+  hold_t h;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  pk = PKEY(p);
+  h = NEW_LEASE(p, pk, 0);
+  k = UKEY(p);
+  MUST_WAIT(p, k, 0);                       /* changes nothing: k is still open and empty */
+  drain(p);
+  CHECK_EQ(KEY_FORGET(p, pk), 0);           /* pinned and in use */
+  CHECK_EQ(KEY_FORGET(p, k), 1);            /* the driver gives up: k is forgotten */
+  drain(p);
+  CHECK_EQ(n_key_free(k), 1);
+  CHECK_EQ(KEY_FORGET(p, k), 0);
+  CHECK_EQ(KEY_FORGET(p, -1), 0);
+  CHECK_EQ(KEY_FORGET(p, 1000), 0);
+  k2 = UKEY(p);
+  MUST_WAIT(p, k2, 1);
+  (void)WAIT(p, k2, -1, 1);
+  CHECK_EQ(KEY_FORGET(p, k2), 0);           /* holds a waiter */
+  CHECK_EQ(KEY_PIN(p, pk, 0), 0);
+  CHECK_EQ(KEY_FORGET(p, pk), 0);           /* holds a lease */
+  RELEASE(p, h, 2);                         /* goes to k2's waiter by eviction */
+  drain(p);
+  CHECK_EQ(n_key_free(pk), 1);
+}
+
+/* ===================================================================== */
+/* 7c. max_concurrency                                                   */
+/* ===================================================================== */
+
+static void t_max_concurrency_independent_of_max_live(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t a, b;
+  waiter_h w;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  c.max_live = 4; c.max_concurrency = 2;
+  p = POOL(c);
+  k = PKEY(p);
+  a = NEW_LEASE(p, k, 0);
+  b = NEW_LEASE(p, k, 0);
+  MUST_WAIT(p, k, 0);                       /* two of four records live: still must wait */
+  s = pstats(p);
+  CHECK(s.live == 2 && s.leases == 2);
+  w = WAIT(p, k, -1, 0);
+  drain(p);
+  RELEASE(p, a, 1);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 1, &g), CLIENTPOOL_GRANT_IDLE);
+  CHECK_EQ(g.record, a.record);
+  RELEASE_AS(p, b, CLIENTPOOL_BY_ERROR, 2);
+  CHECK_STATUS(ACQUIRE(p, k, 2, &g), CLIENTPOOL_GRANT_CREATE);   /* back under the cap */
+}
+
+static void t_max_concurrency_counts_reservations(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  clientpool_grant_t g1, g2, g3;
+  waiter_h w;
+  c.max_live = 4; c.max_concurrency = 2;
+  p = POOL(c);
+  k = PKEY(p);
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g1), CLIENTPOOL_GRANT_CREATE);
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g2), CLIENTPOOL_GRANT_CREATE);
+  MUST_WAIT(p, k, 0);
+  w = WAIT(p, k, -1, 0);
+  drain(p);
+  CHECK_EQ(CREATED(p, g1.record, 0, 1), 0);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 1, &g3), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(pstats(p).leases, 2);
+}
+
+/* ===================================================================== */
+/* 7d. max_waiting                                                        */
+/* ===================================================================== */
+
+static void t_max_waiting_full(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  clientpool_grant_t g;
+  uint32_t gen;
+  clientpool_stats_t s;
+  c.max_live = 1; c.max_idle = 1; c.max_waiting = 2;
+  p = POOL(c);
+  k = PKEY(p);
+  (void)NEW_LEASE(p, k, 0);
+  MUST_WAIT(p, k, 0);
+  (void)WAIT(p, k, -1, 0);
+  MUST_WAIT(p, k, 0);
+  (void)WAIT(p, k, -1, 0);
+  CHECK_STATUS(ACQUIRE(p, k, 1, &g), CLIENTPOOL_FULL);
+  CHECK_EQ(WAIT_RAW(p, k, -1, 1, &gen), -CLIENTPOOL_FULL);
+  s = pstats(p);
+  CHECK(s.rejected == 2 && s.waiting == 2);
+  CHECK(KSTATS(p, k).rejected == 2);
+}
+
+static void t_max_waiting_zero_fails_fast(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  clientpool_grant_t g;
+  uint32_t gen;
+  c.max_live = 1; c.max_idle = 1; c.max_waiting = 0;
+  p = POOL(c);
+  k = PKEY(p);
+  (void)NEW_LEASE(p, k, 0);                 /* room: no waiting needed */
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_FULL);
+  CHECK_EQ(WAIT_RAW(p, k, -1, 0, &gen), -CLIENTPOOL_FULL);
+  CHECK(pstats(p).rejected == 2 && pstats(p).waiting == 0);
+}
+
+/* ===================================================================== */
+/* 8. strict FIFO, cross-key order                                       */
+/* ===================================================================== */
+
+static void t_fifo_one_key(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  waiter_h w[3];
+  clientpool_grant_t g;
+  int i;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  for (i = 0; i < 3; i++) { MUST_WAIT(p, k, i); w[i] = WAIT(p, k, -1, i); }
+  for (i = 0; i < 3; i++) {
+    int j;
+    drain(p);
+    RELEASE(p, h, 10 + i);
+    drain(p);
+    EXPECT_WAKE(w[i]);
+    CHECK_EQ(n_events(CLIENTPOOL_EV_WAKE), 1);
+    for (j = i + 1; j < 3; j++) CHECK_STATUS(CLAIM(p, w[j], 10 + i, &g), CLIENTPOOL_PENDING);
+    CHECK_STATUS(CLAIM(p, w[i], 10 + i, &g), CLIENTPOOL_GRANT_IDLE);
+    CHECK_NEAR(g.waited, 10);
+    h = hold_of(&g);
+  }
+  CHECK_EQ(pstats(p).wait_count, 3);
+  CHECK_NEAR(pstats(p).wait_time, 30);
+}
+
+/* A waiter of key B queued first but blocked by B's per-key cap does not
+ * hold up a later waiter of key A that can use what was freed. */
+static void t_fifo_cross_key_capped_does_not_block(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t la, lb;
+  waiter_h wb, wa;
+  clientpool_grant_t g;
+  c.max_live = 2; c.max_idle = 2; c.key_max_live = 1;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p);
+  la = NEW_LEASE(p, a, 0);
+  lb = NEW_LEASE(p, b, 0);
+  MUST_WAIT(p, b, 1); wb = WAIT(p, b, -1, 1);
+  MUST_WAIT(p, a, 2); wa = WAIT(p, a, -1, 2);
+  drain(p);
+  RELEASE(p, la, 3);
+  drain(p);
+  EXPECT_WAKE(wa);
+  EXPECT_NO_WAKE(wb);
+  CHECK_STATUS(CLAIM(p, wa, 3, &g), CLIENTPOOL_GRANT_IDLE);
+  CHECK_EQ(g.record, la.record);
+  CHECK_STATUS(CLAIM(p, wb, 3, &g), CLIENTPOOL_PENDING);
+  RELEASE_AS(p, lb, CLIENTPOOL_BY_ERROR, 4);      /* B's cap frees up */
+  drain(p);
+  EXPECT_WAKE(wb);
+  CHECK_STATUS(CLAIM(p, wb, 4, &g), CLIENTPOOL_GRANT_CREATE);
+}
+
+/* Among waiters that can use what was freed, the earliest is served. */
+static void t_fifo_cross_key_earlier_servable_wins(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t la;
+  waiter_h wb, wa;
+  clientpool_grant_t g;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p);
+
+  /* capacity freed (record destroyed): both can use it, B queued first */
+  la = NEW_LEASE(p, a, 0);
+  MUST_WAIT(p, b, 1); wb = WAIT(p, b, -1, 1);
+  MUST_WAIT(p, a, 2); wa = WAIT(p, a, -1, 2);
+  drain(p);
+  RELEASE_AS(p, la, CLIENTPOOL_BY_ERROR, 3);
+  drain(p);
+  EXPECT_WAKE(wb);
+  EXPECT_NO_WAKE(wa);
+  CHECK_STATUS(CLAIM(p, wb, 3, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 3), 0);
+  la = hold_of(&g);                                  /* now B holds the only record */
+
+  /* B's record freed while A's waiter (earlier) and B's waiter (later) wait:
+   * the record is B's client, so B's waiter takes it; A's waiter would have
+   * to evict it and waits (engine rule: a waiter that must create evicts only
+   * when no waiter can take an idle record) */
+  MUST_WAIT(p, b, 4);
+  wb = WAIT(p, b, -1, 4);
+  drain(p);
+  RELEASE(p, la, 5);
+  drain(p);
+  EXPECT_WAKE(wb);
+  EXPECT_NO_WAKE(wa);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  CHECK_STATUS(CLAIM(p, wb, 5, &g), CLIENTPOOL_GRANT_IDLE);
+  CHECK_EQ(g.record, la.record);
+  la = hold_of(&g);
+  CHECK_STATUS(CLAIM(p, wa, 5, &g), CLIENTPOOL_PENDING);
+
+  /* B's record freed with no B waiter: A's waiter evicts it */
+  RELEASE(p, la, 6);
+  drain(p);
+  EXPECT_WAKE(wa);
+  EXPECT_DESTROY(la.record, CLIENTPOOL_BY_EVICTED);
+  CHECK_STATUS(CLAIM(p, wa, 6, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_NEAR(g.waited, 4);
+}
+
+/* ===================================================================== */
+/* 9. waiter deadlines, cancel, claim                                    */
+/* ===================================================================== */
+
+static void t_waiter_timeout_by_tick(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  waiter_h w;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  (void)NEW_LEASE(p, k, 0);
+  MUST_WAIT(p, k, 1);
+  w = WAIT(p, k, 5, 1);
+  CHECK_NEAR(clientpool_next_deadline(p), 5);
+  drain(p);
+  TICK(p, 4.9);
+  drain(p);
+  EXPECT_NO_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 4.9, &g), CLIENTPOOL_PENDING);
+  TICK(p, 5);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK(find_ev(CLIENTPOOL_EV_WAKE, w.w, (int32_t)w.gen, k) >= 0);
+  s = pstats(p);
+  CHECK(s.waiting == 0 && s.timeouts == 1 && s.wait_count == 1);
+  CHECK_NEAR(s.wait_time, 4);
+  CHECK_STATUS(CLAIM(p, w, 6, &g), CLIENTPOOL_TIMEOUT);
+  CHECK_NEAR(g.waited, 4);
+  CHECK_EQ(g.key, k);
+  CHECK_STATUS(CLAIM(p, w, 6, &g), CLIENTPOOL_STALE);    /* the slot was freed */
+  CHECK(KSTATS(p, k).timeouts == 1);
+  CHECK_NEAR(clientpool_next_deadline(p), -1);
+}
+
+static void t_waiter_cancel_queued(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  waiter_h w1, w2, w3;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  (void)NEW_LEASE(p, k, 0);
+  w1 = WAIT(p, k, 10, 0);
+  w2 = WAIT(p, k, -1, 0);
+  w3 = WAIT(p, k, -1, 0);
+  CHECK_STATUS(CANCEL(p, w1, CLIENTPOOL_TIMEOUT, 2, &g), CLIENTPOOL_TIMEOUT);
+  CHECK_NEAR(g.waited, 2);
+  CHECK_NEAR(clientpool_next_deadline(p), -1);          /* its deadline left with it */
+  CHECK_STATUS(CANCEL(p, w2, CLIENTPOOL_CANCELLED, 3, &g), CLIENTPOOL_CANCELLED);
+  CHECK_STATUS(CANCEL(p, w3, 12345, 3, &g), CLIENTPOOL_CANCELLED);   /* other codes: cancelled */
+  s = pstats(p);
+  CHECK(s.waiting == 0 && s.timeouts == 1 && s.cancelled == 2 && s.wait_count == 3);
+  CHECK_NEAR(s.wait_time, 8);
+  CHECK_STATUS(CANCEL(p, w1, CLIENTPOOL_CANCELLED, 4, &g), CLIENTPOOL_STALE);
+  CHECK_STATUS(CLAIM(p, w2, 4, &g), CLIENTPOOL_STALE);
+}
+
+static void t_waiter_cancel_after_grant_returns_grant(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  waiter_h w;
+  clientpool_grant_t g;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  w = WAIT(p, k, 10, 0);
+  RELEASE(p, h, 1);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CANCEL(p, w, CLIENTPOOL_TIMEOUT, 2, &g), CLIENTPOOL_GRANT_IDLE);
+  CHECK_EQ(g.record, h.record);
+  CHECK(pstats(p).timeouts == 0 && pstats(p).leases == 1);
+  RELEASE(p, hold_of(&g), 3);               /* the grant is a valid lease */
+  CHECK(pstats(p).leases == 0 && pstats(p).idle == 1);
+}
+
+static void t_waiter_claim_pending_and_stale(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  waiter_h w, bad;
+  clientpool_grant_t g;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  (void)NEW_LEASE(p, k, 0);
+  w = WAIT(p, k, -1, 0);
+  CHECK_STATUS(CLAIM(p, w, 1, &g), CLIENTPOOL_PENDING);
+  CHECK_EQ(g.key, k);
+  CHECK_STATUS(CLAIM(p, w, 1, &g), CLIENTPOOL_PENDING);  /* still queued */
+  bad = w; bad.gen++;
+  CHECK_STATUS(CLAIM(p, bad, 1, &g), CLIENTPOOL_STALE);
+  CHECK_STATUS(CANCEL(p, bad, CLIENTPOOL_CANCELLED, 1, &g), CLIENTPOOL_STALE);
+  CHECK_EQ(ABANDON(p, bad, 1), CLIENTPOOL_STALE);
+  bad.w = -1;
+  CHECK_STATUS(CLAIM(p, bad, 1, &g), CLIENTPOOL_STALE);
+  bad.w = 100000;
+  CHECK_STATUS(CLAIM(p, bad, 1, &g), CLIENTPOOL_STALE);
+  CHECK_EQ(ABANDON(p, bad, 1), CLIENTPOOL_STALE);
+  CHECK_EQ(pstats(p).waiting, 1);
+}
+
+static void t_waiter_served_at_once(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  waiter_h w;
+  clientpool_grant_t g;
+  drain(p);
+  w = WAIT(p, k, 5, 1);                     /* room: granted right away */
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 1, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_NEAR(g.waited, 0);
+  CHECK_NEAR(clientpool_next_deadline(p), -1);
+}
+
+/* ===================================================================== */
+/* 10. abandon                                                           */
+/* ===================================================================== */
+
+static void t_abandon_queued(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  waiter_h w;
+  clientpool_grant_t g;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  (void)NEW_LEASE(p, k, 0);
+  w = WAIT(p, k, 9, 0);
+  CHECK_EQ(ABANDON(p, w, 1), 0);
+  CHECK(pstats(p).waiting == 0 && pstats(p).cancelled == 1);
+  CHECK_NEAR(clientpool_next_deadline(p), -1);
+  CHECK_STATUS(CLAIM(p, w, 1, &g), CLIENTPOOL_STALE);
+  CHECK_EQ(ABANDON(p, w, 1), CLIENTPOOL_STALE);
+}
+
+static void t_abandon_granted_idle_back_to_stack(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, x;
+  waiter_h w;
+  clientpool_stats_t s;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  w = WAIT(p, k, -1, 0);
+  RELEASE(p, h, 1);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK(pstats(p).reused == 1 && pstats(p).leases == 1);
+  CHECK_EQ(ABANDON(p, w, 2), 0);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  s = pstats(p);
+  CHECK(s.idle == 1 && s.leases == 0 && s.active == 0 && s.live == 1);
+  CHECK(s.reused == 0 && s.cancelled == 1);              /* handed back unused */
+  x = REUSE(p, k, 3, NULL);
+  CHECK_EQ(x.record, h.record);
+}
+
+static void t_abandon_granted_idle_to_next_waiter(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  waiter_h w1, w2;
+  clientpool_grant_t g;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  w1 = WAIT(p, k, -1, 0);
+  w2 = WAIT(p, k, -1, 0);
+  RELEASE(p, h, 1);
+  drain(p);
+  EXPECT_WAKE(w1);
+  EXPECT_NO_WAKE(w2);
+  CHECK_EQ(ABANDON(p, w1, 2), 0);
+  drain(p);
+  EXPECT_WAKE(w2);
+  CHECK_STATUS(CLAIM(p, w2, 2, &g), CLIENTPOOL_GRANT_IDLE);
+  CHECK_EQ(g.record, h.record);
+  CHECK(pstats(p).leases == 1 && pstats(p).idle == 0 && pstats(p).live == 1);
+}
+
+static void t_abandon_granted_reservation_forfeited(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  clientpool_grant_t g, g2;
+  waiter_h w1, w2;
+  clientpool_stats_t s;
+  hold_t x;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  w1 = WAIT(p, k, -1, 0);
+  w2 = WAIT(p, k, -1, 0);
+  CHECK_EQ(CREATED(p, g.record, 0, 1), 0);    /* w1 gets the capacity */
+  drain(p);
+  EXPECT_WAKE(w1);
+  CHECK_EQ(pstats(p).creating, 1);
+  CHECK_EQ(ABANDON(p, w1, 2), 0);             /* its reservation is forfeited: w2 gets it */
+  drain(p);
+  EXPECT_WAKE(w2);
+  CHECK_STATUS(CLAIM(p, w2, 2, &g2), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g2.record, 1, 3), 0);
+  s = pstats(p);
+  CHECK(s.live == 1 && s.creating == 0 && s.leases == 1 && s.waiting == 0);
+  CHECK(s.create_failed == 1 && s.cancelled == 1 && s.opened == 1);
+  x = hold_of(&g2);
+  RELEASE(p, x, 4);                           /* no capacity lost */
+  x = REUSE(p, k, 5, NULL);
+  CHECK_EQ(x.record, g2.record);
+}
+
+/* ===================================================================== */
+/* 11. release                                                           */
+/* ===================================================================== */
+
+static void t_release_idempotent(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
+  clientpool_stats_t before, now;
+  RELEASE(p, h, 1);
+  drain(p);
+  before = pstats(p);
+  CHECK_STATUS(RELEASE_RAW(p, h.lease, h.gen, -1, 2), CLIENTPOOL_STALE);
+  CHECK_STATUS(RELEASE_RAW(p, h.lease, h.gen, CLIENTPOOL_BY_ERROR, 2), CLIENTPOOL_STALE);
+  now = pstats(p);
+  CHECK(stats_equal(&before, &now));
+  CHECK_EQ(clientpool_pending(p), 0);
+  CHECK_STATUS(RELEASE_RAW(p, -1, 0, -1, 2), CLIENTPOOL_STALE);
+  CHECK_STATUS(RELEASE_RAW(p, 100000, 0, -1, 2), CLIENTPOOL_STALE);
+}
+
+static void t_release_stale_cannot_end_new_holder(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t old = NEW_LEASE(p, k, 0), cur;
+  clientpool_stats_t before, now;
+  RELEASE(p, old, 1);
+  cur = REUSE(p, k, 2, NULL);
+  CHECK_EQ(cur.lease, old.lease);           /* the same lease slot ... */
+  CHECK(cur.gen != old.gen);                /* ... with a new generation */
+  drain(p);
+  before = pstats(p);
+  CHECK_STATUS(RELEASE_RAW(p, old.lease, old.gen, -1, 3), CLIENTPOOL_STALE);
+  CHECK_STATUS(RELEASE_RAW(p, old.lease, old.gen, CLIENTPOOL_BY_ERROR, 3), CLIENTPOOL_STALE);
+  CHECK_EQ(LEAK(p, old, 3), CLIENTPOOL_STALE);
+  now = pstats(p);
+  CHECK(stats_equal(&before, &now));
+  CHECK_EQ(clientpool_pending(p), 0);
+  CHECK(clientpool_lease_age(p, cur.lease, cur.gen, 3) >= 0);   /* still held */
+  CHECK_NEAR(clientpool_lease_age(p, old.lease, old.gen, 3), -1);
+  RELEASE(p, cur, 4);
+}
+
+static void t_release_reasons(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h1 = NEW_LEASE(p, k, 0), h2 = NEW_LEASE(p, k, 0), h3 = NEW_LEASE(p, k, 0);
+  drain(p);
+  RELEASE_AS(p, h1, CLIENTPOOL_BY_ERROR, 1);
+  RELEASE_AS(p, h2, CLIENTPOOL_BY_INVALID, 1);
+  RELEASE_AS(p, h3, 77, 1);                 /* out of range: an error */
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_ERROR);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_INVALID);
+  EXPECT_DESTROY(h3.record, CLIENTPOOL_BY_ERROR);
+  CHECK(pstats(p).live == 0 && pstats(p).closed_by[CLIENTPOOL_BY_ERROR] == 2);
+}
+
+/* ===================================================================== */
+/* 12. leak and leak_threshold                                           */
+/* ===================================================================== */
+
+static void t_leak(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
+  clientpool_stats_t s, before;
+  drain(p);
+  CHECK_EQ(LEAK(p, h, 1), 0);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_LEAKED);
+  s = pstats(p);
+  CHECK(s.leaked == 1 && s.closed_by[CLIENTPOOL_BY_LEAKED] == 1 && s.live == 0 && s.leases == 0);
+  CHECK(KSTATS(p, k).leaked == 1);
+  before = s;
+  CHECK_EQ(LEAK(p, h, 2), CLIENTPOOL_STALE);  /* stale: a no-op */
+  CHECK_STATUS(RELEASE_RAW(p, h.lease, h.gen, -1, 2), CLIENTPOOL_STALE);
+  s = pstats(p);
+  CHECK(stats_equal(&before, &s));
+  CHECK_EQ(clientpool_pending(p), 0);
+}
+
+static void t_leak_threshold_reports_once(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, h2;
+  int i;
+  c.leak_threshold = 5;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 1);
+  CHECK_NEAR(clientpool_next_deadline(p), 6);
+  drain(p);
+  TICK(p, 5.9);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_LEAK), 0);
+  TICK(p, 6);
+  drain(p);
+  CHECK_EQ(n_leak(h.lease, h.gen), 1);
+  i = find_ev(CLIENTPOOL_EV_LEAK, h.lease, (int32_t)h.gen, k);
+  CHECK(i >= 0);
+  CHECK_NEAR(g_ev[i].t, 1);                 /* when the lease was granted */
+  TICK(p, 100);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_LEAK), 0);  /* once */
+  CHECK_EQ(pstats(p).leases, 1);            /* a report, not an end */
+  RELEASE(p, h, 101);
+  h2 = REUSE(p, k, 102, NULL);              /* released in time: never reported */
+  RELEASE(p, h2, 104);
+  drain(p);
+  TICK(p, 200);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_LEAK), 0);
+  CHECK_NEAR(clientpool_next_deadline(p), -1);
+}
+
+/* ===================================================================== */
+/* 13. retire                                                            */
+/* ===================================================================== */
+
+static void t_retire(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h1 = NEW_LEASE(p, k, 0), h2 = NEW_LEASE(p, k, 0);
+  clientpool_grant_t g;
+  RELEASE(p, h1, 1);
+  drain(p);
+  CHECK_EQ(RETIRE(p, h1.record, 2), 0);     /* idle: destroyed at once */
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_RETIRED);
+  CHECK_EQ(RETIRE(p, h1.record, 2), CLIENTPOOL_STALE);
+  CHECK_EQ(RETIRE(p, -1, 2), CLIENTPOOL_STALE);
+  CHECK_EQ(RETIRE(p, 100000, 2), CLIENTPOOL_STALE);
+
+  CHECK_EQ(RETIRE(p, h2.record, 3), 0);     /* leased: at its release */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  RELEASE(p, h2, 4);
+  drain(p);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_RETIRED);
+
+  CHECK_STATUS(ACQUIRE(p, k, 5, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(RETIRE(p, g.record, 5), 0);      /* still being created */
+  CHECK_EQ(CREATED(p, g.record, 1, 6), 0);
+  RELEASE(p, hold_of(&g), 7);
+  drain(p);
+  EXPECT_DESTROY(g.record, CLIENTPOOL_BY_RETIRED);
+  CHECK(pstats(p).closed_by[CLIENTPOOL_BY_RETIRED] == 3 && pstats(p).live == 0);
+}
+
+/* ===================================================================== */
+/* 14. close                                                             */
+/* ===================================================================== */
+
+static void t_close(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, k2, k3;
+  hold_t idle1, held;
+  clientpool_grant_t res, g;
+  waiter_h w1, w2;
+  uint32_t gen;
+  clientpool_stats_t s;
+  c.max_concurrency = 2;                    /* waiters queue behind it while a record is idle */
+  p = POOL(c);
+  k = PKEY(p);
+  k2 = UKEY(p);
+  k3 = PKEY(p);
+  held = NEW_LEASE(p, k, 0);
+  idle1 = NEW_LEASE(p, k3, 0);
+  RELEASE(p, idle1, 1);
+  CHECK_STATUS(ACQUIRE(p, k2, 1, &res), CLIENTPOOL_GRANT_CREATE);   /* being created */
+  MUST_WAIT(p, k, 1);
+  w1 = WAIT(p, k, 50, 1);
+  w2 = WAIT(p, k2, -1, 1);
+  drain(p);
+  s = pstats(p);
+  CHECK(s.waiting == 2 && s.idle == 1 && s.leases == 2 && s.creating == 1);
+
+  CLOSE(p, 2);
+  drain(p);
+  EXPECT_WAKE(w1);
+  EXPECT_WAKE(w2);
+  EXPECT_DESTROY(idle1.record, CLIENTPOOL_BY_DRAIN);
+  CHECK_EQ(n_key_free(k3), 1);              /* close unpins: k3 held only the idle record */
+  CHECK_EQ(clientpool_is_closed(p), 1);
+  CHECK_STATUS(CLAIM(p, w1, 2, &g), CLIENTPOOL_CLOSED);
+  CHECK_NEAR(g.waited, 1);
+  CHECK_STATUS(CLAIM(p, w2, 2, &g), CLIENTPOOL_CLOSED);
+  s = pstats(p);
+  CHECK(s.waiting == 0 && s.idle == 0 && s.wait_count == 2 && s.timeouts == 0 && s.cancelled == 0);
+  CHECK(s.closed_by[CLIENTPOOL_BY_DRAIN] == 1);
+  CHECK_NEAR(clientpool_next_deadline(p), -1);
+
+  CHECK_STATUS(ACQUIRE(p, k, 3, &g), CLIENTPOOL_CLOSED);
+  CHECK_EQ(WAIT_RAW(p, k, -1, 3, &gen), -CLIENTPOOL_CLOSED);
+  CHECK_EQ(KEY_OPEN(p), CLIENTPOOL_ECLOSED);
+
+  RELEASE(p, held, 4);                      /* released after close: destroyed */
+  drain(p);
+  EXPECT_DESTROY(held.record, CLIENTPOOL_BY_DRAIN);
+  CHECK_EQ(n_key_free(k), 1);
+  CHECK_EQ(CREATED(p, res.record, 1, 5), 0);   /* created after close: a lease ... */
+  CHECK(pstats(p).live == 1 && pstats(p).leases == 1);
+  RELEASE(p, hold_of(&res), 6);                /* ... destroyed at release */
+  drain(p);
+  EXPECT_DESTROY(res.record, CLIENTPOOL_BY_DRAIN);
+  CHECK_EQ(n_key_free(k2), 1);
+  s = pstats(p);
+  CHECK(s.live == 0 && s.leases == 0 && s.closed_by[CLIENTPOOL_BY_DRAIN] == 3);
+}
+
+static void t_close_destroys_idle_and_is_idempotent(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p), k2 = UKEY(p);
+  hold_t a = NEW_LEASE(p, k, 0), b = NEW_LEASE(p, k2, 0), held = NEW_LEASE(p, k, 0);
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  RELEASE(p, a, 1);
+  RELEASE(p, b, 1);
+  drain(p);
+  CLOSE(p, 2);
+  drain(p);
+  EXPECT_DESTROY(a.record, CLIENTPOOL_BY_DRAIN);
+  EXPECT_DESTROY(b.record, CLIENTPOOL_BY_DRAIN);
+  CHECK_EQ(n_key_free(k2), 1);              /* empty keys go */
+  s = pstats(p);
+  CHECK(s.idle == 0 && s.live == 1 && s.closed_by[CLIENTPOOL_BY_DRAIN] == 2);
+  CLOSE(p, 3);                              /* idempotent */
+  drain(p);
+  CHECK_EQ(g_nev, 0);
+  s = pstats(p);
+  CHECK(s.closed_by[CLIENTPOOL_BY_DRAIN] == 2);
+  RELEASE(p, held, 4);
+  drain(p);
+  EXPECT_DESTROY(held.record, CLIENTPOOL_BY_DRAIN);
+  CHECK_EQ(n_key_free(k), 1);               /* close unpins keys */
+  CHECK_STATUS(ACQUIRE(p, k, 5, &g), CLIENTPOOL_CLOSED);
+  TICK(p, 100);
+  CHECK(pstats(p).live == 0 && pstats(p).leases == 0);
+}
+
+static void t_close_with_granted_unclaimed_waiter(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  waiter_h w;
+  clientpool_grant_t g;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  w = WAIT(p, k, -1, 0);
+  RELEASE(p, h, 1);                         /* w is granted, not yet claimed */
+  CLOSE(p, 2);
+  drain(p);
+  CHECK_STATUS(CLAIM(p, w, 3, &g), CLIENTPOOL_GRANT_IDLE);   /* keeps its grant */
+  RELEASE(p, hold_of(&g), 4);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_DRAIN);
+  CHECK(pstats(p).live == 0);
+}
+
+/* ===================================================================== */
+/* 15. time never runs backwards                                         */
+/* ===================================================================== */
+
+static void t_time_never_backwards(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  clientpool_grant_t g;
+  waiter_h w;
+  c.max_live = 1; c.max_idle = 1; c.idle_timeout = 10;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 10);
+  RELEASE(p, h, 5);                         /* 5 < 10: taken as 10 */
+  CHECK_NEAR(clientpool_next_deadline(p), 20);
+  h = REUSE(p, k, 3, &g);
+  CHECK_NEAR(g.idle, 0);
+  RELEASE(p, h, 10);
+  drain(p);
+  TICK(p, 19);
+  TICK(p, 0);                               /* backwards: nothing happens */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  CHECK_EQ(pstats(p).idle, 1);
+  h = REUSE(p, k, 1, &g);                   /* seen as 19 */
+  CHECK_NEAR(g.idle, 9);
+  w = WAIT(p, k, 25, 2);                    /* enqueued at 19 */
+  TICK(p, 25);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 25, &g), CLIENTPOOL_TIMEOUT);
+  CHECK_NEAR(g.waited, 6);
+  CHECK_NEAR(pstats(p).wait_time, 6);
+  RELEASE(p, h, 26);
+}
+
+static void t_time_nan(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  clientpool_grant_t g;
+  c.idle_timeout = 10;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 4);
+  RELEASE(p, h, NAN);                       /* NaN: the last time seen (4) */
+  CHECK_NEAR(clientpool_next_deadline(p), 14);
+  drain(p);
+  TICK(p, NAN);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  h = REUSE(p, k, NAN, &g);
+  CHECK_NEAR(g.idle, 0);
+  RELEASE(p, h, 6);
+  TICK(p, 1000);                            /* far future: everything idle expires */
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_IDLE);
+  TICK(p, 7);
+  CHECK(pstats(p).live == 0);
+}
+
+/* ===================================================================== */
+/* 16. stats identities                                                  */
+/* ===================================================================== */
+
+static void t_stats_identities(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t keys[3];
+  hold_t h[3], x;
+  waiter_h w;
+  clientpool_grant_t g;
+  int i;
+  c.max_live = 4; c.max_idle = 3; c.key_max_live = 2; c.max_waiting = 4;
+  c.idle_timeout = 20; c.max_lifetime = 50; c.leak_threshold = 10;
+  p = POOL(c);
+  for (i = 0; i < 3; i++) keys[i] = PKEY(p);
+  CHECK_SUMS(p, keys, 3);
+  for (i = 0; i < 3; i++) { h[i] = NEW_LEASE(p, keys[i], i); CHECK_SUMS(p, keys, 3); }
+  CHECK_STATUS(ACQUIRE(p, keys[0], 3, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 3), 0);                /* create failure */
+  CHECK_SUMS(p, keys, 3);
+  x = NEW_LEASE(p, keys[0], 3);                           /* key 0 at its cap */
+  MUST_WAIT(p, keys[0], 3);
+  w = WAIT(p, keys[0], 8, 3);
+  CHECK_SUMS(p, keys, 3);
+  TICK(p, 8);                                             /* timeout */
+  CHECK_STATUS(CLAIM(p, w, 8, &g), CLIENTPOOL_TIMEOUT);
+  CHECK_SUMS(p, keys, 3);
+  MUST_WAIT(p, keys[1], 9);                               /* global cap */
+  w = WAIT(p, keys[1], -1, 9);
+  CHECK_STATUS(CANCEL(p, w, CLIENTPOOL_CANCELLED, 9, &g), CLIENTPOOL_CANCELLED);
+  CHECK_SUMS(p, keys, 3);
+  w = WAIT(p, keys[2], -1, 9);
+  RELEASE(p, h[0], 10);                                   /* to w (key 2) by eviction */
+  CHECK_STATUS(CLAIM(p, w, 10, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 10), 0);
+  CHECK_SUMS(p, keys, 3);
+  RELEASE_AS(p, h[1], CLIENTPOOL_BY_ERROR, 11);
+  CHECK_EQ(LEAK(p, x, 11), 0);
+  CHECK_SUMS(p, keys, 3);
+  TICK(p, 30);                                            /* leak report, nothing else */
+  RELEASE(p, hold_of(&g), 31);
+  RELEASE(p, h[2], 31);
+  x = REUSE(p, keys[2], 32, NULL);
+  RELEASE(p, x, 33);
+  CHECK_SUMS(p, keys, 3);
+  TICK(p, 60);                                            /* idle and lifetime expiry */
+  CHECK_SUMS(p, keys, 3);
+  CHECK(pstats(p).live == 0);
+  CLOSE(p, 61);                             /* unpins and forgets the (empty) keys */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_KEY_FREE), 3);
+  CHECK(pstats(p).opened - pstats(p).closed == pstats(p).live);
+}
+
+/* ===================================================================== */
+/* 17. scale                                                             */
+/* ===================================================================== */
+
+static void t_scale_100k_idle_1k_keys(void) {
+  enum { NKEYS = 1000, PER = 100, N = NKEYS * PER, PAIRS = 50000 };
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t *keys = own_mem(sizeof *keys * NKEYS);
+  hold_t *h = own_mem(sizeof *h * N);
+  long destroys = 0, by_idle = 0, key_frees = 0;
+  clientpool_stats_t s;
+  int i;
+  c.max_live = N; c.max_idle = N; c.max_concurrency = N; c.max_waiting = 16;
+  c.max_keys = NKEYS; c.idle_timeout = 100; c.validate_after_idle = 1;
+  p = POOL(c);
+  g_stride = 1000;
+  for (i = 0; i < NKEYS; i++) keys[i] = UKEY(p);
+  CHECK_EQ(KEY_OPEN(p), CLIENTPOOL_EKEYS);
+  for (i = 0; i < N; i++) {
+    h[i] = NEW_LEASE(p, keys[i % NKEYS], 0);
+    if (i % 1024 == 0) drain(p);
+  }
+  for (i = 0; i < N; i++) {
+    RELEASE(p, h[i], 1);
+    if (i % 1024 == 0) drain(p);
+  }
+  drain(p);
+  INVARIANTS(p);
+  s = pstats(p);
+  CHECK(s.live == N && s.idle == N && s.opened == N && s.leases == 0);
+  CHECK_EQ(KSTATS(p, keys[0]).idle, PER);
+
+  rng_seed(99);
+  for (i = 0; i < PAIRS; i++) {
+    int32_t k = keys[rng_int(NKEYS)];
+    double now = 2 + i * 1e-4;
+    hold_t x = REUSE(p, k, now, NULL);
+    RELEASE(p, x, now);
+    if (i % 1024 == 0) drain(p);
+  }
+  drain(p);
+  INVARIANTS(p);
+  s = pstats(p);
+  CHECK(s.reused == PAIRS && s.live == N && s.idle == N && s.opened == N && s.closed == 0);
+
+  TICK(p, 1000);
+  {
+    clientpool_event_t e;
+    while (clientpool_next_event(p, &e) != CLIENTPOOL_EV_NONE) {
+      if (e.type == CLIENTPOOL_EV_DESTROY) { destroys++; if (e.b == CLIENTPOOL_BY_IDLE) by_idle++; }
+      if (e.type == CLIENTPOOL_EV_KEY_FREE) key_frees++;
+    }
+  }
+  INVARIANTS(p);
+  CHECK_EQ(destroys, N);
+  CHECK_EQ(by_idle, N);
+  CHECK_EQ(key_frees, NKEYS);
+  s = pstats(p);
+  CHECK(s.live == 0 && s.idle == 0 && s.closed == N);
+  CHECK_NEAR(clientpool_next_deadline(p), -1);
+  for (i = 0; i < NKEYS; i++) CHECK(UKEY(p) >= 0);   /* every id is free again */
+  g_stride = 1;
+}
+
+/* ===================================================================== */
+/* 18. randomized test against a model                                   */
+/* ===================================================================== */
+
+/*
+ * A seeded PRNG drives FZ_OPS operations in episodes of a few thousand, each
+ * on a fresh pool with a small random config (max_live 1..6, up to 8 keys,
+ * random caps, durations, jitter, leak_threshold).  Operations: acquire (and
+ * wait or give up), created ok/fail, release for reuse or with a reason,
+ * leak, wait without acquire, claim, cancel, abandon, retire, tick with
+ * advancing (sometimes backwards or NaN) time, key pin/unpin/forget, and
+ * deliberately stale lease and waiter handles.
+ *
+ * The model tracks every lease, reservation and waiter handed out, the
+ * state of every record slot it has seen, the open keys, and the time the
+ * engine has seen, so it only ever passes valid handles (or stale ones on
+ * purpose).  After every call: clientpool_check, and the model cross-checks
+ * events and counters (no destroy of a held record, no wake of an unknown
+ * waiter, no forgotten key still in use, idle reuse never past idle_timeout,
+ * max_lifetime or a retire, counters equal to the events seen, per-key counts
+ * summing to the pool's, the driver's timer never later than the next
+ * deadline, no waiter left queued past its deadline after a tick).  Each
+ * episode ends with close, settling every waiter and lease, and checks that
+ * nothing is left.  Every interesting path must be reached at least once.
+ */
+
+#define FZ_OPS 200000
+#define FZ_NAMES 8
+#define FZ_MAXL 64
+#define FZ_MAXW 64
+#define FZ_MAXR 1024
+#define FZ_MAXK 256
+#define FZ_DEAD 16
+
+enum { FR_FREE = 0, FR_CREATING, FR_LEASED, FR_RELEASED };   /* model record states */
+
+typedef struct { int32_t l; uint32_t gen; int32_t rec, key; int created, leak_seen; } fz_lease;
+typedef struct { int32_t w; uint32_t gen; int32_t key; int woken; double deadline; } fz_waiter;
+typedef struct { int32_t a; uint32_t b; } fz_handle;
+
+typedef struct {
+  clientpool_t *p;
+  clientpool_config_t cfg;
+  double now, armed;
+  double enow;                  /* the engine's time: the latest time passed in */
+  int nnames;
+  int32_t name_key[FZ_NAMES];
+  int name_pinned[FZ_NAMES];
+  int key_name[FZ_MAXK];
+  fz_lease L[FZ_MAXL]; int nl;
+  fz_waiter W[FZ_MAXW]; int nw;
+  int rstate[FZ_MAXR]; int32_t rkey[FZ_MAXR];
+  double rcreated[FZ_MAXR];     /* engine time of created(ok) */
+  int rretired[FZ_MAXR];        /* retire() was called on it */
+  fz_handle dead_l[FZ_DEAD], dead_w[FZ_DEAD]; int ndl, ndw;
+  double destroys, by[CLIENTPOOL_BY_COUNT], created, rejected;
+} fz_t;
+
+static fz_t fz;
+
+/* what the fuzzer reached, over all episodes: each must be > 0 at the end */
+enum { CV_IDLE, CV_CREATE, CV_MUST_WAIT, CV_FULL, CV_EKEYS, CV_WAIT, CV_WAKE, CV_TIMEOUT,
+       CV_CLAIM_GRANT, CV_CANCEL_QUEUED, CV_CANCEL_GRANT, CV_ABANDON_QUEUED, CV_ABANDON_WOKEN,
+       CV_KEY_FREE, CV_LEAK_EV, CV_CREATE_FAIL, CV_STALE, CV_TIMER, CV_N };
+static const char *const cv_name[CV_N] = {
+  "grant idle", "grant create", "must wait", "full", "max_keys", "wait", "wake", "timeout",
+  "claimed grant", "cancel queued", "cancel granted", "abandon queued", "abandon woken",
+  "key free", "leak report", "create failed", "stale handle", "timer"
+};
+static long fz_cov[CV_N];
+static long fz_by_reason[CLIENTPOOL_BY_COUNT];
+
+static void fz_dead_lease(int32_t l, uint32_t gen) {
+  fz.dead_l[fz.ndl % FZ_DEAD].a = l; fz.dead_l[fz.ndl % FZ_DEAD].b = gen; fz.ndl++;
+}
+static void fz_dead_waiter(int32_t w, uint32_t gen) {
+  fz.dead_w[fz.ndw % FZ_DEAD].a = w; fz.dead_w[fz.ndw % FZ_DEAD].b = gen; fz.ndw++;
+}
+static void fz_drop_lease(int i) { fz.L[i] = fz.L[--fz.nl]; }
+static void fz_drop_waiter(int i) { fz.W[i] = fz.W[--fz.nw]; }
+
+static void fz_add_lease(const clientpool_grant_t *g, int created) {
+  fz_lease *x;
+  CHECK(fz.nl < FZ_MAXL);
+  x = &fz.L[fz.nl++];
+  x->l = g->lease; x->gen = g->lease_gen; x->rec = g->record; x->key = g->key;
+  x->created = created; x->leak_seen = 0;
+}
+
+/* the model's side of a grant (from acquire, claim or cancel) */
+static void fz_grant(const clientpool_grant_t *g, int32_t key) {
+  CHECK(g->record >= 0 && g->record < FZ_MAXR && g->lease >= 0);
+  CHECK_EQ(g->key, key);
+  if (g->status == CLIENTPOOL_GRANT_IDLE) {
+    CHECK(fz.rstate[g->record] == FR_RELEASED);     /* only a released record is reused */
+    CHECK_EQ(fz.rkey[g->record], key);
+    CHECK(g->idle >= 0);
+    if (fz.cfg.idle_timeout >= 0) CHECK(g->idle < fz.cfg.idle_timeout);
+    if (fz.cfg.validate_after_idle < 0) CHECK(g->validate == 1);
+    else CHECK(g->validate == (g->idle >= fz.cfg.validate_after_idle));
+    fz.rstate[g->record] = FR_LEASED;
+    fz_add_lease(g, 1);
+  } else {
+    CHECK_STATUS(g->status, CLIENTPOOL_GRANT_CREATE);
+    CHECK(fz.rstate[g->record] == FR_FREE);         /* a fresh slot */
+    fz.rstate[g->record] = FR_CREATING;
+    fz.rretired[g->record] = 0;
+    fz.rkey[g->record] = key;
+    fz_add_lease(g, 0);
+  }
+}
+
+static void fz_drain(void) {
+  clientpool_event_t e;
+  int i;
+  while (clientpool_next_event(fz.p, &e) != CLIENTPOOL_EV_NONE) {
+    switch (e.type) {
+    case CLIENTPOOL_EV_WAKE:
+      for (i = 0; i < fz.nw; i++)
+        if (fz.W[i].w == e.a && fz.W[i].gen == (uint32_t)e.b) break;
+      if (i == fz.nw || fz.W[i].woken)
+        fail_at(__FILE__, __LINE__, "EV_WAKE of waiter %d/%d that is not queued", e.a, e.b);
+      CHECK_EQ(e.c, fz.W[i].key);
+      fz.W[i].woken = 1;
+      fz_cov[CV_WAKE]++;
+      break;
+    case CLIENTPOOL_EV_DESTROY:
+      CHECK(e.a >= 0 && e.a < FZ_MAXR && e.b >= 0 && e.b < CLIENTPOOL_BY_COUNT);
+      if (fz.rstate[e.a] != FR_RELEASED)   /* never one being created or held */
+        fail_at(__FILE__, __LINE__, "EV_DESTROY of record %d in model state %d", e.a, fz.rstate[e.a]);
+      CHECK_EQ(e.c, fz.rkey[e.a]);
+      fz.rstate[e.a] = FR_FREE;
+      fz.destroys++;
+      fz.by[e.b]++;
+      fz_by_reason[e.b]++;
+      break;
+    case CLIENTPOOL_EV_TIMER:
+      CHECK(e.t >= 0);
+      if (fz.armed < 0 || e.t < fz.armed) fz.armed = e.t;
+      fz_cov[CV_TIMER]++;
+      break;
+    case CLIENTPOOL_EV_KEY_FREE: {
+      int n;
+      CHECK(e.a >= 0 && e.a < FZ_MAXK);
+      n = fz.key_name[e.a];
+      if (n < 0) fail_at(__FILE__, __LINE__, "EV_KEY_FREE of key %d that is not open", e.a);
+      CHECK(!fz.name_pinned[n]);
+      for (i = 0; i < fz.nl; i++)
+        if (fz.L[i].key == e.a)
+          fail_at(__FILE__, __LINE__, "EV_KEY_FREE of key %d while lease %d/%u (record %d, %s) "
+                  "is held on it", e.a, fz.L[i].l, (unsigned)fz.L[i].gen, fz.L[i].rec,
+                  fz.L[i].created ? "created" : "reservation");
+      for (i = 0; i < fz.nw; i++) CHECK(fz.W[i].woken || fz.W[i].key != e.a);
+      for (i = 0; i < FZ_MAXR; i++) CHECK(fz.rstate[i] == FR_FREE || fz.rkey[i] != e.a);
+      fz.name_key[n] = -1;
+      fz.key_name[e.a] = -1;
+      fz_cov[CV_KEY_FREE]++;
+      break;
+    }
+    case CLIENTPOOL_EV_LEAK:
+      CHECK(fz.cfg.leak_threshold >= 0);
+      CHECK(clientpool_lease_age(fz.p, e.a, (uint32_t)e.b, fz.now) >= fz.cfg.leak_threshold - 1e-9);
+      for (i = 0; i < fz.nl; i++)
+        if (fz.L[i].l == e.a && fz.L[i].gen == (uint32_t)e.b) {
+          CHECK(!fz.L[i].leak_seen);                  /* reported once */
+          fz_cov[CV_LEAK_EV]++;
+          fz.L[i].leak_seen = 1;
+        }
+      break;
+    case CLIENTPOOL_EV_CREATED:
+      CHECK(e.a >= 0 && e.a < FZ_MAXR);
+      CHECK(fz.rstate[e.a] == FR_LEASED);
+      fz.created++;
+      break;
+    default:
+      fail_at(__FILE__, __LINE__, "unknown event type %d", e.type);
+    }
+  }
+}
+
+/* cross-checks of engine and model after every operation */
+static void fz_verify(void) {
+  clientpool_stats_t s = pstats(fz.p), sum;
+  int i, queued = 0, woken = 0, res = 0, held = 0;
+  double d;
+  fz_drain();
+  for (i = 0; i < fz.nw; i++) { if (fz.W[i].woken) woken++; else queued++; }
+  for (i = 0; i < fz.nl; i++) { if (fz.L[i].created) held++; else res++; }
+  CHECK_EQ(s.waiting, queued);
+  CHECK(s.leases >= res + held && s.leases <= res + held + woken);
+  CHECK(s.creating >= res && s.creating <= res + woken);
+  CHECK(s.closed == fz.destroys && s.opened == fz.created && s.rejected == fz.rejected);
+  CHECK(s.idle <= fz.cfg.max_idle);
+  for (i = 0; i < CLIENTPOOL_BY_COUNT; i++) CHECK(s.closed_by[i] == fz.by[i]);
+  /* the driver's timer never misses a deadline */
+  d = clientpool_next_deadline(fz.p);
+  if (d >= 0 && !(fz.armed >= 0 && fz.armed <= d))
+    fail_at(__FILE__, __LINE__, "next deadline %g but the timer is armed at %g", d, fz.armed);
+  /* the open keys are exactly the model's, and their counts sum to the pool's */
+  memset(&sum, 0, sizeof sum);
+  for (i = 0; i < fz.nnames; i++) {
+    clientpool_stats_t k;
+    if (fz.name_key[i] < 0) continue;
+    k = KSTATS(fz.p, fz.name_key[i]);
+    if (fz.cfg.key_max_idle >= 0) CHECK(k.idle <= fz.cfg.key_max_idle);
+    if (fz.cfg.key_max_live >= 0) CHECK(k.live + k.creating <= fz.cfg.key_max_live);
+    sum.live += k.live; sum.idle += k.idle; sum.active += k.active;
+    sum.leases += k.leases; sum.creating += k.creating; sum.waiting += k.waiting;
+  }
+  CHECK(sum.live == s.live && sum.idle == s.idle && sum.active == s.active &&
+        sum.leases == s.leases && sum.creating == s.creating && sum.waiting == s.waiting);
+}
+
+static void fz_advance(void) {
+  if (rng_int(10) < 3) fz.now += rng_unit() * 0.2;
+}
+
+static double fz_seen(double t) {   /* records a time passed to the engine */
+  if (t >= fz.enow) fz.enow = t;
+  return t;
+}
+
+/* the time passed to a call: usually now, sometimes earlier (clamped) or NaN */
+static double fz_time(void) {
+  int r = rng_int(50);
+  if (r == 0) return fz_seen(fz.now - 1);
+  if (r == 1) return NAN;
+  return fz_seen(fz.now);
+}
+
+static void fz_tick(double t) {
+  int i;
+  double d;
+  fz.armed = -1;                            /* the timer fired */
+  TICK(fz.p, fz_seen(t));
+  fz_drain();
+  for (i = 0; i < fz.nw; i++)
+    if (!fz.W[i].woken && fz.W[i].deadline >= 0 && fz.W[i].deadline <= fz.enow)
+      fail_at(__FILE__, __LINE__, "waiter %d still queued past its deadline %g (now %g)",
+              fz.W[i].w, fz.W[i].deadline, fz.enow);
+  d = clientpool_next_deadline(fz.p);
+  if (!(d < 0 || d > fz.enow))
+    fail_at(__FILE__, __LINE__, "after tick(%g): next deadline %.17g is not in the future (now %.17g)",
+            t, d, fz.enow);
+}
+
+static int fz_mapped(void) {
+  int i, n = 0;
+  for (i = 0; i < fz.nnames; i++) if (fz.name_key[i] >= 0) n++;
+  return n;
+}
+
+/* the key id of a name, opening it if needed; -1 when max_keys keys exist */
+static int32_t fz_key(int name) {
+  int32_t k = fz.name_key[name];
+  if (k >= 0) return k;
+  k = KEY_OPEN(fz.p);
+  if (k == CLIENTPOOL_EKEYS) {
+    CHECK(fz.cfg.max_keys >= 0 && fz_mapped() >= fz.cfg.max_keys);
+    fz_cov[CV_EKEYS]++;
+    return -1;
+  }
+  CHECK(k >= 0 && k < FZ_MAXK && fz.key_name[k] < 0);
+  CHECK(fz.cfg.max_keys < 0 || fz_mapped() < fz.cfg.max_keys);
+  fz.name_key[name] = k;
+  fz.key_name[k] = name;
+  fz.name_pinned[name] = name == 0 || rng_int(4) == 0;
+  if (fz.name_pinned[name]) CHECK_EQ(KEY_PIN(fz.p, k, 1), 0);
+  return k;
+}
+
+static void fz_wait(int32_t k) {
+  uint32_t gen = 0;
+  double deadline = rng_int(2) ? -1 : fz.now + rng_unit() * 3;
+  int queued = 0, i;
+  int32_t w;
+  for (i = 0; i < fz.nw; i++) if (!fz.W[i].woken) queued++;
+  if (fz.nw >= FZ_MAXW) return;
+  w = WAIT_RAW(fz.p, k, deadline, fz_time(), &gen);
+  if (w == -CLIENTPOOL_FULL) {
+    CHECK(queued >= fz.cfg.max_waiting);
+    fz.rejected++;
+    return;
+  }
+  CHECK(w >= 0);
+  CHECK(queued < fz.cfg.max_waiting);
+  fz_cov[CV_WAIT]++;
+  fz.W[fz.nw].w = w; fz.W[fz.nw].gen = gen; fz.W[fz.nw].key = k;
+  fz.W[fz.nw].woken = 0; fz.W[fz.nw].deadline = deadline;
+  fz.nw++;
+}
+
+static void fz_op_acquire(void) {
+  int name = rng_int(fz.nnames);
+  int32_t k = fz_key(name);
+  clientpool_grant_t g;
+  int st, i, queued = 0;
+  if (k < 0) return;
+  if (fz.nl >= FZ_MAXL - 1) return;
+  st = ACQUIRE(fz.p, k, fz_time(), &g);
+  fz_drain();                               /* evictions come before the grant */
+  for (i = 0; i < fz.nw; i++) if (!fz.W[i].woken) queued++;
+  switch (st) {
+  case CLIENTPOOL_GRANT_IDLE:
+  case CLIENTPOOL_GRANT_CREATE:
+    fz_cov[st == CLIENTPOOL_GRANT_IDLE ? CV_IDLE : CV_CREATE]++;
+    fz_grant(&g, k);
+    /* granted now (a waiter's grant may predate a retire or expiry) */
+    if (st == CLIENTPOOL_GRANT_IDLE && fz.cfg.max_lifetime >= 0)
+      CHECK(fz.enow < fz.rcreated[g.record] + fz.cfg.max_lifetime);
+    if (st == CLIENTPOOL_GRANT_IDLE) CHECK(!fz.rretired[g.record]);   /* never reused */
+    break;
+  case CLIENTPOOL_MUST_WAIT:
+    fz_cov[CV_MUST_WAIT]++;
+    CHECK(queued < fz.cfg.max_waiting);
+    if (rng_int(10) < 7) fz_wait(k);
+    else if (KEY_FORGET(fz.p, k)) {         /* the driver gives up (as init.lua does) */
+      fz_drain();
+      CHECK(fz.name_key[name] < 0);
+    }
+    break;
+  case CLIENTPOOL_FULL:
+    fz_cov[CV_FULL]++;
+    CHECK(queued >= fz.cfg.max_waiting);
+    fz.rejected++;
+    break;
+  default:
+    fail_at(__FILE__, __LINE__, "acquire gave %s", status_name(st));
+  }
+}
+
+static int fz_pick_lease(int created) {
+  int i, n = 0, pick;
+  for (i = 0; i < fz.nl; i++) if (fz.L[i].created == created) n++;
+  if (!n) return -1;
+  pick = rng_int(n);
+  for (i = 0; i < fz.nl; i++) if (fz.L[i].created == created && pick-- == 0) return i;
+  return -1;
+}
+
+static void fz_op_created(void) {
+  int i = fz_pick_lease(0);
+  fz_lease x;
+  if (i < 0) return;
+  x = fz.L[i];
+  if (rng_int(10) < 8) {
+    CHECK_EQ(CREATED(fz.p, x.rec, 1, fz_time()), 0);
+    fz.rstate[x.rec] = FR_LEASED;
+    fz.rcreated[x.rec] = fz.enow;
+    fz.L[i].created = 1;
+    CHECK_STATUS(CREATED(fz.p, x.rec, 1, fz_time()), CLIENTPOOL_STALE);
+  } else {
+    /* no second created() here: records carry no generation in this call, and
+     * the freed slot may already be another waiter's reservation */
+    fz.rstate[x.rec] = FR_FREE;
+    fz_drop_lease(i);
+    fz_dead_lease(x.l, x.gen);
+    CHECK_EQ(CREATED(fz.p, x.rec, 0, fz_time()), 0);
+    fz_cov[CV_CREATE_FAIL]++;
+  }
+}
+
+static void fz_op_release(int leak) {
+  int i = fz_pick_lease(1), r;
+  int32_t reason;
+  fz_lease x;
+  double leaked_before = fz.by[CLIENTPOOL_BY_LEAKED];
+  if (i < 0) return;
+  x = fz.L[i];
+  fz_drop_lease(i);
+  fz_dead_lease(x.l, x.gen);
+  fz.rstate[x.rec] = FR_RELEASED;           /* set before its DESTROY is drained */
+  if (leak) {
+    CHECK_EQ(w_leak(fz.p, x.l, x.gen, fz_time(), __FILE__, __LINE__), 0);
+    fz_drain();
+    CHECK(fz.by[CLIENTPOOL_BY_LEAKED] == leaked_before + 1);
+    CHECK(fz.rstate[x.rec] == FR_FREE);
+    return;
+  }
+  r = rng_int(10);
+  reason = r < 7 ? -1 : r < 9 ? CLIENTPOOL_BY_ERROR : rng_int(CLIENTPOOL_BY_COUNT + 2);
+  CHECK_EQ(RELEASE_RAW(fz.p, x.l, x.gen, reason, fz_time()), 0);
+  fz_drain();
+  if (reason >= 0) CHECK(fz.rstate[x.rec] == FR_FREE);   /* destroyed at once */
+}
+
+static void fz_op_stale(void) {
+  clientpool_stats_t before, after_;
+  clientpool_grant_t g;
+  fz_handle h;
+  waiter_h wh;
+  fz_drain();
+  before = pstats(fz.p);
+  /* these calls clamp time even when the handle is stale: fz_seen */
+  if (fz.ndl && rng_int(2)) {
+    fz_seen(fz.now);
+    h = fz.dead_l[rng_int(fz.ndl < FZ_DEAD ? fz.ndl : FZ_DEAD)];
+    CHECK_STATUS(RELEASE_RAW(fz.p, h.a, h.b, -1, fz.now), CLIENTPOOL_STALE);
+    CHECK_STATUS(w_leak(fz.p, h.a, h.b, fz.now, __FILE__, __LINE__), CLIENTPOOL_STALE);
+  } else if (fz.ndw) {
+    fz_seen(fz.now);
+    h = fz.dead_w[rng_int(fz.ndw < FZ_DEAD ? fz.ndw : FZ_DEAD)];
+    wh.w = h.a; wh.gen = h.b;
+    CHECK_STATUS(CLAIM(fz.p, wh, fz.now, &g), CLIENTPOOL_STALE);
+    CHECK_STATUS(CANCEL(fz.p, wh, CLIENTPOOL_CANCELLED, fz.now, &g), CLIENTPOOL_STALE);
+    CHECK_STATUS(ABANDON(fz.p, wh, fz.now), CLIENTPOOL_STALE);
+  }
+  after_ = pstats(fz.p);
+  CHECK(stats_equal(&before, &after_));
+  fz_cov[CV_STALE]++;
+  CHECK_EQ(clientpool_pending(fz.p), 0);
+}
+
+/* claim (mode 0), cancel (1) or abandon (2) a random waiter */
+static void fz_op_waiter(int mode) {
+  int i, st;
+  fz_waiter x;
+  waiter_h wh;
+  clientpool_grant_t g;
+  if (!fz.nw || fz.nl >= FZ_MAXL - 1) return;
+  i = rng_int(fz.nw);
+  x = fz.W[i];
+  wh.w = x.w; wh.gen = x.gen;
+  if (mode == 2) {
+    fz_drop_waiter(i);
+    fz_dead_waiter(x.w, x.gen);
+    CHECK_EQ(ABANDON(fz.p, wh, fz_time()), 0);
+    fz_cov[x.woken ? CV_ABANDON_WOKEN : CV_ABANDON_QUEUED]++;
+    return;
+  }
+  if (mode == 0) {
+    st = CLAIM(fz.p, wh, fz.now, &g);       /* claim reads no time: not "seen" */
+    if (!x.woken) { CHECK_STATUS(st, CLIENTPOOL_PENDING); return; }
+  } else {
+    int want = rng_int(3) == 0 ? 999 : rng_int(2) ? CLIENTPOOL_TIMEOUT : CLIENTPOOL_CANCELLED;
+    st = CANCEL(fz.p, wh, want, fz_time(), &g);
+    if (!x.woken) {
+      CHECK_STATUS(st, want == CLIENTPOOL_TIMEOUT ? CLIENTPOOL_TIMEOUT : CLIENTPOOL_CANCELLED);
+      CHECK(g.waited >= 0);
+      fz_drop_waiter(i);
+      fz_dead_waiter(x.w, x.gen);
+      fz_cov[CV_CANCEL_QUEUED]++;
+      return;
+    }
+  }
+  fz_drop_waiter(i);
+  fz_dead_waiter(x.w, x.gen);
+  CHECK(g.waited >= 0);
+  if (st == CLIENTPOOL_GRANT_IDLE || st == CLIENTPOOL_GRANT_CREATE) {
+    fz_cov[mode == 0 ? CV_CLAIM_GRANT : CV_CANCEL_GRANT]++;
+    fz_grant(&g, x.key);
+  } else if (st == CLIENTPOOL_TIMEOUT) {
+    CHECK(x.deadline >= 0 && x.deadline <= fz.enow);
+    fz_cov[CV_TIMEOUT]++;
+  }
+  else fail_at(__FILE__, __LINE__, "woken waiter gave %s", status_name(st));
+}
+
+static void fz_op_retire(void) {
+  int32_t cand[FZ_MAXR];
+  int i, n = 0;
+  for (i = 0; i < FZ_MAXR; i++) if (fz.rstate[i] != FR_FREE) cand[n++] = i;
+  if (!n) return;
+  i = cand[rng_int(n)];
+  CHECK_EQ(RETIRE(fz.p, i, fz_time()), 0);
+  fz.rretired[i] = 1;
+}
+
+static void fz_op_tick(void) {
+  int r = rng_int(10);
+  if (r < 6) fz.now += rng_unit() * 0.5;
+  else if (r < 8) fz.now += rng_unit() * 2;
+  else if (r < 9) fz.now += rng_unit() * 10;
+  if (rng_int(20) == 0) { fz_tick(fz.now - 2); return; }   /* backwards: clamped */
+  if (rng_int(40) == 0) { fz_tick(NAN); return; }
+  fz_tick(fz.now);
+}
+
+static void fz_op_keys(void) {
+  int name = 1 + rng_int(fz.nnames > 1 ? fz.nnames - 1 : 1);
+  int32_t k;
+  if (name >= fz.nnames || fz.name_key[name] < 0) return;
+  k = fz.name_key[name];
+  if (rng_int(2)) {
+    int on = !fz.name_pinned[name];
+    CHECK_EQ(KEY_PIN(fz.p, k, on), 0);
+    fz.name_pinned[name] = on;
+    fz_drain();
+  } else if (KEY_FORGET(fz.p, k)) {
+    fz_drain();
+    CHECK(fz.name_key[name] < 0);
+  } else {
+    fz_drain();
+  }
+}
+
+static clientpool_config_t fz_config(void) {
+  clientpool_config_t c = cfg_base();
+  c.max_live = 1 + rng_int(6);
+  c.max_idle = rng_int(4) ? c.max_live : rng_int(c.max_live + 1);
+  c.min_idle = rng_int(c.max_idle + 1);
+  c.max_concurrency = 1 + rng_int(8);
+  c.max_waiting = rng_int(7);
+  c.key_max_live = rng_int(2) ? -1 : 1 + rng_int(c.max_live);
+  c.key_max_idle = rng_int(3) ? -1 : rng_int(c.max_idle + 1);
+  c.max_keys = rng_int(3) ? -1 : 1 + rng_int(FZ_NAMES);
+  c.idle_timeout = rng_int(3) ? 0.5 + rng_unit() * 10 : -1;
+  c.max_lifetime = rng_int(3) ? 1 + rng_unit() * 10 : -1;
+  c.lifetime_jitter = rng_int(2) ? rng_unit() * 0.5 : 0;
+  c.validate_after_idle = rng_int(2) ? rng_unit() * 2 : -1;
+  c.leak_threshold = rng_int(3) ? -1 : 1 + rng_unit() * 5;
+  c.seed = rng_u32();
+  return c;
+}
+
+static void fz_episode_start(void) {
+  int i;
+  memset(&fz, 0, sizeof fz);
+  fz.cfg = fz_config();
+  fz.p = POOL(fz.cfg);
+  fz.armed = -1;
+  fz.now = rng_unit() * 100;
+  fz.enow = 0;
+  fz.nnames = 1 + rng_int(FZ_NAMES);
+  for (i = 0; i < FZ_NAMES; i++) fz.name_key[i] = -1;
+  for (i = 0; i < FZ_MAXK; i++) fz.key_name[i] = -1;
+}
+
+/* closes the pool, settles every lease and waiter, and checks nothing is left */
+static void fz_episode_end(void) {
+  clientpool_stats_t s;
+  clientpool_grant_t g;
+  uint32_t gen;
+  int i;
+  fz.now += 1;
+  for (i = 0; i < FZ_NAMES; i++) fz.name_pinned[i] = 0;    /* close unpins every key */
+  CLOSE(fz.p, fz_seen(fz.now));
+  fz_drain();
+  for (i = 0; i < fz.nw; i++) CHECK(fz.W[i].woken);        /* every queued waiter woken */
+  CHECK_EQ(clientpool_is_closed(fz.p), 1);
+  CHECK_EQ(KEY_OPEN(fz.p), CLIENTPOOL_ECLOSED);
+  for (i = 0; i < fz.nnames; i++)
+    if (fz.name_key[i] >= 0) {
+      CHECK_STATUS(ACQUIRE(fz.p, fz.name_key[i], fz.now, &g), CLIENTPOOL_CLOSED);
+      CHECK_EQ(WAIT_RAW(fz.p, fz.name_key[i], -1, fz.now, &gen), -CLIENTPOOL_CLOSED);
+    }
+  while (fz.nw) {
+    fz_waiter x = fz.W[fz.nw - 1];
+    waiter_h wh;
+    int st;
+    wh.w = x.w; wh.gen = x.gen;
+    fz.nw--;
+    st = CLAIM(fz.p, wh, fz.now, &g);
+    if (st == CLIENTPOOL_GRANT_IDLE || st == CLIENTPOOL_GRANT_CREATE) fz_grant(&g, x.key);
+    else CHECK(st == CLIENTPOOL_CLOSED || st == CLIENTPOOL_TIMEOUT);
+    fz_drain();
+  }
+  while (fz.nl) {
+    fz_lease x = fz.L[fz.nl - 1];
+    if (!x.created) {
+      int ok = rng_int(2);
+      CHECK_EQ(CREATED(fz.p, x.rec, ok, fz.now), 0);
+      fz.rstate[x.rec] = ok ? FR_LEASED : FR_FREE;
+      if (!ok) fz.nl--;
+      fz_drain();
+      if (!ok) continue;
+      fz.L[fz.nl - 1].created = 1;
+    }
+    fz.nl--;
+    fz.rstate[x.rec] = FR_RELEASED;
+    CHECK_EQ(RELEASE_RAW(fz.p, x.l, x.gen, -1, fz.now), 0);
+    fz_drain();
+    CHECK(fz.rstate[x.rec] == FR_FREE);                      /* destroyed: BY_DRAIN */
+  }
+  fz_verify();
+  s = pstats(fz.p);
+  CHECK(s.live == 0 && s.idle == 0 && s.active == 0 && s.leases == 0);
+  CHECK(s.creating == 0 && s.waiting == 0);
+  for (i = 0; i < FZ_MAXR; i++) CHECK(fz.rstate[i] == FR_FREE);
+  CHECK_EQ(fz_mapped(), 0);                                  /* every key forgotten */
+  for (i = 0; i < 64; i++) CHECK(clientpool_stats(fz.p, i, &s) == CLIENTPOOL_EINVAL);
+  free_pool(fz.p);
+  fz.p = NULL;
+}
+
+static void t_fuzz_random_ops(void) {
+  const char *env = getenv("CLIENTPOOL_FUZZ_SEED");
+  uint64_t seed = env ? strtoull(env, NULL, 10) : 20240601u;
+  long op = 0, episodes = 0;
+  int i;
+  rng_seed(seed);
+  memset(fz_cov, 0, sizeof fz_cov);
+  memset(fz_by_reason, 0, sizeof fz_by_reason);
+  while (op < FZ_OPS) {
+    long len = 200 + rng_int(4000), j;
+    snprintf(g_ctx, sizeof g_ctx, "fuzz seed %llu, episode %ld start",
+             (unsigned long long)seed, episodes);
+    fz_episode_start();
+    for (j = 0; j < len && op < FZ_OPS; j++, op++) {
+      int r = rng_int(100);
+      snprintf(g_ctx, sizeof g_ctx, "fuzz seed %llu, episode %ld, op %ld (r=%d)",
+               (unsigned long long)seed, episodes, op, r);
+      fz_advance();
+      /* saturated (every lease taken): mostly release instead of piling up waits */
+      if (r < 22 && fz.nl >= fz.cfg.max_concurrency && rng_int(4) != 0) r = 40;
+      if (r < 22) fz_op_acquire();
+      else if (r < 32) fz_op_created();
+      else if (r < 52) fz_op_release(0);
+      else if (r < 54) fz_op_release(1);
+      else if (r < 57) fz_op_stale();
+      else if (r < 60) {                    /* wait without acquire first */
+        int name = rng_int(fz.nnames);
+        int32_t k = fz_key(name);
+        if (k >= 0) fz_wait(k);
+      }
+      else if (r < 71) fz_op_waiter(0);
+      else if (r < 75) fz_op_waiter(1);
+      else if (r < 78) fz_op_waiter(2);
+      else if (r < 81) fz_op_retire();
+      else if (r < 96) fz_op_tick();
+      else fz_op_keys();
+      fz_verify();
+    }
+    snprintf(g_ctx, sizeof g_ctx, "fuzz seed %llu, episode %ld end", (unsigned long long)seed, episodes);
+    fz_episode_end();
+    episodes++;
+  }
+  g_ctx[0] = 0;
+  CHECK(episodes > 10);
+  if (getenv("CLIENTPOOL_FUZZ_VERBOSE")) {
+    for (i = 0; i < CV_N; i++) fprintf(stderr, "  fuzz %-16s %ld\n", cv_name[i], fz_cov[i]);
+    for (i = 0; i < CLIENTPOOL_BY_COUNT; i++) fprintf(stderr, "  fuzz destroy/%d %ld\n", i, fz_by_reason[i]);
+  }
+  for (i = 0; i < CV_N; i++)
+    if (fz_cov[i] == 0) fail_at(__FILE__, __LINE__, "the fuzzer never reached: %s", cv_name[i]);
+  for (i = 0; i < CLIENTPOOL_BY_COUNT; i++)
+    if (fz_by_reason[i] == 0) fail_at(__FILE__, __LINE__, "the fuzzer never destroyed a record by reason %d", i);
+}
+
+/* ===================================================================== */
+/* 19. regressions: engine bugs found by this suite                      */
+/* ===================================================================== */
+
+/*
+ * Bug (fixed by the key hold in clientpool_acquire): an acquire on an
+ * unpinned key whose only record is an expired idle one forgot the key in
+ * the middle of the call, then reserved a record on the forgotten key.
+ * take_idle met the expired record and destroy() called key_maybe_free(k);
+ * the key was empty at that moment, so it was freed (EV_KEY_FREE) and
+ * reserve() put the new record on a dead key: stats(k) = EINVAL,
+ * clientpool_check "record N on dead key K", and the next key_open handed the
+ * id (with zeroed counters) to another key.  In the Lua driver: any request
+ * for a non-warm key arriving after its last client sat idle past
+ * idle_timeout (or max_lifetime) but before the timer task ticked.
+ *
+ * Expected: DESTROY(BY_IDLE), GRANT_CREATE, and key k still open.
+ */
+static void t_regress_acquire_expired_idle_keeps_key(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  char buf[256];
+  int st;
+  c.idle_timeout = 10;
+  p = POOL(c);
+  k = UKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE(p, h, 1);
+  drain(p);
+  st = clientpool_acquire(p, k, 20, &g);    /* raw call: checked step by step below */
+  drain(p);
+  CHECK_STATUS(st, CLIENTPOOL_GRANT_CREATE);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_IDLE);
+  CHECK_MSG(n_key_free(k) == 0,
+            "expected key k to stay open (the acquire is reserving a record on it); "
+            "got EV_KEY_FREE(k) from inside clientpool_acquire");
+  CHECK_MSG(clientpool_stats(p, k, &s) == 0 && s.creating == 1,
+            "expected stats(k) to show the reservation; got EINVAL (key forgotten)");
+  CHECK_MSG(clientpool_check(p, buf, sizeof buf) == 0, buf);
+  CHECK_EQ(CREATED(p, g.record, 0, 21), 0); /* now empty: forgotten */
+  drain(p);
+  CHECK_EQ(n_key_free(k), 1);
+
+  /* the same through max_lifetime */
+  c.idle_timeout = -1; c.max_lifetime = 5;
+  p = POOL(c);
+  k = UKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE(p, h, 1);
+  drain(p);
+  CHECK_STATUS(ACQUIRE(p, k, 6, &g), CLIENTPOOL_GRANT_CREATE);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_LIFETIME);
+  CHECK_EQ(n_key_free(k), 0);
+}
+
+/*
+ * Bug (fixed by counting waiter slots per key, key_t_.wrefs): a key was
+ * forgotten while a resolved but unclaimed waiter still named it, and that
+ * waiter's claim later forgot whichever key had reused the id.  Two waiters
+ * of key A time out in one tick; claiming the first forgot A (only queued
+ * waiters were counted); key_open handed A's id to a new key K; claiming the
+ * second waiter then forgot K under its owner, and acquire(K) said STALE.
+ *
+ * Expected: A stays until its last waiter slot is claimed; K survives.
+ */
+static void t_regress_key_kept_for_unclaimed_waiter(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b, k2;
+  waiter_h w1, w2;
+  clientpool_grant_t g;
+  hold_t hb;
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  b = PKEY(p);
+  a = UKEY(p);
+  hb = NEW_LEASE(p, b, 0);                  /* fills max_live */
+  MUST_WAIT(p, a, 0);
+  w1 = WAIT(p, a, 5, 0);
+  w2 = WAIT(p, a, 5, 0);
+  TICK(p, 5);
+  drain(p);
+  EXPECT_WAKE(w1);
+  EXPECT_WAKE(w2);
+  CHECK_STATUS(CLAIM(p, w1, 5, &g), CLIENTPOOL_TIMEOUT);
+  drain(p);
+  CHECK_MSG(n_key_free(a) == 0, "expected key a to stay while w2 is unclaimed; got EV_KEY_FREE(a)");
+  CHECK_EQ(KEY_FORGET(p, a), 0);
+  k2 = KEY_OPEN(p);
+  CHECK(k2 >= 0 && k2 != a);
+  CHECK_STATUS(CLAIM(p, w2, 5, &g), CLIENTPOOL_TIMEOUT);
+  drain(p);
+  CHECK_EQ(n_key_free(a), 1);               /* the last slot naming a is gone */
+  CHECK_MSG(n_key_free(k2) == 0,
+            "expected the claim of an old waiter of key a to leave the new key k2 alone; "
+            "got EV_KEY_FREE(k2)");
+  RELEASE(p, hb, 6);
+  CHECK_MSG(ACQUIRE(p, k2, 6, &g) != CLIENTPOOL_STALE,
+            "expected acquire on the freshly opened key to grant; got STALE (key forgotten)");
+}
+
+/* ===================================================================== */
+/* runner                                                                */
+/* ===================================================================== */
+
+typedef struct { const char *name; void (*fn)(void); } test_t;
+#define T(f) { #f, f }
+
+static const test_t tests[] = {
+  /* 1 config */
+  T(t_config_rejects_outside_envelope),
+  T(t_config_accepts_envelope_edges),
+  /* 2 lazy creation */
+  T(t_create_first_acquire_reserves),
+  T(t_create_failure_forfeits),
+  T(t_create_failure_hands_capacity_to_waiter),
+  /* 3 reuse */
+  T(t_reuse_lifo),
+  T(t_validate_after_idle),
+  /* 4 idle timeout */
+  T(t_idle_timeout_at_acquire),
+  T(t_idle_timeout_by_tick),
+  T(t_timer_events),
+  /* 5 lifetime */
+  T(t_lifetime_jitter_window_and_seed),
+  T(t_lifetime_without_jitter_exact),
+  T(t_lifetime_leased_destroyed_at_release),
+  T(t_lifetime_at_acquire),
+  /* 6 max_idle */
+  T(t_max_idle_on_release),
+  T(t_key_max_idle_on_release),
+  T(t_max_idle_zero_still_hands_to_waiter),
+  /* 7 keys and budgets */
+  T(t_key_max_live_under_global),
+  T(t_evict_lru_idle_of_other_key),
+  T(t_no_eviction_when_key_capped),
+  T(t_max_keys),
+  T(t_key_forgotten_after_last_record),
+  T(t_key_pinned_not_forgotten),
+  T(t_key_forget),
+  T(t_max_concurrency_independent_of_max_live),
+  T(t_max_concurrency_counts_reservations),
+  T(t_max_waiting_full),
+  T(t_max_waiting_zero_fails_fast),
+  /* 8 FIFO */
+  T(t_fifo_one_key),
+  T(t_fifo_cross_key_capped_does_not_block),
+  T(t_fifo_cross_key_earlier_servable_wins),
+  /* 9 waiters */
+  T(t_waiter_timeout_by_tick),
+  T(t_waiter_cancel_queued),
+  T(t_waiter_cancel_after_grant_returns_grant),
+  T(t_waiter_claim_pending_and_stale),
+  T(t_waiter_served_at_once),
+  /* 10 abandon */
+  T(t_abandon_queued),
+  T(t_abandon_granted_idle_back_to_stack),
+  T(t_abandon_granted_idle_to_next_waiter),
+  T(t_abandon_granted_reservation_forfeited),
+  /* 11 release */
+  T(t_release_idempotent),
+  T(t_release_stale_cannot_end_new_holder),
+  T(t_release_reasons),
+  /* 12 leak */
+  T(t_leak),
+  T(t_leak_threshold_reports_once),
+  /* 13 retire */
+  T(t_retire),
+  /* 14 close */
+  T(t_close),
+  T(t_close_destroys_idle_and_is_idempotent),
+  T(t_close_with_granted_unclaimed_waiter),
+  /* 15 time */
+  T(t_time_never_backwards),
+  T(t_time_nan),
+  /* 16 stats */
+  T(t_stats_identities),
+  /* 17 scale */
+  T(t_scale_100k_idle_1k_keys),
+  /* 18 randomized */
+  T(t_fuzz_random_ops),
+  /* 19 regressions */
+  T(t_regress_acquire_expired_idle_keeps_key),
+  T(t_regress_key_kept_for_unclaimed_waiter),
+};
+
+/* runs one test; a failed CHECK longjmps back here.  Returns 1 if it failed. */
+static int run_one(const test_t *t) {
+  g_test = t->name;
+  g_failed = 0;
+  g_stride = 1;
+  g_calls = 0;
+  g_ctx[0] = 0;
+  if (setjmp(g_jump) == 0) t->fn();
+  free_owned();
+  return g_failed;
+}
+
+int main(int argc, char **argv) {
+  int passed = 0, failed = 0;
+  size_t i;
+  for (i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+    if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
+    if (run_one(&tests[i])) failed++; else passed++;
+  }
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
