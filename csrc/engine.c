@@ -44,6 +44,7 @@ typedef struct record {
   int32_t next_free;
   double created, expires, idle_since;
   double gl_since;       /* idle-expiry clock (idle_since, renewed for the warm floor) */
+  uint64_t cseq;         /* creation order, for retire_before(-1) */
 } record_t;
 
 typedef struct lease {
@@ -80,6 +81,7 @@ typedef struct key {
   int32_t wrefs;         /* waiter slots naming this key (queued or unclaimed) */
   int32_t *oheap, olen, ocap;  /* open records (capacity > 1) by fewest leases */
   double retire_before;  /* records created earlier are retired */
+  uint64_t retire_seq;   /* records created up to this sequence are retired */
   gate_t gate;
   clientpool_stats_t st;
 } key_t_;
@@ -107,6 +109,7 @@ struct clientpool {
   int32_t *warm; int32_t nwarm, warmcap;  /* pinned keys: the warm floor's keys */
   int32_t floor_on, refill_signalled;
   double retire_before;
+  uint64_t retire_seq, cseq;
   gate_t gate;
 
   hent_t *heap; int32_t hlen, hcap;   /* deadlines */
@@ -369,10 +372,13 @@ static int key_ok(const clientpool_t *p, int32_t k) {
 int clientpool_key_pin(clientpool_t *p, int32_t k, int32_t pinned) {
   int32_t i;
   if (!key_ok(p, k)) return CLIENTPOOL_EINVAL;
-  pinned = pinned != 0;
+  if (pinned < 0 || pinned > 2) pinned = 1;
   if (p->keys[k].pinned == pinned) return 0;
+  if (p->keys[k].pinned == 2)            /* leaves the warm list */
+    for (i = 0; i < p->nwarm; i++)
+      if (p->warm[i] == k) { p->warm[i] = p->warm[--p->nwarm]; break; }
   p->keys[k].pinned = pinned;
-  if (pinned) {
+  if (pinned == 2) {
     if (p->nwarm == p->warmcap) {
       int32_t *q = grow(p->warm, &p->warmcap, sizeof *q, p->nwarm + 1);
       if (!q) { p->keys[k].pinned = 0; return CLIENTPOOL_ENOMEM; }
@@ -380,9 +386,7 @@ int clientpool_key_pin(clientpool_t *p, int32_t k, int32_t pinned) {
     }
     p->warm[p->nwarm++] = k;
     p->refill_signalled = 0;
-  } else {
-    for (i = 0; i < p->nwarm; i++)
-      if (p->warm[i] == k) { p->warm[i] = p->warm[--p->nwarm]; break; }
+  } else if (!pinned) {
     key_maybe_free(p, k);
   }
   return 0;
@@ -536,7 +540,7 @@ static int32_t floor_deficit(const clientpool_t *p, int32_t k) {
 
 /* Signals the driver (once until it asks) that a warm key fell short. */
 static void floor_check(clientpool_t *p, int32_t k) {
-  if (!p->floor_on || p->refill_signalled || p->closed || !p->keys[k].pinned) return;
+  if (!p->floor_on || p->refill_signalled || p->closed || p->keys[k].pinned != 2) return;
   if (floor_deficit(p, k) <= 0) return;
   p->refill_signalled = 1;
   push_event(p, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
@@ -561,12 +565,13 @@ static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
 
 /* Whether a record's creation predates a retire_before of its key or pool. */
 static int retired_by_age(const clientpool_t *p, const record_t *x) {
-  return x->created < p->retire_before || x->created < p->keys[x->key].retire_before;
+  return x->created < p->retire_before || x->created < p->keys[x->key].retire_before ||
+         x->cseq <= p->retire_seq || x->cseq <= p->keys[x->key].retire_seq;
 }
 
 /* Whether the warm floor needs this idle record: idle_timeout spares it. */
 static int floor_keeps(const clientpool_t *p, const record_t *x) {
-  return p->floor_on && p->keys[x->key].pinned && p->keys[x->key].st.idle <= p->cfg.min_idle;
+  return p->floor_on && p->keys[x->key].pinned == 2 && p->keys[x->key].st.idle <= p->cfg.min_idle;
 }
 
 static int idle_expired(const clientpool_t *p, const record_t *x, double now, int32_t *why) {
@@ -671,7 +676,7 @@ static int take_open(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
   while (key->olen > 0) {
     int32_t r = key->oheap[0], l;
     record_t *x = &p->rec[r];
-    if ((has(p->cfg.max_lifetime) && now >= x->expires) || retired_by_age(p, x)) {
+    if (x->retire || (has(p->cfg.max_lifetime) && now >= x->expires) || retired_by_age(p, x)) {
       x->retire = 1;                  /* no new leases; destroyed at its last release */
       oremove(p, r);
       continue;
@@ -1034,7 +1039,10 @@ static void forfeit(clientpool_t *p, int32_t r, int failed) {
   BOTH(p, k, creating, -1);
   if (failed) BOTH(p, k, create_failed, 1);
   if (x->refill) p->keys[k].refilling--;
-  else lease_free(p, x->res_lease);
+  else {
+    gate_lease_ended(p, k, x->res_lease, p->lea[x->res_lease].gen);
+    lease_free(p, x->res_lease);
+  }
   rec_free(p, r);
   key_refresh(p, k);
   key_maybe_free(p, k);
@@ -1054,6 +1062,7 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
   }
   BOTH(p, k, creating, -1);
   x->created = now;
+  x->cseq = ++p->cseq;
   x->expires = has(p->cfg.max_lifetime)
     ? now + p->cfg.max_lifetime * (1.0 - p->cfg.lifetime_jitter * rnd(p)) : -1;
   if (has(p->cfg.max_lifetime) && hpush(p, x->expires, H_LIFETIME, r) != 0) x->hpos = NONE;
@@ -1198,6 +1207,7 @@ int clientpool_retire(clientpool_t *p, int32_t r, double now) {
   if (r < 0 || r >= p->nrec || p->rec[r].state == R_FREE) return CLIENTPOOL_STALE;
   p->rec[r].retire = 1;
   if (p->rec[r].state == R_IDLE) destroy(p, r, CLIENTPOOL_BY_RETIRED);
+  else if (p->rec[r].opos != NONE) { oremove(p, r); key_refresh(p, p->rec[r].key); }
   finish(p, now);
   return 0;
 }
@@ -1207,18 +1217,20 @@ int clientpool_retire_before(clientpool_t *p, int32_t k, double before, double n
   now = clamp(p, now);
   if (k >= 0 && !key_ok(p, k)) return CLIENTPOOL_EINVAL;
   if (k < 0) {
-    if (before > p->retire_before) p->retire_before = before;
+    if (before < 0) p->retire_seq = p->cseq;
+    else if (before > p->retire_before) p->retire_before = before;
     for (r = p->g_oldest; r != NONE;) {
       int32_t next = p->rec[r].gnext;
-      if (p->rec[r].created < before) destroy(p, r, CLIENTPOOL_BY_RETIRED);
+      if (retired_by_age(p, &p->rec[r])) destroy(p, r, CLIENTPOOL_BY_RETIRED);
       r = next;
     }
   } else {
-    if (before > p->keys[k].retire_before) p->keys[k].retire_before = before;
+    if (before < 0) p->keys[k].retire_seq = p->cseq;
+    else if (before > p->keys[k].retire_before) p->keys[k].retire_before = before;
     p->hold_key = k;
     for (r = p->keys[k].idle_top; r != NONE;) {
       int32_t next = p->rec[r].knext;
-      if (p->rec[r].created < before) destroy(p, r, CLIENTPOOL_BY_RETIRED);
+      if (retired_by_age(p, &p->rec[r])) destroy(p, r, CLIENTPOOL_BY_RETIRED);
       r = next;
     }
     p->hold_key = NONE;

@@ -48,7 +48,7 @@ static clientpool_t *lcp_self(lua_State *L) {
   same = lua_rawequal(L, -1, lua_upvalueindex(1));
   lua_pop(L, 1);
   if (!same) luaL_argerror(L, 1, "clientpool.Pool expected");
-  if ((*u)->p == NULL) luaL_argerror(L, 1, "clientpool.Pool is freed");
+  if (*u == NULL || (*u)->p == NULL) luaL_argerror(L, 1, "clientpool.Pool is freed");
   return (*u)->p;
 }
 
@@ -359,7 +359,8 @@ static int lcp_key_open(lua_State *L) {
 
 static int lcp_key_pin(lua_State *L) {
   clientpool_t *p = lcp_self(L);
-  lua_pushboolean(L, clientpool_key_pin(p, (int32_t)lua_tointeger(L, 2), lua_toboolean(L, 3)) == 0);
+  int pin = lua_isboolean(L, 3) ? lua_toboolean(L, 3) : (int)lua_tointeger(L, 3);
+  lua_pushboolean(L, clientpool_key_pin(p, (int32_t)lua_tointeger(L, 2), pin) == 0);
   return 1;
 }
 

@@ -159,7 +159,8 @@ void clientpool_free(clientpool_t *p);
  * or waiter, unless it is pinned. */
 int32_t clientpool_key_open(clientpool_t *p);
 
-/* Pins (1) or unpins (0) a key: a pinned key is never forgotten. */
+/* Pins (1) or unpins (0) a key: a pinned key is never forgotten; 2 pins it
+ * as a warm key, whose min_idle floor the engine signals (EV_REFILL). */
 int clientpool_key_pin(clientpool_t *p, int32_t key, int32_t pinned);
 
 /* Forgets a key that holds nothing (for the driver, after an acquisition
@@ -212,7 +213,9 @@ int clientpool_leak(clientpool_t *p, int32_t lease, uint32_t gen, double now);
 int clientpool_retire(clientpool_t *p, int32_t record, double now);
 
 /* Retires every record of key (key < 0: of the pool) created before
- * `before`: idle ones at once, leased ones at release.  Returns 0 or EINVAL. */
+ * `before` (before < 0: every record created so far, by creation order, so
+ * one created later at the same instant survives): idle ones at once,
+ * leased ones at release.  Returns 0 or EINVAL. */
 int clientpool_retire_before(clientpool_t *p, int32_t key, double before, double now);
 
 /* Pauses admission of the pool (key < 0) or of a key: new acquisitions wait

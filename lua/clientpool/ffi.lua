@@ -380,7 +380,9 @@ function Engine:key_open()
 end
 
 function Engine:key_pin(key, pinned)
-  return C.clientpool_key_pin(self.p, key, pinned and 1 or 0) == 0
+  -- true/false as the C binding takes them; 2 pins a warm key
+  if type(pinned) ~= "number" then pinned = pinned and 1 or 0 end
+  return C.clientpool_key_pin(self.p, key, pinned) == 0
 end
 
 function Engine:key_forget(key)

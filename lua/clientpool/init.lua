@@ -540,10 +540,21 @@ end
 -- event, not a loop: under LuaJIT a loop here aborts every trace recorded
 -- through it (create, wait, destroy paths), and the aborts blacklist the
 -- functions they start in, checkout and acquire included, hot path and all.
+-- drain() waits until no lease is held: whatever ended the last one (a
+-- release, a failed create, a collected lease) went through an event pump.
+local function wake_drainers(self)
+  if self._e:stats(-1, self._scratch).leases == 0 then
+    for h in pairs(self._drain_hs) do self._sched.wake(h) end
+  end
+end
+
 pump = function(self)
   local e = self._e
   local t, a, b, c, tt = e:next_event()
-  if not t then return end
+  if not t then
+    if self._drain_hs then wake_drainers(self) end
+    return
+  end
   handle_event(self, e, t, a, b, c, tt)
   return pump(self)
 end
@@ -586,7 +597,7 @@ function _M.new(opts)
   local warm = c.keys or { DEFAULT }
   for _, name in ipairs(warm) do
     local k = e:key_open()
-    e:key_pin(k, true)
+    e:key_pin(k, 2)   -- pinned and warm
     self._kids[name] = k
     self._knames[k] = name
   end
@@ -987,7 +998,9 @@ function Pool:_schedule_cancel(lease)
     return
   end
   local sched = self._sched
-  sched.spawn(function()
+  -- background: in nginx a close() from a request must not hold it open
+  local bg = sched.background or sched.spawn
+  bg(function()
     sched.sleep(grace)
     if lease._g then fire_cancel(lease) end
   end)
@@ -1091,14 +1104,19 @@ function Pool:resume(key)
     local warm = self._c.keys
     local is_warm = (warm == nil and name == DEFAULT)
     if warm then for _, w in ipairs(warm) do if w == name then is_warm = true end end end
-    if not is_warm then e:key_pin(k, false) end
+    local _, pending = e:resume(k, self._c.probe, now_of(self))
+    if pending > 0 then pump(self) end
+    -- unpinned only after the resume (an empty key is forgotten at once),
+    -- and not while half-open: the key's gate must outlive its probe
+    if not is_warm and not self._c.probe then e:key_pin(k, false) end
   else
     was = self._paused
     self._paused = false
+    local _, pending = e:resume(k, self._c.probe, now_of(self))
+    if pending > 0 then pump(self) end
   end
   self._pgen[scope] = (self._pgen[scope] or 0) + 1
-  local _, pending = e:resume(k, self._c.probe, now_of(self))
-  if pending > 0 then pump(self) end
+  pump(self)
   if was then emit(self, "resume", key) end
 end
 
@@ -1106,7 +1124,7 @@ end
 -- ones at once, leased ones at their release (failover, DNS changes).
 function Pool:retire(key)
   local k = scope_key(self, key, "retire")
-  local _, pending = self._e:retire_before(k, clock(self) + 1e-9, now_of(self))
+  local _, pending = self._e:retire_before(k, -1, now_of(self))
   if pending > 0 then pump(self) end
 end
 
@@ -1140,7 +1158,9 @@ function Pool:_apply(d, lease)
     if ra ~= nil and (type(ra) ~= "number" or ra ~= ra or ra < 0 or ra == math_huge) then
       error("clientpool: policy directive 'resume_after' must be a finite number >= 0, got " .. tostring(ra), 3)
     end
-    local key = d.scope == "key" and lease._key or nil
+    -- the default key is the pool's one upstream: its pause is the pool's,
+    -- so pool:resume() lifts it
+    local key = d.scope == "key" and lease._key ~= DEFAULT and lease._key or nil
     self:_pause(d.pause, key, ra, "observe")
   else
     -- an outcome that continues: a probe lease opens its gate
@@ -1152,12 +1172,24 @@ function Pool:_apply(d, lease)
 end
 
 local function refill_task(self, rec, name)
-  local ok, client = ycall(self._create, hook_key(name))
+  local ok, client, err = ycall(self._create, hook_key(name))
   local e = self._e
   self._refilling = self._refilling - 1
   if ok and client ~= nil then
     self._clients[rec] = client
     local _, pending = e:created(rec, true, now_of(self))
+    -- an idle record keeps what park returns (OpenResty: nothing)
+    if self._park and self._clients[rec] == client then
+      local pok, stored = pcall(self._park, client, hook_key(name))
+      if pok then
+        self._clients[rec] = stored
+        self._parked[rec] = true
+      else
+        log(self, "park hook failed: " .. tostring(stored))
+        local _, p2 = e:retire(rec, now_of(self))
+        if p2 > 0 then pump(self) end
+      end
+    end
     self._strikes = 0
     if pending > 0 then pump(self) end
     emit(self, "create", hook_key(name), client)
@@ -1168,7 +1200,7 @@ local function refill_task(self, rec, name)
     if self._strikes > self._c.restarts then
       self._spent = true
       log(self, string_format("warm floor spent after %d failed refills in a row (last: %s); " ..
-        "acquire still creates lazily", self._strikes, tostring(client)))
+        "acquire still creates lazily", self._strikes, tostring(ok and (err or "create returned nil") or client)))
     end
   end
   if self._run_h then self._sched.wake(self._run_h) end
