@@ -22,7 +22,7 @@ PACKAGES=(
   # host schedulers
   lua-cqueues lua-luv lua-socket lua-copas
   # upstreams used by integration specs
-  redis-server
+  redis-server redis-tools curl wrk
   # packaging
   luarocks
   # C tooling; llvm-14 gives llvm-symbolizer for readable ASan reports
