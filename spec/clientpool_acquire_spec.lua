@@ -752,32 +752,16 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
       end
 
       it("a lease collected while held counts as leaked: client destroyed, leak event, capacity back", function()
-        run(function(sched)
-          local pool, f = mkpool(sched, { max_live = 1 })
-          local leaks = {}
-          pool:on("leak", function(key, info) leaks[#leaks + 1] = { key = key, info = info } end)
-          local client = leak_one(pool, "k")
-          assert.equal(1, H.check(pool).leases)
-          collect()
-          local s = H.check(pool)
-          assert.equal(1, s.leaked)
-          assert.equal(1, s.closed_by.leaked)
-          assert.equal(0, s.live)
-          assert.equal(0, s.leases)
-          assert.equal(0, s.active)
-          settle(sched)
-          assert.equal(1, f.destroyed)
-          assert.is_false(client.alive)
-          assert.equal(1, #leaks)
-          assert.equal("k", leaks[1].key)
-          assert.is_table(leaks[1].info)
-          assert.is_true(leaks[1].info.leaked)
-          -- capacity is back: max_live 1, and this does not wait
-          local l, code = pool:try_acquire("k")
-          assert.is_table(l, code)
-          assert.equal(2, l.client.id)
-          l:release()
-        end)
+        if S.name ~= "loop (virtual clock)" then return end -- one run is enough: it has its own scheduler
+        -- in a fresh interpreter (see spec/gc_leak_check.lua for why)
+        local interp = arg and arg[-1] or "lua"
+        local cmd = string.format("LUA_PATH='%s' LUA_CPATH='%s' LUA_PATH_5_4='%s' LUA_CPATH_5_4='%s' " ..
+          "LUA_PATH_5_3='%s' LUA_CPATH_5_3='%s' %s spec/gc_leak_check.lua 2>&1",
+          package.path, package.cpath, package.path, package.cpath, package.path, package.cpath, interp)
+        local fh = assert(io.popen(cmd))
+        local out = fh:read("*a")
+        fh:close()
+        assert.equal("OK\n", out)
       end)
 
       it("a released lease that is collected is not a leak", function()

@@ -1,0 +1,45 @@
+-- Run by spec/clientpool_acquire_spec.lua in a fresh interpreter: a lease
+-- collected while held counts as leaked. A fresh process, because inside a
+-- long busted run a stale slot somewhere can keep one particular lease
+-- alive for a while, which made the in-process version flaky.
+local clientpool = require "clientpool"
+local loop = require("clientpool.loop").new { clock = "virtual" }
+
+local created, destroyed = 0, 0
+local alive = {}
+local pool = clientpool.new {
+  max_live = 1, scheduler = loop,
+  create = function() created = created + 1; alive[created] = true; return { id = created } end,
+  destroy = function(c) destroyed = destroyed + 1; alive[c.id] = false end,
+}
+local leaks = {}
+pool:on("leak", function(key, info) leaks[#leaks + 1] = { key = key, info = info } end)
+
+local function check(cond, what)
+  if not cond then io.write("FAIL ", what, "\n"); os.exit(1) end
+end
+
+loop.spawn(function()
+  local co = coroutine.create(function()
+    local l = assert(pool:acquire("k"))
+    return l.client.id
+  end)
+  local ok, id = coroutine.resume(co)
+  check(ok and id == 1, "acquire")
+  co = nil -- luacheck: ignore
+  check(pool:stats().leases == 1, "one lease held")
+  for _ = 1, 4 do collectgarbage("collect") end
+  local s = pool:stats()
+  check(s.leaked == 1, "leaked " .. s.leaked)
+  check(s.closed_by.leaked == 1, "closed_by.leaked")
+  check(s.live == 0 and s.leases == 0 and s.active == 0, "counts back to 0")
+  loop.sleep(0); loop.sleep(0)
+  check(destroyed == 1 and alive[1] == false, "client destroyed")
+  check(#leaks == 1 and leaks[1].key == "k" and leaks[1].info.leaked == true, "leak event")
+  local l, code = pool:try_acquire("k")
+  check(type(l) == "table", "capacity back: " .. tostring(code))
+  check(l.client.id == 2, "a new client")
+  l:release()
+  io.write("OK\n")
+end)
+loop.run()
