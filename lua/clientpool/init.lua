@@ -87,8 +87,17 @@ end
 ---------------------------------------------------------------------------
 
 -- Raised without a position: new() re-raises it at its caller's line.
+-- Numbers are printed with %s: %d raises on a float with no integer
+-- representation (a bad option such as -1e300 or 2^64).
 local function fail(fmt, ...)
-  error("clientpool: " .. string_format(fmt, ...), 0)
+  local args = pack(...)
+  for i = 1, args.n do
+    local v = args[i]
+    if type(v) == "number" and math_floor(v) == v and v > -2^53 and v < 2^53 then
+      args[i] = string_format("%d", v)
+    end
+  end
+  error("clientpool: " .. string_format((fmt:gsub("%%d", "%%s")), unpack(args, 1, args.n)), 0)
 end
 
 local function is_int(v)
@@ -162,7 +171,7 @@ local function validate_options(o)
   c.capacity = check_count(o, "capacity", 1, 1)
   c.min_idle = check_count(o, "min_idle", 0, 0)
   c.max_idle = check_count(o, "max_idle", 0, c.max_live)
-  c.max_concurrency = check_count(o, "max_concurrency", 1, c.max_live * c.capacity)
+  c.max_concurrency = check_count(o, "max_concurrency", 1, math.min(c.max_live * c.capacity, 2147483647))
   c.max_waiting = check_count(o, "max_waiting", 0, 1024)
   c.max_keys = check_count(o, "max_keys", 1)
   c.restarts = check_count(o, "restarts", 0, 3)
@@ -239,8 +248,8 @@ local function validate_options(o)
   end
   c.pause_mode = o.pause_mode or "queue"
   c.probe = o.probe == true
-  if o.seed ~= nil and (not is_int(o.seed) or o.seed < 0) then
-    fail("option 'seed' must be an integer >= 0, got %s", tostring(o.seed))
+  if o.seed ~= nil and (not is_int(o.seed) or o.seed < 0 or o.seed >= 2^64) then
+    fail("option 'seed' must be an integer in [0, 2^64), got %s", tostring(o.seed))
   end
   c.seed = o.seed
   if o.backend ~= nil then
@@ -931,6 +940,9 @@ function Pool:with(key, fn, ...)
   if type(fn) ~= "function" then
     error("clientpool: bad argument #2 to 'with' (function expected, got " .. type(fn) .. ")", 2)
   end
+  if key ~= nil and type(key) ~= "string" then
+    error("clientpool: bad argument #1 to 'with' (key must be a string or nil, got " .. type(key) .. ")", 2)
+  end
   local lease, code, detail = self:acquire(key)
   if not lease then return nil, code, detail end
   local r = pack(ycall(fn, lease.client, lease, ...))
@@ -1047,20 +1059,26 @@ function Pool:cancel_active()
   end
 end
 
-local function scope_key(self, key, fname)
+-- The engine key of a scope (-1: the pool), raising at the caller of the
+-- method that called it; nil when the key cannot be opened (closed pool,
+-- max_keys keys exist): such a key has nothing to pause, resume or retire.
+local function scope_key(self, key, fname, argn)
   if key == nil then return -1, nil end
   if type(key) ~= "string" then
-    error("clientpool: bad argument #2 to '" .. fname .. "' (key must be a string or nil, got " .. type(key) .. ")", 3)
+    error("clientpool: bad argument #" .. argn .. " to '" .. fname .. "' (key must be a string or nil, got "
+          .. type(key) .. ")", 3)
   end
-  local k, name = key_id(self, key, fname)
-  if not k then error("clientpool: " .. fname .. "(): cannot open key '" .. key .. "' (max_keys or closed)", 3) end
-  return k, name
+  return key_id(self, key, fname)
 end
 
 -- Pauses the pool (name nil) or a key; resume_after schedules the resume.
 function Pool:_pause(reason, key, resume_after, fname)
   local e = self._e
-  local k, name = scope_key(self, key, fname)
+  local k, name = scope_key(self, key, fname, 2)
+  if not k then
+    if self._closed then return end
+    error("clientpool: " .. fname .. "(): cannot open key '" .. key .. "' (max_keys keys exist)", 3)
+  end
   if name then
     e:key_pin(k, true)          -- a paused key must not be forgotten
     self._kpaused[name] = reason
@@ -1089,13 +1107,17 @@ function Pool:pause(reason, key)
   if type(reason) ~= "string" then
     error("clientpool: bad argument #1 to 'pause' (reason must be a string, got " .. type(reason) .. ")", 2)
   end
+  if key ~= nil and type(key) ~= "string" then
+    error("clientpool: bad argument #2 to 'pause' (key must be a string or nil, got " .. type(key) .. ")", 2)
+  end
   self:_pause(reason, key, nil, "pause")
 end
 
 --- Resumes the pool or a key (half-open first when the pool has probe = true).
 function Pool:resume(key)
   local e = self._e
-  local k, name = scope_key(self, key, "resume")
+  local k, name = scope_key(self, key, "resume", 1)
+  if not k then return end
   local scope = name or false
   local was
   if name then
@@ -1123,7 +1145,8 @@ end
 --- Retires every client created before now, of the pool or of one key: idle
 -- ones at once, leased ones at their release (failover, DNS changes).
 function Pool:retire(key)
-  local k = scope_key(self, key, "retire")
+  local k = scope_key(self, key, "retire", 1)
+  if not k then return end
   local _, pending = self._e:retire_before(k, -1, now_of(self))
   if pending > 0 then pump(self) end
 end
@@ -1267,6 +1290,9 @@ end
 --- Returns the client for reuse; release(false) retires it. Idempotent;
 -- never yields.
 function Lease.release(lease, reuse)
+  if reuse ~= nil and reuse ~= true and reuse ~= false then
+    error("clientpool: bad argument #1 to 'release' (boolean or nil expected, got " .. type(reuse) .. ")", 2)
+  end
   local g = lease._g
   if g == nil then return end                 -- idempotent
   local self = lease._p
@@ -1348,6 +1374,9 @@ local BY_ERROR = BY.error
 local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
   local waited
   if k == nil then
+    if key ~= nil and type(key) ~= "string" then
+      error("clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got " .. type(key) .. ")", 3)
+    end
     local kerr, pending
     k, name, kerr = key_id(self, key, "checkout")
     if not k then
@@ -1447,7 +1476,7 @@ end
 -- is false. A stale or repeated handle is a no-op: it never ends another
 -- holder's lease. Never yields.
 function Pool:checkin(h, reuse)
-  if type(h) ~= "number" or h < 0 or h % 1 ~= 0 then
+  if type(h) ~= "number" or h < 0 or h % 1 ~= 0 or h >= 9007199254740992 then
     error("clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got " .. tostring(h) .. ")", 2)
   end
   if reuse ~= nil and reuse ~= true and reuse ~= false then

@@ -11,6 +11,7 @@
 
 local type, tonumber, tostring, setmetatable, pairs = type, tonumber, tostring, setmetatable, pairs
 local os_time, os_date = os.time, os.date
+local math_huge = math.huge
 local string_match, string_lower = string.match, string.lower
 
 local _M = {}
@@ -38,10 +39,13 @@ end
 function _M.retry_after(v, now)
   if v == nil then return nil end
   if type(v) == "table" then v = v[1] end   -- a header given more than once
-  if type(v) == "number" then return v >= 0 and v or nil end
+  if type(v) == "number" then return v >= 0 and v < math_huge and v or nil end
   if type(v) ~= "string" then return nil end
   local n = string_match(v, "^%s*(%d+)%s*$")
-  if n then return tonumber(n) end
+  if n then
+    n = tonumber(n)
+    return n < math_huge and n or nil     -- too many digits for a number
+  end
   local delay = http_date_delay(v, now or os_time())
   if delay == nil then return nil end
   return delay > 0 and delay or 0
@@ -70,8 +74,14 @@ function _M.http(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("clientpool.policy.http: options table expected", 2) end
   local statuses = {}
-  for _, st in pairs(opts.statuses or { 429, 503 }) do
-    if type(st) ~= "number" then error("clientpool.policy.http: statuses must be numbers", 2) end
+  local list = opts.statuses or { 429, 503 }
+  if type(list) ~= "table" then
+    error("clientpool.policy.http: statuses must be a list of status numbers, got " .. type(list), 2)
+  end
+  for _, st in pairs(list) do
+    if type(st) ~= "number" or st ~= st or st % 1 ~= 0 then
+      error("clientpool.policy.http: statuses must be integer status numbers, got " .. tostring(st), 2)
+    end
     statuses[st] = true
   end
   local scope = opts.scope or "key"
@@ -105,8 +115,9 @@ Redis.__index = Redis
 function _M.redis(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("clientpool.policy.redis: options table expected", 2) end
-  if opts.resume_after ~= nil and (type(opts.resume_after) ~= "number" or opts.resume_after < 0) then
-    error("clientpool.policy.redis: resume_after must be a number >= 0", 2)
+  local ra = opts.resume_after
+  if ra ~= nil and (type(ra) ~= "number" or not (ra >= 0 and ra < math_huge)) then
+    error("clientpool.policy.redis: resume_after must be a finite number >= 0, got " .. tostring(ra), 2)
   end
   return setmetatable({ resume_after = opts.resume_after }, Redis)
 end
