@@ -509,6 +509,8 @@ new = function(opts)
             rq_co, rq_gen, rq_fg, rqn = l_co, l_gen, l_fg, m
             return err
           end
+        elseif co_status(target) == "dead" then
+          forget(target) -- (5.1) the task around a nested waiter was killed elsewhere
         end
       end
     end
