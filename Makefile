@@ -13,7 +13,7 @@
 #                        and its specs, luacheck, then one summary line
 #   make check-memory    C tests under ASan/UBSan, and the lua5.4 busted suite
 #                        against an ASan/UBSan build of the module
-#   make demo | bench | lint | install | clean | cdef
+#   make demo | bench | bench-nginx | lint | install | clean | cdef
 #
 # Single steps of `make test`: all test-c test-c-asan test-busted-<interp>
 # test-nginx check-rockspec test-rocks lint.
@@ -78,7 +78,7 @@ LINT_DIRS = $(wildcard lua spec examples bench)
 
 .PHONY: all module test deps check-memory demo bench lint install clean cdef \
         test-c test-c-asan test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
-        test-busted-luajit-ffi test-nginx
+        test-busted-luajit-ffi test-nginx bench-nginx
 
 all: $(foreach i,$(INTERPS),build/$(i)/clientpool/core.so)
 
@@ -234,6 +234,15 @@ bench: all build/bench/engine_pair
 	done
 	@echo
 	@lua5.4 bench/report.lua $(foreach r,$(BENCH_RUNS),build/bench/$(r).tsv)
+	@if command -v nginx >/dev/null 2>&1 && [ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ]; then \
+	  echo; $(MAKE) --no-print-directory bench-nginx; \
+	else echo; echo "bench: no nginx with the Lua module: B5 and B6 skipped (make bench-nginx)"; fi
+
+# B5 and B6 in a private nginx (2 workers) and redis-server on 127.0.0.1,
+# both always stopped (bench/nginx/run.sh, about 40 s; rows in
+# build/bench/nginx.tsv). Not part of `make test`.
+bench-nginx: build/luajit/clientpool/core.so
+	@bench/nginx/run.sh
 
 install: module
 	install -d '$(DESTDIR)$(LUA_CMODDIR)/clientpool'

@@ -1,0 +1,241 @@
+-- bench/nginx/nginx_bench.lua: the handlers bench/nginx/run.sh calls in its
+-- private nginx (content phase; configuration from bench_conf.lua, which
+-- run.sh writes into its run dir).
+--
+--   /b5?n=N&rounds=R[&ping=1]
+--       B5: per-operation cost of the full cycle through clientpool.ngx
+--       (acquire: unpark = tcp() + connect(pool=); release: park =
+--       setkeepalive) against the bare tcp() + connect(pool=) + setkeepalive
+--       a handler writes by hand, both on one parked connection to the
+--       private redis-server. Each round times N operations of each form in
+--       turn (the order rotates); prints one TSV line per figure: name,
+--       median ratio to the bare cycle, median ns, median bare ns. ping=1
+--       adds a PING round trip to every operation of every form.
+--       profile=DIR (bench/nginx/run.sh B5_PROFILE=1): jit.v's trace log of
+--       the whole run in DIR/jitv.txt, then each form alone for a second
+--       under jit.profile: the share of samples per VM state (compiled,
+--       interpreted, C code, GC) and per function, in DIR/jitp-<form>.txt.
+--   /b6/cp, /b6/size, /b6/backlog
+--       B6: one PING to redis per request, through clientpool.ngx (max_live
+--       per worker), through OpenResty's pool_size alone, and through
+--       pool_size with backlog (connect waits when pool_size connections of
+--       the pool are open in this worker).
+local conf = require "bench_conf"
+local clientpool = require "clientpool"
+local cpngx = require "clientpool.ngx"
+
+local ngx = ngx
+local tcp = ngx.socket.tcp
+local monotime
+do
+  local ok, b = pcall(require, "clientpool.ffi")
+  if not ok or type(b) ~= "table" then b = require "clientpool.core" end
+  monotime = b.monotime
+end
+
+local HOST, PORT = "127.0.0.1", conf.redis_port
+local POOL_SIZE = conf.pool_size      -- B6: per worker, for every config
+local BACKLOG = conf.backlog
+
+local M = {}
+
+local function ping(sock)
+  local ok, err = sock:send("PING\r\n")
+  if not ok then return nil, err end
+  local line
+  line, err = sock:receive("*l")
+  if line ~= "+PONG" then return nil, err or line end
+  return true
+end
+
+---------------------------------------------------------------------------
+-- B5
+---------------------------------------------------------------------------
+
+-- Pools made at the first /b5 of this worker: the same options as a handler
+-- would give (no timeouts, as the bare cycle sets none).
+local b5pool, b5mgr
+local function b5_pool()
+  if not b5pool then
+    local opts
+    opts, b5mgr = cpngx.tcp { host = HOST, port = PORT, max_live = 10 }
+    b5pool = clientpool.new(opts)
+  end
+  return b5pool
+end
+
+local BARE_OPTS = { pool = "b5-bare", pool_size = 10 }
+
+local forms = {}
+
+function forms.bare(n, do_ping)
+  for _ = 1, n do
+    local sock = tcp()
+    local ok, err = sock:connect(HOST, PORT, BARE_OPTS)
+    if not ok then error("bare connect: " .. tostring(err)) end
+    if do_ping then assert(ping(sock)) end
+    ok, err = sock:setkeepalive(nil, 10)
+    if not ok then error("bare setkeepalive: " .. tostring(err)) end
+  end
+end
+
+function forms.lease(n, do_ping)
+  local pool = b5_pool()
+  for _ = 1, n do
+    local lease, code, detail = pool:acquire()
+    if not lease then error("acquire: " .. tostring(code) .. " " .. tostring(detail)) end
+    if do_ping then assert(ping(lease.client)) end
+    lease:release()
+  end
+end
+
+function forms.checkout(n, do_ping)
+  local pool = b5_pool()
+  for _ = 1, n do
+    local sock, h = pool:checkout()
+    if not sock then error("checkout: " .. tostring(h)) end
+    if do_ping then assert(ping(sock)) end
+    pool:checkin(h)
+  end
+end
+
+local ORDER = { "bare", "lease", "checkout" }
+
+local function median(t)
+  local s = {}
+  for i = 1, #t do s[i] = t[i] end
+  table.sort(s)
+  local m = #s
+  if m % 2 == 1 then return s[(m + 1) / 2] end
+  return (s[m / 2] + s[m / 2 + 1]) / 2
+end
+
+local function time(fn, n, do_ping)
+  local t0 = monotime()
+  fn(n, do_ping)
+  return (monotime() - t0) / n * 1e9
+end
+
+local VMSTATE = { N = "compiled", I = "interpreted", C = "C code", G = "garbage collector", J = "JIT compiler" }
+
+-- Runs fn for a second under LuaJIT's sampling profiler (jit.profile)
+-- and writes the share of samples per VM state, and per function and state.
+function M.jit_profile(name, fn, do_ping, file)
+  local profile = require "jit.profile"
+  local states, funcs, total = {}, {}, 0
+  collectgarbage("collect")
+  profile.start("fi1", function(th, samples, vmstate)
+    total = total + samples
+    states[vmstate] = (states[vmstate] or 0) + samples
+    local where = profile.dumpstack(th, "F", 1) .. " [" .. (VMSTATE[vmstate] or vmstate) .. "]"
+    funcs[where] = (funcs[where] or 0) + samples
+  end)
+  local t_end = monotime() + 1
+  repeat fn(1000, do_ping) until monotime() > t_end
+  profile.stop()
+  local out = assert(io.open(file, "w"))
+  local function top(t, limit)
+    local list = {}
+    for k, v in pairs(t) do list[#list + 1] = { k, v } end
+    table.sort(list, function(a, b) return a[2] > b[2] end)
+    for i = 1, math.min(limit, #list) do
+      out:write(string.format("%5.1f%%  %s\n", 100 * list[i][2] / total, VMSTATE[list[i][1]] or list[i][1]))
+    end
+  end
+  out:write(string.format("%s: %d samples by VM state\n", name, total))
+  top(states, 5)
+  out:write("by function (innermost) and VM state\n")
+  top(funcs, 15)
+  out:close()
+end
+
+function M.b5()
+  local n = tonumber(ngx.var.arg_n) or 20000
+  local rounds = tonumber(ngx.var.arg_rounds) or 15
+  local do_ping = ngx.var.arg_ping == "1"
+  local suffix = do_ping and ".ping" or ""
+  local profile = ngx.var.arg_profile
+  if profile then require("jit.v").on(profile .. "/jitv.txt") end
+  -- warm up: one connection parked in each pool, traces recorded
+  for _, f in ipairs(ORDER) do forms[f](math.max(1, math.floor(n / 10)), do_ping) end
+  local ns, ratio = {}, {}
+  for _, f in ipairs(ORDER) do ns[f], ratio[f] = {}, {} end
+  for r = 1, rounds do
+    collectgarbage("collect")
+    local this = {}
+    for i = 0, #ORDER - 1 do
+      local f = ORDER[(r + i - 1) % #ORDER + 1]
+      this[f] = time(forms[f], n, do_ping)
+    end
+    for _, f in ipairs(ORDER) do
+      ns[f][r] = this[f]
+      ratio[f][r] = this[f] / this.bare
+    end
+  end
+  if profile then
+    require("jit.v").off()
+    for _, f in ipairs(ORDER) do M.jit_profile(f, forms[f], do_ping, profile .. "/jitp-" .. f .. ".txt") end
+  end
+  local s, m = b5pool:stats(), b5mgr.stats
+  for _, f in ipairs({ "lease", "checkout" }) do
+    ngx.say(string.format("B5.%s%s\t%.4f\t%.1f\t%.1f", f, suffix, median(ratio[f]), median(ns[f]),
+      median(ns.bare)))
+  end
+  ngx.say(string.format("# clientpool.ngx: live=%d idle=%d connects=%d reuses=%d lost=%d", s.live, s.idle,
+    m.connects, m.reuses, m.lost))
+end
+
+---------------------------------------------------------------------------
+-- B6
+---------------------------------------------------------------------------
+
+local b6pool
+local function b6_pool()
+  if not b6pool then
+    b6pool = clientpool.new(cpngx.tcp {
+      host = HOST, port = PORT, connect_timeout = 1, read_timeout = 5,
+      max_live = POOL_SIZE, idle_timeout = 60, acquire_timeout = 10, max_waiting = 4096,
+    })
+  end
+  return b6pool
+end
+
+local function fail(status, msg)
+  ngx.status = status
+  ngx.say(msg)
+end
+
+function M.b6_cp()
+  local pool = b6_pool()
+  local lease, code, detail = pool:acquire()
+  if not lease then return fail(503, "acquire: " .. tostring(code) .. " " .. tostring(detail)) end
+  local ok, err = ping(lease.client)
+  if not ok then
+    lease:release(false)
+    return fail(502, "ping: " .. tostring(err))
+  end
+  lease:release()
+  ngx.say("PONG")
+end
+
+local SIZE_OPTS = { pool = "b6-size", pool_size = POOL_SIZE }
+local BACKLOG_OPTS = { pool = "b6-backlog", pool_size = POOL_SIZE, backlog = BACKLOG }
+
+local function bare(opts)
+  local sock = tcp()
+  sock:settimeouts(1000, 5000, 5000)
+  local ok, err = sock:connect(HOST, PORT, opts)
+  if not ok then return fail(503, "connect: " .. tostring(err)) end
+  ok, err = ping(sock)
+  if not ok then
+    sock:close()
+    return fail(502, "ping: " .. tostring(err))
+  end
+  sock:setkeepalive(60000, POOL_SIZE)
+  ngx.say("PONG")
+end
+
+function M.b6_size() return bare(SIZE_OPTS) end
+function M.b6_backlog() return bare(BACKLOG_OPTS) end
+
+return M

@@ -1,0 +1,277 @@
+#!/usr/bin/env bash
+# bench/nginx/run.sh - B5 and B6 (issue 5) in a private nginx against a
+# private redis-server, both on free 127.0.0.1 ports, run dir build/bench/nginx,
+# both always stopped (trap). `make bench-nginx` runs it; `make bench` too
+# when nginx with the Lua module is installed. About 40 s.
+#
+# B5  per-operation cost of the full cycle through clientpool.ngx (acquire =
+#     tcp() + connect(pool=), release = setkeepalive, plus the pool's own
+#     work) over the bare tcp() + connect(pool=) + setkeepalive, in one
+#     content handler, several rounds of N operations each, medians of the
+#     per-round ratios. Target <= 1.1x. A second run adds a PING to every
+#     operation (a reference: what a request sees).
+# B6  wrk (2 threads, 50 connections) against 2 nginx workers, every request
+#     a PING to redis, through clientpool.ngx (max_live POOL_SIZE per worker),
+#     OpenResty's pool_size alone and pool_size with backlog; each run in a
+#     fresh nginx. A side process (bench/nginx/sample.lua, one connection of
+#     its own) samples INFO clients every ~1 ms: the most connections redis
+#     saw, and total_connections_received over the run / wrk's requests.
+#     Target for clientpool: never more than 2 x max_live, <= 0.1% new
+#     connections per request.
+#
+# environment: B5_N (20000), B5_ROUNDS (15), B6_SECS (3), B6_ROUNDS (2),
+# POOL_SIZE (10, per worker: max_live and pool_size), BACKLOG (100), NGINX,
+# REDIS_SERVER, NGINX_MODULES (default /usr/lib/nginx/modules), B5_PROFILE=1
+# (B5 only, no B6: LuaJIT's trace log and jit.p profiles of each form in
+# build/bench/nginx/profile/).
+# Rows are also written to build/bench/nginx.tsv.
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+run=$root/build/bench/nginx
+nginx_bin=${NGINX:-nginx}
+redis_bin=${REDIS_SERVER:-redis-server}
+mods=${NGINX_MODULES:-/usr/lib/nginx/modules}
+B5_N=${B5_N:-20000}
+B5_ROUNDS=${B5_ROUNDS:-15}
+B5_PING_N=$((B5_N / 40 > 50 ? B5_N / 40 : 50))
+B6_SECS=${B6_SECS:-3}
+B6_ROUNDS=${B6_ROUNDS:-2}
+POOL_SIZE=${POOL_SIZE:-10}
+BACKLOG=${BACKLOG:-100}
+WORKERS=2
+
+note() { echo "bench-nginx: $*" >&2; }
+die() { note "$*"; exit 1; }
+
+command -v "$nginx_bin" >/dev/null || die "no nginx ($nginx_bin): install nginx libnginx-mod-http-lua lua-resty-core"
+command -v "$redis_bin" >/dev/null || die "no redis-server ($redis_bin)"
+for t in curl redis-cli wrk lua5.1; do command -v $t >/dev/null || die "no $t"; done
+lua5.1 -e 'require "socket"' 2>/dev/null || die "no LuaSocket for lua5.1 (lua-socket)"
+[ -f "$mods/ngx_http_lua_module.so" ] || die "no $mods/ngx_http_lua_module.so (libnginx-mod-http-lua)"
+[ -f "$root/build/luajit/clientpool/core.so" ] || die "build/luajit/clientpool/core.so missing: run make"
+
+rm -rf "$run"
+mkdir -p "$run/tmp" "$run/logs" || die "cannot make $run"
+
+free_port() {
+  lua5.1 -e 'local s = assert(require("socket").bind("127.0.0.1", 0)); local _, p = s:getsockname(); print(p); s:close()'
+}
+port=$(free_port); redis_port=$(free_port)
+while [ "$redis_port" = "$port" ]; do redis_port=$(free_port); done
+[ -n "$port" ] && [ -n "$redis_port" ] || die "cannot find free ports"
+
+nginx_pid() { cat "$run/nginx.pid" 2>/dev/null; }
+
+stop_nginx() {
+  local pid workers
+  pid=$(nginx_pid)
+  [ -n "$pid" ] || return 0
+  if kill -0 "$pid" 2>/dev/null; then
+    workers=$(ps -o pid= --ppid "$pid" 2>/dev/null)
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+      note "nginx did not stop in 5 s: killing master $pid and workers" $workers
+      kill -KILL "$pid" $workers 2>/dev/null
+    fi
+  fi
+  rm -f "$run/nginx.pid"
+}
+
+stop_redis() {
+  local pid
+  pid=$(cat "$run/redis.pid" 2>/dev/null)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+  fi
+}
+
+cleanup() {
+  local rc=$?
+  [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
+  stop_nginx
+  stop_redis
+  return $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- redis
+"$redis_bin" --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize yes --pidfile "$run/redis.pid" --logfile "$run/redis.log" --dir "$run" \
+  || die "redis-server did not start (see $run/redis.log)"
+rcli() { redis-cli -p "$redis_port" "$@" 2>/dev/null; }
+for _ in $(seq 1 50); do [ "$(rcli ping)" = PONG ] && break; sleep 0.1; done
+[ "$(rcli ping)" = PONG ] || die "redis-server does not answer on $redis_port"
+
+# ---------------------------------------------------------------- nginx
+cat >"$run/bench_conf.lua" <<EOF
+-- written by bench/nginx/run.sh
+return { redis_port = $redis_port, pool_size = $POOL_SIZE, backlog = $BACKLOG }
+EOF
+
+cat >"$run/nginx.conf" <<EOF
+# written by bench/nginx/run.sh
+load_module $mods/ndk_http_module.so;
+load_module $mods/ngx_http_lua_module.so;
+
+worker_processes $WORKERS;
+pid $run/nginx.pid;
+error_log $run/error.log warn;
+
+events { worker_connections 4096; }
+
+http {
+  access_log off;
+  client_body_temp_path $run/tmp/body;
+  proxy_temp_path $run/tmp/proxy;
+  fastcgi_temp_path $run/tmp/fastcgi;
+  uwsgi_temp_path $run/tmp/uwsgi;
+  scgi_temp_path $run/tmp/scgi;
+
+  lua_package_path "$here/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
+  lua_package_cpath "$root/build/luajit/?.so;;";
+
+  server {
+    listen 127.0.0.1:$port;
+
+    location = /ping { return 200 "pong\n"; }
+    location = /b5 { content_by_lua_block { require("nginx_bench").b5() } }
+    location = /b6/cp { content_by_lua_block { require("nginx_bench").b6_cp() } }
+    location = /b6/size { content_by_lua_block { require("nginx_bench").b6_size() } }
+    location = /b6/backlog { content_by_lua_block { require("nginx_bench").b6_backlog() } }
+  }
+}
+EOF
+
+start_nginx() {
+  "$nginx_bin" -p "$run" -c "$run/nginx.conf" -e "$run/error.log" 2>"$run/nginx.start.log" ||
+    { cat "$run/nginx.start.log" >&2; die "nginx did not start"; }
+  for _ in $(seq 1 50); do
+    [ -s "$run/nginx.pid" ] && curl -fs "http://127.0.0.1:$port/ping" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  tail -20 "$run/error.log" >&2
+  die "nginx does not answer on $port"
+}
+
+# redis sees no client but redis-cli itself (the previous nginx is gone)
+redis_quiet() {
+  for _ in $(seq 1 50); do
+    [ "$(rcli info clients | tr -d '\r' | sed -n 's/^connected_clients://p')" = 1 ] && return 0
+    sleep 0.1
+  done
+  note "redis still has clients: $(rcli client list | wc -l)"
+}
+
+tsv=$root/build/bench/nginx.tsv
+: >"$tsv"
+
+rev=$(git -C "$root" describe --always --dirty 2>/dev/null)
+echo "== clientpool bench in nginx${rev:+ ($rev)}: $("$nginx_bin" -v 2>&1 | sed 's/.*: //'), $WORKERS workers, redis $("$redis_bin" --version | sed 's/.* v=\([^ ]*\).*/\1/') on 127.0.0.1:$redis_port"
+
+# ---------------------------------------------------------------- B5
+start_nginx
+prof_dir=$run/profile
+b5() {
+  local out prof=
+  if [ "${B5_PROFILE:-0}" = 1 ] && [ -z "${3:-}" ]; then
+    mkdir -p "$prof_dir" && chmod 0777 "$prof_dir"   # nginx workers may run as nobody
+    prof="&profile=$prof_dir"
+  fi
+  out=$(curl -fs -m 300 "http://127.0.0.1:$port/b5?n=$1&rounds=$2${3:+&ping=1}$prof") ||
+    { tail -20 "$run/error.log" >&2; die "B5 failed"; }
+  echo "$out" >>"$run/logs/b5.log"
+  echo "$out" | grep -v '^#' >>"$tsv"
+}
+b5 "$B5_N" "$B5_ROUNDS"
+b5 "$B5_PING_N" 9 ping
+stop_nginx
+if [ "${B5_PROFILE:-0}" = 1 ]; then
+  for f in bare lease checkout; do echo "== $prof_dir/jitp-$f.txt"; head -16 "$prof_dir/jitp-$f.txt"; done
+  echo "== trace aborts (jit.v, $prof_dir/jitv.txt)"
+  grep -- '--- ' "$prof_dir/jitv.txt" | sed 's/^\[TRACE --- ([0-9\/a-z]*) //' | sort | uniq -c | sort -rn | head
+  cat "$tsv"
+  exit 0
+fi
+
+# ---------------------------------------------------------------- B6
+b6_run() { # config round
+  local cfg=$1 r=$2 log=$run/logs/b6-$1-$2 sample reqs rps errs non2xx max opened
+  redis_quiet
+  start_nginx
+  lua5.1 "$here/sample.lua" "$redis_port" "$(awk -v s="$B6_SECS" 'BEGIN { print s + 0.6 }')" >"$log.sample" 2>&1 &
+  sampler=$!
+  sleep 0.3
+  wrk -t2 -c50 -d"${B6_SECS}s" "http://127.0.0.1:$port/b6/$cfg" >"$log.wrk" 2>&1
+  wait "$sampler"; sampler=
+  stop_nginx
+  sample=$(cat "$log.sample")
+  case $sample in max=*) ;; *) echo "$sample" >&2; die "B6 sampler failed ($cfg)";; esac
+  reqs=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' "$log.wrk")
+  [ -n "$reqs" ] || { cat "$log.wrk" >&2; die "B6 wrk failed ($cfg)"; }
+  rps=$(sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' "$log.wrk")
+  non2xx=$(sed -n 's/^ *Non-2xx or 3xx responses: *\([0-9]*\).*/\1/p' "$log.wrk")
+  errs=$(sed -n 's/^ *Socket errors: \(.*\)/\1/p' "$log.wrk" |
+         awk -F'[ ,]+' '{ s = 0; for (i = 2; i <= NF; i += 2) s += $i; print s }')
+  max=$(echo "$sample" | sed 's/.*max=\([0-9]*\).*/\1/')
+  opened=$(echo "$sample" | sed 's/.*opened=\([0-9]*\).*/\1/')
+  printf 'B6.%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$cfg" "$r" "$max" "$opened" "$reqs" "$rps" \
+    "$(( ${non2xx:-0} + ${errs:-0} ))" >>"$tsv"
+}
+for r in $(seq 1 "$B6_ROUNDS"); do
+  for cfg in cp size backlog; do b6_run "$cfg" "$r"; done
+done
+
+# ---------------------------------------------------------------- tables
+echo
+echo "B5: per operation, medians of $B5_ROUNDS rounds of $B5_N (PING rows: 9 rounds of $B5_PING_N); ratio to the bare cycle of the same round"
+echo
+echo "| figure | | ratio | ns/op | bare ns/op |"
+echo "|---|---|---:|---:|---:|"
+awk -F'\t' '
+  /^B5\./ {
+    what = $1 ~ /checkout/ ? "checkout+checkin" : "acquire+release"
+    d = $1 ~ /ping/ ? what " + PING / bare + PING (reference)" : what " via clientpool.ngx / bare tcp+connect(pool)+setkeepalive"
+    printf "| %s | %s | %.2fx | %.0f ns | %.0f ns |\n", $1, d, $2, $3, $4
+  }' "$tsv"
+echo
+echo "B6: wrk -t2 -c50 -d${B6_SECS}s, $WORKERS workers, one redis PING per request; $B6_ROUNDS runs each, a fresh nginx per run"
+echo
+echo "| figure | upstream connections per worker | most redis connections seen | new connections / request | requests/s | errors |"
+echo "|---|---|---:|---:|---:|---:|"
+awk -F'\t' -v ps="$POOL_SIZE" -v bl="$BACKLOG" -v w="$WORKERS" '
+  /^B6\./ {
+    c = $1; if (!(c in max)) { order[++n] = c; max[c] = 0 }
+    if ($3 > max[c]) max[c] = $3
+    per[c] = per[c] (per[c] == "" ? "" : ", ") $3
+    opened[c] += $4; reqs[c] += $5; rps[c] += $6; runs[c]++; errs[c] += $7
+  }
+  END {
+    desc["B6.cp"] = "clientpool.ngx, max_live " ps
+    desc["B6.size"] = "OpenResty pool_size " ps " (no cap)"
+    desc["B6.backlog"] = "OpenResty pool_size " ps " + backlog " bl
+    for (i = 1; i <= n; i++) {
+      c = order[i]
+      lim = c == "B6.size" ? "" : sprintf(" (cap %d)", ps * w)
+      printf "| %s | %s | %d%s; runs: %s | %.3f%% (%d / %d) | %.0f | %d |\n", c, desc[c], max[c], lim, per[c],
+        100 * opened[c] / reqs[c], opened[c], reqs[c], rps[c] / runs[c], errs[c]
+    }
+  }' "$tsv"
+echo
+awk -F'\t' -v ps="$POOL_SIZE" -v w="$WORKERS" '
+  $1 == "B5.lease" { l = $2 } $1 == "B5.checkout" { co = $2 }
+  $1 == "B6.cp" { if ($3 > m) m = $3; o += $4; q += $5 }
+  END {
+    printf "targets: B5 <= 1.10x: lease %.2fx %s, checkout %.2fx %s; ", l, l <= 1.10 ? "met" : "MISSED", co, co <= 1.10 ? "met" : "MISSED"
+    printf "B6 <= %d connections: %d %s; <= 0.1%% new per request: %.3f%% %s\n", ps * w, m, m <= ps * w ? "met" : "MISSED",
+      100 * o / q, o / q <= 0.001 ? "met" : "MISSED"
+  }' "$tsv"
+
+if grep -E '\[(alert|emerg)\]|exited on signal' "$run/error.log" >&2; then
+  die "error.log has alerts or crashes (above)"
+fi
