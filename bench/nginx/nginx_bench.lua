@@ -14,7 +14,10 @@
 --       profile=DIR (bench/nginx/run.sh B5_PROFILE=1): jit.v's trace log of
 --       the whole run in DIR/jitv.txt, then each form alone for a second
 --       under jit.profile: the share of samples per VM state (compiled,
---       interpreted, C code, GC) and per function, in DIR/jitp-<form>.txt.
+--       interpreted, C code, GC) and per function, in DIR/jitp-<form>.txt;
+--       then, in DIR/diag.txt, ns per op of a plain pool's checkout and
+--       lease pairs (the accounting alone) and of the bare cycle with
+--       getreusedtimes().
 --   /b6/cp, /b6/size, /b6/backlog
 --       B6: one PING to redis per request, through clientpool.ngx (max_live
 --       per worker), through OpenResty's pool_size alone, and through
@@ -101,6 +104,29 @@ end
 
 local ORDER = { "bare", "lease", "checkout" }
 
+-- Diagnostics for B5_PROFILE: the pool's accounting alone (a plain pool: no
+-- hooks, no I/O) and the bare cycle with the getreusedtimes() call the
+-- manager makes.
+local plain
+local diag = {}
+function diag.plain_checkout(n)
+  for _ = 1, n do local _, h = plain:checkout(); plain:checkin(h) end
+end
+function diag.plain_lease(n)
+  for _ = 1, n do local l = plain:acquire(); l:release() end
+end
+function diag.bare_reused(n)
+  for _ = 1, n do
+    local sock = tcp()
+    local ok, err = sock:connect(HOST, PORT, BARE_OPTS)
+    if not ok then error("bare connect: " .. tostring(err)) end
+    if sock:getreusedtimes() == 0 then error("not reused") end
+    ok, err = sock:setkeepalive(nil, 10)
+    if not ok then error("bare setkeepalive: " .. tostring(err)) end
+  end
+end
+local DIAG = { "bare_reused", "plain_checkout", "plain_lease" }
+
 local function median(t)
   local s = {}
   for i = 1, #t do s[i] = t[i] end
@@ -175,6 +201,16 @@ function M.b5()
   if profile then
     require("jit.v").off()
     for _, f in ipairs(ORDER) do M.jit_profile(f, forms[f], do_ping, profile .. "/jitp-" .. f .. ".txt") end
+    -- after the measured forms, so their traces formed without these
+    plain = clientpool.new { create = function() return {} end, destroy = function() end, max_live = 10 }
+    local out = assert(io.open(profile .. "/diag.txt", "w"))
+    for _, f in ipairs(DIAG) do
+      diag[f](n)
+      local t = {}
+      for r = 1, 7 do t[r] = time(diag[f], n) end
+      out:write(string.format("%-15s %7.1f ns/op (median of 7 x %d)\n", f, median(t), n))
+    end
+    out:close()
   end
   local s, m = b5pool:stats(), b5mgr.stats
   for _, f in ipairs({ "lease", "checkout" }) do

@@ -193,6 +193,7 @@ b5 "$B5_PING_N" 9 ping
 stop_nginx
 if [ "${B5_PROFILE:-0}" = 1 ]; then
   for f in bare lease checkout; do echo "== $prof_dir/jitp-$f.txt"; head -16 "$prof_dir/jitp-$f.txt"; done
+  echo "== diagnostics ($prof_dir/diag.txt)"; cat "$prof_dir/diag.txt"
   echo "== trace aborts (jit.v, $prof_dir/jitv.txt)"
   grep -- '--- ' "$prof_dir/jitv.txt" | sed 's/^\[TRACE --- ([0-9\/a-z]*) //' | sort | uniq -c | sort -rn | head
   cat "$tsv"
