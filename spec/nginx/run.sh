@@ -53,6 +53,8 @@ free_port() {
 }
 port=$(free_port); redis_port=$(free_port)
 while [ "$redis_port" = "$port" ]; do redis_port=$(free_port); done
+redis2_port=$(free_port)   # a second redis-server, for faults (spec/nginx/faultctl.sh)
+while [ "$redis2_port" = "$port" ] || [ "$redis2_port" = "$redis_port" ]; do redis2_port=$(free_port); done
 [ -n "$port" ] && [ -n "$redis_port" ] || die "cannot find free ports"
 
 nginx_pid() { cat "$run/nginx.pid" 2>/dev/null; }
@@ -76,6 +78,8 @@ cleanup() {
       kill -KILL "$pid" $workers 2>/dev/null
     fi
   fi
+  # faultctl.sh kills its redis-server as it ends
+  [ -n "${fault_ctl:-}" ] && kill "$fault_ctl" 2>/dev/null && wait "$fault_ctl" 2>/dev/null
   pid=$(cat "$run/redis.pid" 2>/dev/null)
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
     kill -TERM "$pid" 2>/dev/null
@@ -97,12 +101,18 @@ for _ in $(seq 1 50); do
 done
 [ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" = PONG ] || die "redis-server does not answer on $redis_port"
 
+# Fault actions the cases ask for: a second redis-server they may kill and
+# restart (spec/nginx/faultctl.sh; stopped with the rest in cleanup).
+"$here/faultctl.sh" "$run" "$redis_bin" "$redis2_port" &
+fault_ctl=$!
+
 # ---------------------------------------------------------------- nginx
 cat >"$run/spec_conf.lua" <<EOF
 -- written by spec/nginx/run.sh
 return {
   port = $port,
   redis_port = $redis_port,
+  redis2_port = $redis2_port, -- spec/nginx/faultctl.sh: started and killed on request
   root = "$root",
   run = "$run",
   pid_file = "$run/nginx.pid",
