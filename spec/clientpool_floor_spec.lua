@@ -463,6 +463,40 @@ for _, S in ipairs(H.schedulers()) do
         end)
       end)
 
+      it("returns when the adapter's wait raises (OpenResty: the worker exits), logging it", function()
+        run(function(sched)
+          local f = floor_factory(sched, 0.1)
+          local logs, raising = {}, false
+          local adapter = setmetatable({
+            log = function(m) logs[#logs + 1] = tostring(m) end,
+            wait = function(h, deadline)
+              if raising then error("worker exiting", 0) end
+              return sched.wait(h, deadline)
+            end,
+          }, { __index = sched })
+          local pool = clientpool.new { create = f.create, destroy = f.destroy, max_live = 4, min_idle = 1,
+                                        scheduler = adapter }
+          local r = start(sched, pool)
+          sched.sleep(1)
+          assert.equal(1, H.check(pool).idle)
+          raising = true
+          local l = assert(pool:acquire())       -- wakes run(): it refills, then its wait raises
+          settle(sched)
+          raising = false
+          assert.is_true(r.done)
+          assert.is_true(contains(table.concat(logs, "\n"), "run() stopped: worker exiting"), table.concat(logs, "\n"))
+          sched.sleep(1)
+          l:destroy()                            -- no floor now: nothing refills
+          sched.sleep(1)
+          assert.equal(1, H.check(pool).idle)
+          assert.equal(2, f.attempts)
+          local r2 = start(sched, pool)          -- and run() may start again
+          sched.sleep(1)
+          assert.is_false(r2.done)
+          stop(sched, pool, r2)
+        end)
+      end)
+
       it("raises outside a coroutine", function()
         local sched = S.new()
         local pool = mkpool(sched, { min_idle = 1 })

@@ -1229,20 +1229,12 @@ local function refill_task(self, rec, name)
   if self._run_h then self._sched.wake(self._run_h) end
 end
 
---- Keeps min_idle idle clients for each warm key until close/drain: refills
--- after losses, a few creates at a time; after more than `restarts` failed
--- refills in a row the floor is spent until a fresh client is granted.
--- Expiry of idle clients runs by the pool's timer whether or not run() runs.
-function Pool:run()
-  local sched = self._sched
-  local h, why = sched.current()
-  if not h then
-    error("clientpool: run() waits: call it from a coroutine the scheduler runs (" .. tostring(why) .. ")", 2)
-  end
-  if self._run_h then error("clientpool: run() is already running", 2) end
-  if self._closed then return end
+-- run()'s loop, in a yieldable protected call: on PUC Lua 5.1 its own
+-- coroutine, so it takes its handle itself (as the timer task does).
+local function run_loop(self)
+  local sched, e = self._sched, self._e
+  local h = sched.current()
   self._run_h = h
-  local e = self._e
   local pending = e:floor(true, now_of(self))
   if pending > 0 then pump(self) end
   while not self._closed do
@@ -1255,10 +1247,37 @@ function Pool:run()
       sched.spawn(refill_task, self, rec, self._knames[k])
     end
     if self._closed then break end
+    self._run_waits = true
     sched.wait(h, nil)
+    self._run_waits = false
   end
-  e:floor(false, now_of(self))
+end
+
+--- Keeps min_idle idle clients for each warm key until close/drain: refills
+-- after losses, a few creates at a time; after more than `restarts` failed
+-- refills in a row the floor is spent until a fresh client is granted.
+-- Also returns when the adapter's wait raises (logged; OpenResty raises in
+-- an exiting worker). Expiry of idle clients runs by the pool's timer
+-- whether or not run() runs.
+function Pool:run()
+  local sched = self._sched
+  local h, why = sched.current()
+  if not h then
+    error("clientpool: run() waits: call it from a coroutine the scheduler runs (" .. tostring(why) .. ")", 2)
+  end
+  if self._run_h then error("clientpool: run() is already running", 2) end
+  if self._closed then return end
+  self._run_h = h
+  local ok, err = ycall(run_loop, self)
+  self._e:floor(false, now_of(self))
   self._run_h = nil
+  if not ok then
+    if not self._run_waits then error(err, 0) end
+    -- the adapter ended the wait with an error (OpenResty: the worker is
+    -- exiting): run() returns, and the error goes to the adapter's log
+    self._run_waits = false
+    log(self, "run() stopped: " .. tostring(err))
+  end
 end
 
 ---------------------------------------------------------------------------
