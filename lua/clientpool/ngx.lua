@@ -303,9 +303,14 @@ tcp_impl = function(o)
     end
   end
 
-  -- setkeepalive(timeout, size): the pool's idle_timeout and max_idle
+  -- setkeepalive(timeout, size): the pool's idle_timeout and max_idle. With
+  -- a warm floor (min_idle > 0) 0: nginx never times a parked connection
+  -- out, since the pool spares the ones its floor needs from idle_timeout
+  -- and retires the others itself (destroy takes one back and closes it)
   local idle_ms
-  if type(o.idle_timeout) == "number" and o.idle_timeout > 0 and o.idle_timeout < math_huge then
+  if type(o.min_idle) == "number" and o.min_idle > 0 then
+    idle_ms = 0
+  elseif type(o.idle_timeout) == "number" and o.idle_timeout > 0 and o.idle_timeout < math_huge then
     idle_ms = math_floor(o.idle_timeout * 1000 + 0.5)
   end
   local pool_size = (type(o.per_key) == "table" and o.per_key.max_idle) or o.max_idle or o.max_live
@@ -319,7 +324,7 @@ tcp_impl = function(o)
     connects = 0,       -- new connections opened (create or unpark)
     reuses = 0,         -- connections taken from nginx's keepalive pool
     lost = 0,           -- unpark found its parked connection gone and opened a new one
-    orphans = 0,        -- create found a parked connection the pool no longer counted
+    set_aside = 0,      -- parked connections create found, set aside and parked again
     parked = 0,         -- connections handed to nginx's keepalive pool
     park_failed = 0,    -- setkeepalive failed (the connection was closed)
     closed = 0,         -- connections closed by destroy
@@ -365,18 +370,12 @@ tcp_impl = function(o)
     return e.name
   end
 
-  -- Connects for key; returns sock, reused count, or nil, err.
-  local function connect(key)
-    local phase = get_phase()
-    if not COSOCKET[phase] then
-      return nil, "clientpool.ngx: cannot connect in the " .. phase .. " phase (cosockets are disabled there)"
-    end
-    local e, err = entry(key)
-    if not e then return nil, err end
+  -- A connected cosocket for entry e and its reused count, or nil, err.
+  local function open(e)
     local p = e.p
     local sock = ngx_tcp()
     if ct or st or rt then sock:settimeouts(ct, st, rt) end
-    local ok
+    local ok, err
     if p.port then
       ok, err = sock:connect(p.host, p.port, e.copts)
     else
@@ -386,7 +385,43 @@ tcp_impl = function(o)
       stats.connect_failed = stats.connect_failed + 1
       return nil, "connect to " .. p.host .. (p.port and (":" .. p.port) or "") .. ": " .. tostring(err)
     end
-    local reused = sock:getreusedtimes()
+    return sock, sock:getreusedtimes()
+  end
+
+  -- Connects for key; returns sock, reused count, or nil, err. With fresh
+  -- (create), a parked connection is never taken: it belongs to an idle
+  -- record (the warm floor creates while idle records are parked). Each one
+  -- found is set aside until a new connection is open, then parked again.
+  local function connect(key, fresh)
+    local phase = get_phase()
+    if not COSOCKET[phase] then
+      return nil, "clientpool.ngx: cannot connect in the " .. phase .. " phase (cosockets are disabled there)"
+    end
+    local e, err = entry(key)
+    if not e then return nil, err end
+    local p = e.p
+    local sock, reused = open(e)
+    if not sock then return nil, reused end
+    if fresh and reused > 0 then
+      -- nginx keeps at most pool_size parked connections per name
+      local aside, n = {}, 0
+      repeat
+        n = n + 1
+        aside[n] = sock
+        sock, reused = open(e)
+      until not sock or reused == 0 or n > pool_size
+      for i = 1, n do
+        local s = aside[i]
+        local ok = s:setkeepalive(idle_ms, pool_size)
+        if not ok then
+          pcall(s.close, s)
+          stats.park_failed = stats.park_failed + 1
+        end
+      end
+      stats.set_aside = stats.set_aside + n
+      if not sock then return nil, reused end
+    end
+    local ok
     if reused > 0 then
       stats.reuses = stats.reuses + 1
       return sock, reused
@@ -434,11 +469,8 @@ tcp_impl = function(o)
   end
 
   function opts.create(key)
-    local sock, reused = connect(key)
-    if not sock then return nil, reused end
-    -- nginx's pool held a connection the pool no longer counted (a parked
-    -- record retired where it could not be taken back): it is this record's now
-    if reused > 0 then stats.orphans = stats.orphans + 1 end
+    local sock, err = connect(key, true)
+    if not sock then return nil, err end
     return sock
   end
 
