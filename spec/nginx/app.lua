@@ -11,10 +11,20 @@
 --   /app/wait_abort?pool=P            says "waiting", then acquires (abort tests)
 --   /app/sample?name=N&secs=S         samples redis CLIENT LIST for S seconds,
 --                                      says the most clients named N seen at once
+--   /app/http_get?pool=P[&up=U][&sleep=S][&on_drain=preserve|cancel:G][&tag=T]
+--       acquire from an HTTP pool (A.http_pool), GET /upstream/U over the
+--       pooled keep-alive connection, lease:observe(response), release; the
+--       lease's on_cancel aborts the request. Says "status <n> conn=<id>
+--       reqs=<n> waited=<s>", "aborted cancel_after=<s>" or "err <code> ..."
+--   /app/drain?pool=P[&timeout=S]     pool:drain(S); says "drained <ok> <code> in <s>"
+--   /upstream/<U>[?sleep=S]           the HTTP upstream (A.upstream): answers
+--                                      the statuses scripted in A.upstreams[U]
 -- Phase locations (see nginx.conf): /phase/set, /phase/log, /phase/header_filter,
 -- /phase/rewrite, /phase/access; each runs app.phase_probe(phase) there.
 local clientpool = require "clientpool"
+local cpngx = require "clientpool.ngx"
 local sched = require "clientpool.sched.ngx"
+local semaphore = require "ngx.semaphore"
 local H -- harness, loaded lazily (it needs spec_conf)
 
 local A = {
@@ -24,6 +34,8 @@ local A = {
   handles = {},    -- id -> adapter handle (sched_wait)
   log = {},        -- name -> list of events recorded by handlers
   probes = {},     -- name -> function(phase) run by the phase locations
+  upstreams = {},  -- name -> state of /upstream/<name> (A.upstream_state)
+  drain_started = {}, -- pool name -> now() when /app/drain began
 }
 
 local function harness()
@@ -77,6 +89,101 @@ local function arg(name)
   return ngx.var["arg_" .. name]
 end
 
+---------------------------------------------------------------------------
+-- HTTP: an upstream in this nginx and a tiny HTTP/1.1 keep-alive client
+---------------------------------------------------------------------------
+
+--- The state of /upstream/<name>: `script`, the statuses of the next
+-- responses (then 200); `retry_after`, the Retry-After of a 429 or 503
+-- ("1"); `hits`; `inflight`, `max_inflight`; `aborted`, requests whose
+-- client closed the connection first; `events`, { "start"|"end"|"abort", n }
+-- in order. Reset by a spec before use.
+function A.upstream_state(name, o)
+  local u = { script = {}, retry_after = "1", hits = 0, inflight = 0, max_inflight = 0, aborted = 0,
+              events = {} }
+  for k, v in pairs(o or {}) do u[k] = v end
+  A.upstreams[name] = u
+  return u
+end
+
+--- /upstream/<name>[?sleep=S]: sleeps S, answers the next scripted status
+-- with a Content-Length (so the client keeps the connection), and says which
+-- connection served it (X-Conn, X-Conn-Requests).
+function A.upstream()
+  local name = ngx.var.uri:match("^/upstream/([%w_]+)$")
+  local u = name and A.upstreams[name]
+  if not u then
+    ngx.status = 404
+    ngx.header["Content-Length"] = 0
+    return
+  end
+  u.hits = u.hits + 1
+  local n = u.hits
+  u.inflight = u.inflight + 1
+  if u.inflight > u.max_inflight then u.max_inflight = u.inflight end
+  u.events[#u.events + 1] = { "start", n }
+  ngx.on_abort(function()                   -- lua_check_client_abort on (nginx.conf)
+    u.inflight = u.inflight - 1
+    u.aborted = u.aborted + 1
+    u.events[#u.events + 1] = { "abort", n }
+    ngx.exit(499)
+  end)
+  local secs = tonumber(ngx.var.arg_sleep)
+  if secs then ngx.sleep(secs) end
+  u.inflight = u.inflight - 1
+  u.events[#u.events + 1] = { "end", n }
+  local status = table.remove(u.script, 1) or 200
+  ngx.status = status
+  if status == 429 or status == 503 then ngx.header["Retry-After"] = u.retry_after end
+  ngx.header["X-Conn"] = ngx.var.connection
+  ngx.header["X-Conn-Requests"] = ngx.var.connection_requests
+  local body = "status " .. status .. " #" .. n .. "\n"
+  ngx.header["Content-Length"] = #body
+  ngx.print(body)
+end
+
+--- GET path on a connected cosocket, HTTP/1.1 keep-alive, a response with a
+-- Content-Length. Returns { status = n, headers = { name = value }, body },
+-- or nil, err (the connection is then unusable).
+function A.http_request(sock, path)
+  local ok, err = sock:send("GET " .. path .. " HTTP/1.1\r\nHost: upstream\r\n\r\n")
+  if not ok then return nil, "send: " .. tostring(err) end
+  local line
+  line, err = sock:receive("*l")
+  if not line then return nil, "receive: " .. tostring(err) end
+  local status = tonumber(line:match("^HTTP/1%.%d (%d%d%d)"))
+  if not status then return nil, "bad status line: " .. line end
+  local headers = {}
+  while true do
+    line, err = sock:receive("*l")
+    if not line then return nil, "receive: " .. tostring(err) end
+    if line == "" then break end
+    local k, v = line:match("^([^:]+):%s*(.-)%s*$")
+    if k then headers[k] = v end
+  end
+  local len = tonumber(headers["Content-Length"])
+  if not len then return nil, "no Content-Length" end
+  local body = ""
+  if len > 0 then
+    body, err = sock:receive(len)
+    if not body then return nil, "receive: " .. tostring(err) end
+  end
+  return { status = status, headers = headers, body = body }
+end
+
+--- A pool of keep-alive HTTP connections to this nginx (clientpool.ngx).
+function A.http_pool(name, o)
+  local conf = require "spec_conf"
+  local opts = { host = "127.0.0.1", port = conf.port, connect_timeout = 1, read_timeout = 10,
+                 scheduler = "ngx" }
+  for k, v in pairs(o or {}) do opts[k] = v end
+  local popts, mgr = cpngx.tcp(opts)
+  local pool = clientpool.new(popts)
+  A.pools[name] = pool
+  A.managers[name] = mgr
+  return pool, mgr
+end
+
 local handlers = {}
 
 function handlers.acquire()
@@ -122,6 +229,72 @@ function handlers.redis_ping()
   if hold then ngx.sleep(hold) end
   lease:release()
   ngx.say("PONG reused=", reused)
+end
+
+function handlers.http_get()
+  local name = arg("pool")
+  local pool = A.pools[name]
+  if not pool then ngx.say("err nopool"); return end
+  local opts
+  local od = arg("on_drain")
+  if od then
+    local grace = od:match("^cancel:(.+)$")
+    opts = { on_drain = grace and { cancel = tonumber(grace) } or od }
+  end
+  local tag = arg("tag")
+  if tag then record(name .. ":asked", tag) end
+  local t0 = sched.now()
+  local lease, code, detail = pool:acquire(nil, opts)
+  if not lease then
+    ngx.say("err ", tostring(code), " ", tostring(detail))
+    return
+  end
+  local waited = sched.now() - t0
+  if tag then record(name .. ":got", tag) end
+  -- the lease's cancellation aborts the request: the reader is killed
+  local cancel = semaphore.new()
+  local cancelled_at
+  lease:on_cancel(function()
+    cancelled_at = sched.now()
+    cancel:post(1)
+  end)
+  local path = "/upstream/" .. (arg("up") or name) .. (arg("sleep") and ("?sleep=" .. arg("sleep")) or "")
+  local reader = ngx.thread.spawn(A.http_request, lease.client, path)
+  local canceller = ngx.thread.spawn(function()
+    local ok = cancel:wait(60)
+    return ok and "cancelled" or "no cancel"
+  end)
+  local ok, res, err = ngx.thread.wait(reader, canceller)
+  if res == "cancelled" then
+    ngx.thread.kill(reader)
+    lease:release(false)               -- a request cut short: its connection is unusable
+    if tag then record(name .. ":done", tag) end
+    local started = A.drain_started[name]
+    ngx.say(string.format("aborted cancel_after=%.3f", cancelled_at - (started or cancelled_at)))
+    return
+  end
+  ngx.thread.kill(canceller)
+  if not ok or type(res) ~= "table" then
+    lease:release(false)
+    ngx.say("err request ", tostring(ok and err or res))
+    return
+  end
+  lease:observe(res)                   -- the policy reads the response
+  lease:release()
+  if tag then record(name .. ":done", tag) end
+  ngx.say(string.format("status %d conn=%s reqs=%s waited=%.3f", res.status,
+    tostring(res.headers["X-Conn"]), tostring(res.headers["X-Conn-Requests"]), waited))
+end
+
+function handlers.drain()
+  local name = arg("pool")
+  local pool = A.pools[name]
+  if not pool then ngx.say("err nopool"); return end
+  local t0 = sched.now()
+  A.drain_started[name] = t0
+  local ok, code = pool:drain(tonumber(arg("timeout")))
+  record(name .. ":done", "drain")
+  ngx.say(string.format("drained %s %s in %.3f", tostring(ok), tostring(code), sched.now() - t0))
 end
 
 function handlers.sched_wait()
@@ -219,5 +392,10 @@ function A.init_worker()
   step("acquire", function() pool:acquire(); return "returned" end)
   step("release", function() if held then held:release() end; return pool:stats().idle end)
   step("created", function() return f.created end)
+  -- the warm floor, as README's init_worker block starts it (the runner
+  -- counts its connections before the first request; cases/floor.lua)
+  local floor = require "redis_pool"
+  A.pools.floor = floor
+  ngx.timer.at(0, function() floor:run() end)
 end
 return A

@@ -10,9 +10,14 @@
 # build/nginx-spec) and start nginx; GET /run/<case> for each case file (the
 # harness runs the file inside nginx and answers TAP-like lines); then the
 # external checks (wrk load against a pool while redis is sampled; the old
-# worker exits quickly after a reload). The exiting-worker case, which sends
-# nginx a HUP, runs last. Ends with "N passed, M failed"; exit status 1 on
-# any failure. The run dir stays for inspection (error.log, redis.log).
+# worker exits quickly after a reload). Before any request: the warm floor
+# (README "Warm floor": its init_worker block, taken from README.md as it is
+# written) runs in a second nginx with two workers, and redis must see
+# min_idle connections per worker, and none once that nginx stopped; the
+# main nginx's floor is checked the same way before its first request. The
+# exiting-worker case, which sends nginx a HUP, runs last. Ends with "N
+# passed, M failed"; exit status 1 on any failure. The run dir stays for
+# inspection (error.log, redis.log).
 #
 # environment: NGINX (default nginx), REDIS_SERVER (default redis-server),
 # EXTRA_LUA_PATH (prepended to lua_package_path, e.g. "/tmp/x/?.lua;"),
@@ -29,6 +34,18 @@ mods=${NGINX_MODULES:-/usr/lib/nginx/modules}
 
 passed=0 failed=0
 note() { echo "nginx-spec: $*"; }
+
+# A check done from here (outside nginx): name, then a command that succeeds.
+check() {
+  local name=$1; shift
+  if "$@"; then
+    echo "[external] ok - $name"
+    passed=$((passed + 1))
+  else
+    echo "[external] not ok - $name"
+    failed=$((failed + 1))
+  fi
+}
 
 die() {
   note "$*"
@@ -59,8 +76,21 @@ while [ "$redis2_port" = "$port" ] || [ "$redis2_port" = "$redis_port" ]; do red
 
 nginx_pid() { cat "$run/nginx.pid" 2>/dev/null; }
 
+# Stops an nginx by its master pid: QUIT, then KILL (workers too) after 5 s.
+stop_nginx() {
+  local pid=$1 workers
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+  kill -QUIT "$pid" 2>/dev/null
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  workers=$(ps -o pid= --ppid "$pid" 2>/dev/null)
+  note "nginx did not stop in 5 s: killing master $pid and workers" $workers
+  kill -KILL "$pid" $workers 2>/dev/null
+  return 1
+}
+
 cleanup() {
   local rc=$?
+  stop_nginx "$(cat "$run/floor/nginx.pid" 2>/dev/null)"
   if [ "${KEEP:-0}" = 1 ]; then
     note "KEEP=1: nginx (pid $(nginx_pid)) and redis (port $redis_port) left running"
     return $rc
@@ -106,7 +136,7 @@ done
 "$here/faultctl.sh" "$run" "$redis_bin" "$redis2_port" &
 fault_ctl=$!
 
-# ---------------------------------------------------------------- nginx
+# ---------------------------------------------------------------- spec_conf
 cat >"$run/spec_conf.lua" <<EOF
 -- written by spec/nginx/run.sh
 return {
@@ -118,6 +148,91 @@ return {
   pid_file = "$run/nginx.pid",
 }
 EOF
+
+# ---------------------------------------------------------------- warm floor
+# README "Warm floor": the init_worker block of OpenResty, as written there.
+floor_min_idle=2   # spec/nginx/floor/redis_pool.lua
+floor_block=$(awk '/<!-- spec:nginx-floor -->/ { m = 1; next }
+                   m && /^```nginx/ { b = 1; next }
+                   b && /^```/ { exit }
+                   b { print }' "$root/README.md")
+
+# Every worker of nginx (master pid $1, $2 workers) has exactly $3
+# connections named cp-floor-<worker pid> in redis.
+floor_seen() {
+  local master=$1 nworkers=$2 want=$3 pids list p n
+  pids=$(ps -o pid= --ppid "$master" 2>/dev/null | tr -d ' ')
+  [ "$(echo "$pids" | grep -c .)" -eq "$nworkers" ] || return 1
+  list=$(redis-cli -p "$redis_port" CLIENT LIST 2>/dev/null) || return 1
+  for p in $pids; do
+    n=$(echo "$list" | grep -c " name=cp-floor-$p ")
+    [ "$n" -eq "$want" ] || return 1
+  done
+}
+
+# Polls floor_seen for up to 5 s; says what redis saw when it fails.
+floor_check() {
+  for _ in $(seq 1 100); do
+    floor_seen "$@" && return 0
+    sleep 0.05
+  done
+  echo "    workers of $1: $(ps -o pid= --ppid "$1" | tr -s ' \n' ' '); redis sees:"
+  redis-cli -p "$redis_port" CLIENT LIST | grep -o 'name=cp-floor-[0-9]*' | sort | uniq -c | sed 's/^/    /'
+  return 1
+}
+
+no_floor_left() {
+  for _ in $(seq 1 50); do
+    redis-cli -p "$redis_port" CLIENT LIST | grep -q 'name=cp-floor-' || return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# A second nginx, two workers, no server and no request: only the README block.
+floor_nginx() {
+  local dir=$run/floor pid
+  mkdir -p "$dir/tmp" || return 1
+  [ -n "$floor_block" ] || { echo "    no <!-- spec:nginx-floor --> nginx block in README.md"; return 1; }
+  cat >"$dir/nginx.conf" <<EOF2
+# written by spec/nginx/run.sh: README's warm floor in two workers
+load_module $mods/ndk_http_module.so;
+load_module $mods/ngx_http_lua_module.so;
+$([ "$(id -u)" = 0 ] && echo "user root;")
+worker_processes 2;
+env CLIENTPOOL_BACKEND;
+pid $dir/nginx.pid;
+error_log $dir/error.log info;
+events { worker_connections 64; }
+http {
+  client_body_temp_path $dir/tmp/body;
+  proxy_temp_path $dir/tmp/proxy;
+  fastcgi_temp_path $dir/tmp/fastcgi;
+  uwsgi_temp_path $dir/tmp/uwsgi;
+  scgi_temp_path $dir/tmp/scgi;
+  lua_package_path "$root/spec/nginx/floor/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
+  lua_package_cpath "$root/build/luajit/?.so;;";
+
+$floor_block
+}
+EOF2
+  "$nginx_bin" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" 2>"$dir/start.log" ||
+    { cat "$dir/start.log"; return 1; }
+  for _ in $(seq 1 50); do [ -s "$dir/nginx.pid" ] && break; sleep 0.1; done
+  pid=$(cat "$dir/nginx.pid" 2>/dev/null)
+  [ -n "$pid" ] || return 1
+  floor_check "$pid" 2 "$floor_min_idle"
+}
+
+floor_nginx_stops() {
+  stop_nginx "$(cat "$run/floor/nginx.pid" 2>/dev/null)" && no_floor_left &&
+    ! grep -E '\[(alert|emerg|error)\]|exited on signal' "$run/floor/error.log"
+}
+
+check "warm floor (README's init_worker block), 2 workers, no request: redis sees min_idle=$floor_min_idle connections per worker" floor_nginx
+check "that nginx stops at once (QUIT), its floor connections go, no error in its error.log" floor_nginx_stops
+
+# ---------------------------------------------------------------- nginx
 
 cat >"$run/nginx.conf" <<EOF
 # written by spec/nginx/run.sh
@@ -140,7 +255,7 @@ http {
   uwsgi_temp_path $run/tmp/uwsgi;
   scgi_temp_path $run/tmp/scgi;
 
-  lua_package_path "${EXTRA_LUA_PATH:-}$root/spec/nginx/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
+  lua_package_path "${EXTRA_LUA_PATH:-}$root/spec/nginx/?.lua;$root/spec/nginx/floor/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
   lua_package_cpath "$root/build/luajit/?.so;;";
   lua_shared_dict spec 1m;
 
@@ -158,6 +273,14 @@ http {
 
     location /app/ {
       content_by_lua_block { require("app").content() }
+    }
+
+    # an HTTP upstream in the same nginx for the pooled keep-alive client of
+    # the policy and drain cases (app.upstream); keep-alive here only
+    location /upstream/ {
+      keepalive_timeout 60s;
+      lua_check_client_abort on;
+      content_by_lua_block { require("app").upstream() }
     }
 
     location = /app/wait_abort {
@@ -203,11 +326,15 @@ EOF
 
 "$nginx_bin" -p "$run" -c "$run/nginx.conf" -e "$run/error.log" 2>"$run/nginx.start.log" ||
   { cat "$run/nginx.start.log"; die "nginx did not start"; }
+for _ in $(seq 1 50); do [ -s "$run/nginx.pid" ] && break; sleep 0.1; done
+master_pid=$(nginx_pid)
+# before the first request: app.init_worker starts the same floor
+check "warm floor of the spec nginx, before any request: redis sees min_idle=$floor_min_idle connections" \
+  floor_check "$master_pid" 1 "$floor_min_idle"
 for _ in $(seq 1 50); do
-  [ -s "$run/nginx.pid" ] && curl -fs "http://127.0.0.1:$port/ping" >/dev/null 2>&1 && break
+  curl -fs "http://127.0.0.1:$port/ping" >/dev/null 2>&1 && break
   sleep 0.1
 done
-master_pid=$(nginx_pid)
 curl -fs "http://127.0.0.1:$port/ping" >/dev/null || { tail -20 "$run/error.log"; die "nginx does not answer on $port"; }
 note "nginx pid $master_pid on 127.0.0.1:$port, redis on 127.0.0.1:$redis_port, run dir $run"
 
@@ -236,18 +363,6 @@ run_case() {
   fi
   read -r p _ f _ <<<"$line"
   passed=$((passed + p)); failed=$((failed + f))
-}
-
-# A check done from here (outside nginx): name, then a command that succeeds.
-check() {
-  local name=$1; shift
-  if "$@"; then
-    echo "[external] ok - $name"
-    passed=$((passed + 1))
-  else
-    echo "[external] not ok - $name"
-    failed=$((failed + 1))
-  fi
 }
 
 # wrk load on one pool while redis is sampled: never more connections than max_live.
