@@ -52,6 +52,9 @@ LIBS      := -lm
 CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c
 ENGINE_SRCS := csrc/engine.c csrc/clock.c
 CTEST_SRC   := spec/c/test_engine.c
+# The C tests link the engine through spec/c/whitebox.c: csrc/engine.c as
+# is, plus allocation-failure injection and internal views for the tests.
+CTEST_LINK  := spec/c/whitebox.c csrc/clock.c
 
 INTERPS := lua5.1 lua5.3 lua5.4 luajit
 INCDIR_lua5.1 := /usr/include/lua5.1
@@ -125,13 +128,13 @@ build/asan-lua5.4/clientpool/core.so: $(patsubst csrc/%.c,build/obj/asan-lua5.4/
 	$(CLANG) $(SANFLAGS) -shared -o $@ $^ $(LIBS)
 
 # C engine tests: no Lua at all.
-build/ctest/test_engine: $(CTEST_SRC) $(ENGINE_SRCS) $(wildcard csrc/*.h)
+build/ctest/test_engine: $(CTEST_SRC) $(CTEST_LINK) $(ENGINE_SRCS) $(wildcard csrc/*.h spec/c/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(WARNFLAGS) -O2 -g -Icsrc -o $@ $(CTEST_SRC) $(ENGINE_SRCS) $(LIBS)
+	$(CC) $(WARNFLAGS) -O2 -g -Icsrc -o $@ $(CTEST_SRC) $(CTEST_LINK) $(LIBS)
 
-build/ctest/test_engine-asan: $(CTEST_SRC) $(ENGINE_SRCS) $(wildcard csrc/*.h)
+build/ctest/test_engine-asan: $(CTEST_SRC) $(CTEST_LINK) $(ENGINE_SRCS) $(wildcard csrc/*.h spec/c/*.h)
 	@mkdir -p $(@D)
-	$(CLANG) $(WARNFLAGS) $(SANFLAGS) -Icsrc -o $@ $(CTEST_SRC) $(ENGINE_SRCS) $(LIBS)
+	$(CLANG) $(WARNFLAGS) $(SANFLAGS) -Icsrc -o $@ $(CTEST_SRC) $(CTEST_LINK) $(LIBS)
 
 -include $(wildcard build/obj/*/*.d)
 

@@ -679,6 +679,7 @@ static int take_open(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
     if (x->retire || (has(p->cfg.max_lifetime) && now >= x->expires) || retired_by_age(p, x)) {
       x->retire = 1;                  /* no new leases; destroyed at its last release */
       oremove(p, r);
+      key_refresh(p, k);              /* k may have nothing left to share */
       continue;
     }
     l = lease_alloc(p, r, now);
@@ -1313,6 +1314,7 @@ int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key) {
       p->rec[r].refill = 1;
       p->keys[k].refilling++;
       BOTH(p, k, creating, 1);
+      key_refresh(p, k);              /* k may have reached its cap */
       *key = k;
       finish(p, now);
       return r;
@@ -1440,7 +1442,7 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   memset(&tot, 0, sizeof tot);
   per = calloc((size_t)(p->nkeys ? p->nkeys : 1), sizeof *per);
   CHECK(per != NULL, "out of memory");
-#define FAIL(...) do { free(per); snprintf(buf, n, __VA_ARGS__); return -1; } while (0)
+#define FAIL(...) do { snprintf(buf, n, __VA_ARGS__); free(per); return -1; } while (0)
   for (i = 0; i < p->nrec; i++) {
     const record_t *x = &p->rec[i];
     clientpool_stats_t *s;

@@ -9,7 +9,7 @@
  * `make test-c-asan`):
  *
  *   gcc -std=c99 -Wall -Wextra -Werror -pedantic -Wshadow -Wmissing-prototypes \
- *       -Wstrict-prototypes -O1 -g -Icsrc spec/c/test_engine.c csrc/engine.c \
+ *       -Wstrict-prototypes -O1 -g -Icsrc spec/c/test_engine.c spec/c/whitebox.c \
  *       csrc/clock.c -lm -o build/test_engine && ./build/test_engine
  *
  *   ./build/test_engine [substring]   runs only the tests whose name contains it
@@ -29,9 +29,13 @@
  * take minutes).
  *
  * Section 19 holds regression tests for engine bugs found while this suite
- * was written (see the comment above each).  A test for a bug that is not
- * fixed yet is named KNOWN_BUG_* and fails with a message that says what was
- * expected and what happened.
+ * was written or by the fuzzer (see the comment above each).  A test for a
+ * bug that is not fixed yet is named KNOWN_BUG_* and fails with a message
+ * that says what was expected and what happened.
+ *
+ * The engine is linked through spec/c/whitebox.c (csrc/engine.c unchanged,
+ * plus allocation-failure injection and internal views), which sections 21
+ * and 22 use.
  *
  * Sections:
  *   harness - events - engine-call wrappers - helpers
@@ -42,13 +46,16 @@
  *   5 lifetime         12 leak, leak_threshold      18 randomized model test
  *   6 max_idle         13 retire                    19 regressions (engine bugs)
  *   7 keys, caps, max_keys, max_concurrency, max_waiting (7a-7d)
+ *  20 gates and probe, pin modes, retire_before, warm-floor edges, queries,
+ *     shared records (capacity > 1)
+ *  21 out of memory     22 clientpool_check catches corruption
  *
- * Not covered here (engine features added after this suite was written):
- * capacity > 1 (shared records, EV_LOST), pause/resume/probe gates,
- * pause_fail, the warm floor (clientpool_floor/refill, EV_REFILL) and
+ * The model-based fuzzer (spec/c/fuzz_engine.c against spec/c/model.c, `make
+ * fuzz`) covers the features this suite's randomized test predates:
+ * capacity > 1, pause/resume/probe, pause_fail, the warm floor and
  * clientpool_retire_before.
  */
-#include "engine.h"
+#include "whitebox.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -2868,6 +2875,573 @@ static void t_regress_key_kept_for_unclaimed_waiter(void) {
             "expected acquire on the freshly opened key to grant; got STALE (key forgotten)");
 }
 
+/*
+ * Bug (found by spec/c/fuzz_engine.c; fixed by the key_refresh in take_open):
+ * with capacity > 1, take_open retired a shared record it found stale (past
+ * max_lifetime or retired by age) and took it out of its key's open heap,
+ * but left the key sorted as "has an open record".  When that key's head
+ * waiter then could not create either (its key cap), dispatch saw the same
+ * key first again and stopped: a waiter of another key that could be served
+ * stayed queued (and clientpool_check: "ready-heap membership wrong").
+ * Regression input: spec/c/regress/take-open-stale-ready-heap.
+ *
+ * Expected: the waiter of key j is served when a lease frees.
+ */
+static void t_regress_take_open_stale_key_starves_others(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, j, x;
+  hold_t hx;
+  waiter_h w1, w2;
+  c.capacity = 2; c.max_live = 4; c.max_idle = 4; c.max_concurrency = 2; c.key_max_live = 1;
+  p = POOL(c);
+  k = PKEY(p); j = PKEY(p); x = PKEY(p);
+  (void)NEW_LEASE(p, k, 0);                 /* k's only record, open for one more share */
+  hx = NEW_LEASE(p, x, 0);                  /* max_concurrency reached */
+  CHECK_EQ(clientpool_retire_before(p, -1, -1, 1), 0);   /* k's record: retired by age */
+  INVARIANTS(p);
+  MUST_WAIT(p, k, 1);
+  w1 = WAIT(p, k, -1, 1);
+  MUST_WAIT(p, j, 2);
+  w2 = WAIT(p, j, -1, 2);
+  drain(p);
+  RELEASE_AS(p, hx, CLIENTPOOL_BY_ERROR, 3);  /* w1 cannot be served (k is at its cap), w2 can */
+  drain(p);
+  CHECK_MSG(n_wake(w2.w, w2.gen) == 1,
+            "expected the waiter of key j to be served; it was left queued behind key k");
+  EXPECT_NO_WAKE(w1);
+}
+
+/*
+ * Bug (found by spec/c/fuzz_engine.c; fixed by the key_refresh in
+ * clientpool_refill): a refill reservation that brought a warm key to its
+ * key_max_live left the key sorted as "can create", so dispatch picked it,
+ * could not reserve, and stopped: waiters of other keys were left queued.
+ * Regression input: spec/c/regress/refill-stale-ready-heap.
+ */
+static void t_regress_refill_at_cap_starves_others(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, j, x, kk = -1, r;
+  hold_t hx;
+  waiter_h w1, w2;
+  c.max_live = 4; c.max_idle = 4; c.min_idle = 1; c.max_concurrency = 1; c.key_max_live = 1;
+  p = POOL(c);
+  k = UKEY(p); j = PKEY(p); x = PKEY(p);
+  CHECK_EQ(KEY_PIN(p, k, 2), 0);            /* warm */
+  hx = NEW_LEASE(p, x, 0);                  /* max_concurrency reached */
+  MUST_WAIT(p, k, 1);
+  w1 = WAIT(p, k, -1, 1);
+  MUST_WAIT(p, j, 1);
+  w2 = WAIT(p, j, -1, 1);
+  clientpool_floor(p, 1, 1);
+  INVARIANTS(p);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
+  r = clientpool_refill(p, 1, &kk);
+  CHECK(r >= 0 && kk == k);                 /* k is now at its cap */
+  INVARIANTS(p);
+  drain(p);
+  RELEASE_AS(p, hx, CLIENTPOOL_BY_ERROR, 2);
+  drain(p);
+  CHECK_MSG(n_wake(w2.w, w2.gen) == 1,
+            "expected the waiter of key j to be served; it was left queued behind key k");
+  EXPECT_NO_WAKE(w1);
+}
+
+/* ===================================================================== */
+/* 20. gates, keys, retire_before, shared records, queries: the edges     */
+/* ===================================================================== */
+
+static void t_gate_states_and_probe(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  clientpool_grant_t g;
+  waiter_h w;
+  p = POOL(c);
+  k = PKEY(p);
+  CHECK_EQ(clientpool_gate(p, -1), 0);
+  CHECK_EQ(clientpool_gate(p, k), 0);
+  CHECK_EQ(clientpool_gate(p, 999), 0);     /* unknown key: open */
+  CHECK_EQ(clientpool_pause(p, 999, 0), CLIENTPOOL_EINVAL);
+  CHECK_EQ(clientpool_resume(p, 999, 0, 0), CLIENTPOOL_EINVAL);
+  CHECK_EQ(clientpool_pause(p, -1, 0), 0);
+  CHECK_EQ(clientpool_gate(p, -1), 1);
+  CHECK_EQ(clientpool_resume(p, -1, 1, 0), 0);
+  CHECK_EQ(clientpool_gate(p, -1), 2);      /* half-open */
+  CHECK_EQ(clientpool_resume(p, -1, 0, 0), 0);
+  CHECK_EQ(clientpool_gate(p, -1), 2);      /* resume of an open gate changes nothing */
+  h = NEW_LEASE(p, k, 1);                   /* the probe */
+  MUST_WAIT(p, k, 1);                       /* admitted alone */
+  w = WAIT(p, k, -1, 1);
+  CHECK_EQ(clientpool_probe_ok(p, h.lease, h.gen + 1, 2), 0);   /* stale handle */
+  CHECK_EQ(clientpool_probe_ok(p, h.lease, h.gen, 2), 1);
+  INVARIANTS(p);
+  CHECK_EQ(clientpool_gate(p, -1), 0);
+  drain(p);
+  EXPECT_WAKE(w);                           /* the gate opened: w creates */
+  CHECK_STATUS(CLAIM(p, w, 2, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(clientpool_pause(p, k, 3), 0);
+  CHECK_EQ(clientpool_gate(p, k), 1);
+  CHECK_EQ(clientpool_resume(p, k, 0, 3), 0);
+  CHECK_EQ(clientpool_gate(p, k), 0);
+  RELEASE(p, h, 4);
+}
+
+static void t_key_pin_modes(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b, d, r, kk;
+  c.min_idle = 1;
+  p = POOL(c);
+  a = UKEY(p); b = UKEY(p); d = UKEY(p);
+  CHECK_EQ(KEY_PIN(p, 999, 1), CLIENTPOOL_EINVAL);
+  CHECK_EQ(KEY_PIN(p, a, -5), 0);           /* out of range: pinned */
+  CHECK_EQ(KEY_FORGET(p, a), 0);
+  CHECK_EQ(KEY_PIN(p, a, 7), 0);            /* still pinned: no change */
+  CHECK_EQ(KEY_PIN(p, a, 2), 0);            /* three warm keys */
+  CHECK_EQ(KEY_PIN(p, b, 2), 0);
+  CHECK_EQ(KEY_PIN(p, d, 2), 0);
+  CHECK_EQ(KEY_PIN(p, b, 1), 0);            /* b leaves the warm list from its middle */
+  CHECK_EQ(KEY_PIN(p, d, 0), 0);            /* d leaves it and is forgotten */
+  drain(p);
+  CHECK_EQ(n_key_free(d), 1);
+  clientpool_floor(p, 1, 0);
+  INVARIANTS(p);
+  r = clientpool_refill(p, 0, &kk);
+  CHECK(r >= 0 && kk == a);                 /* only a is warm */
+  CHECK_EQ(CREATED(p, r, 1, 0), 0);
+  CHECK_EQ(clientpool_refill(p, 0, &kk), -1);
+  CHECK_EQ(KSTATS(p, b).idle, 0);
+}
+
+static void t_retire_before_variants(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t h1, h2, h3;
+  clientpool_grant_t g;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p);
+  h1 = NEW_LEASE(p, a, 1);
+  h2 = NEW_LEASE(p, a, 2);
+  h3 = NEW_LEASE(p, b, 3);
+  RELEASE(p, h1, 4);
+  RELEASE(p, h2, 4);
+  RELEASE(p, h3, 4);
+  drain(p);
+  CHECK_EQ(clientpool_retire_before(p, 999, 1, 5), CLIENTPOOL_EINVAL);
+  CHECK_EQ(clientpool_retire_before(p, a, 1.5, 5), 0);   /* a's record created at 1 */
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_RETIRED);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 1);
+  CHECK_EQ(clientpool_retire_before(p, a, 1.0, 5), 0);   /* earlier than before: no change */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  CHECK_EQ(clientpool_retire_before(p, -1, 2.5, 5), 0);  /* the pool: a's second record */
+  drain(p);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_RETIRED);
+  CHECK_EQ(clientpool_retire_before(p, -1, 2.0, 5), 0);  /* earlier: no change */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  h1 = REUSE(p, b, 6, &g);                  /* b's record, leased */
+  CHECK_EQ(clientpool_retire_before(p, b, -1, 6), 0);    /* every record of b so far */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);          /* leased: at release */
+  RELEASE(p, h1, 7);
+  drain(p);
+  EXPECT_DESTROY(h3.record, CLIENTPOOL_BY_RETIRED);
+  h2 = NEW_LEASE(p, b, 7);                  /* created after: survives */
+  RELEASE(p, h2, 8);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  h2 = NEW_LEASE(p, a, 9);
+  CHECK_EQ(clientpool_retire_before(p, -1, -1, 9), 0);   /* every record of the pool so far */
+  RELEASE(p, h2, 10);
+  drain(p);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_RETIRED);
+  CHECK_EQ(pstats(p).idle, 0);              /* b's idle one went at once */
+}
+
+/* A refill reservation retired before its client exists goes idle marked,
+ * and the first acquire that meets it destroys it. */
+static void t_retired_refill_is_not_reused(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, kk, r;
+  clientpool_grant_t g;
+  c.min_idle = 1;
+  p = POOL(c);
+  k = UKEY(p);
+  CHECK_EQ(KEY_PIN(p, k, 2), 0);
+  clientpool_floor(p, 1, 0);
+  r = clientpool_refill(p, 0, &kk);
+  CHECK(r >= 0 && kk == k);
+  CHECK_EQ(RETIRE(p, r, 0), 0);
+  CHECK_EQ(CREATED(p, r, 1, 1), 0);
+  CHECK_EQ(KSTATS(p, k).idle, 1);
+  drain(p);
+  CHECK_STATUS(ACQUIRE(p, k, 2, &g), CLIENTPOOL_GRANT_CREATE);
+  drain(p);
+  EXPECT_DESTROY(r, CLIENTPOOL_BY_RETIRED);
+  CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+}
+
+/* The floor signals only for warm keys; a closed pool never refills. */
+static void t_floor_edges(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, kk;
+  hold_t h;
+  c.min_idle = 1; c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);                              /* pinned, not warm */
+  clientpool_floor(p, 1, 0);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 1);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 0);
+  CHECK_EQ(KEY_PIN(p, k, 2), 0);
+  h = NEW_LEASE(p, k, 1);                   /* max_live reached: no room to refill */
+  CHECK_EQ(clientpool_refill(p, 1, &kk), -1);
+  RELEASE(p, h, 2);
+  CLOSE(p, 3);
+  clientpool_floor(p, 1, 3);
+  CHECK_EQ(clientpool_refill(p, 3, &kk), -1);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 0);
+}
+
+static void t_queries_and_stale_handles(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  p = POOL(c);
+  k = PKEY(p);
+  CHECK_EQ(clientpool_record_key(p, -1), -1);
+  CHECK_EQ(clientpool_record_key(p, 1 << 20), -1);
+  CHECK(clientpool_record_created(p, -1) < 0);
+  CHECK(clientpool_record_created(p, 1 << 20) < 0);
+  CHECK(clientpool_lease_age(p, -1, 0, 0) < 0);
+  CHECK(clientpool_lease_age(p, 1 << 20, 0, 0) < 0);
+  CHECK_STATUS(CREATED(p, -1, 1, 0), CLIENTPOOL_STALE);
+  CHECK_STATUS(CREATED(p, 1 << 20, 1, 0), CLIENTPOOL_STALE);
+  h = NEW_LEASE(p, k, 2);
+  CHECK_EQ(clientpool_record_key(p, h.record), k);
+  CHECK(clientpool_record_created(p, h.record) == 2);
+  CHECK(clientpool_lease_age(p, h.lease, h.gen, 5) == 3);
+  CHECK(clientpool_lease_age(p, h.lease, h.gen + 1, 5) < 0);
+  CHECK_STATUS(CREATED(p, h.record, 1, 2), CLIENTPOOL_STALE);   /* already created */
+  RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 3);
+  CHECK_EQ(clientpool_record_key(p, h.record), -1);  /* free slot */
+  CHECK(clientpool_record_created(p, h.record) < 0);
+  CHECK(clientpool_lease_age(p, h.lease, h.gen, 5) < 0);
+  CHECK_EQ(clientpool_probe_ok(p, h.lease, h.gen, 5), 0);
+}
+
+/* capacity > 1: every share goes to an open record with the fewest leases;
+ * one holder's loss dooms the record for all (EV_LOST once), and the last
+ * release destroys it with the first loss's reason. */
+static void t_shared_fewest_leases_and_loss(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, r;
+  hold_t held[24], h1, h2, h3;
+  clientpool_grant_t g;
+  int n = 0, i, step;
+  c.capacity = 3; c.max_live = 4; c.max_idle = 4; c.max_concurrency = 12;
+  p = POOL(c);
+  k = PKEY(p);
+  rng_seed(7);
+  for (step = 0; step < 3000; step++) {
+    if (n < 12 && (n == 0 || rng_int(3) != 0)) {
+      int st = ACQUIRE(p, k, 0, &g), min = 99;
+      CHECK(st == CLIENTPOOL_GRANT_IDLE || st == CLIENTPOOL_GRANT_CREATE);
+      if (st == CLIENTPOOL_GRANT_CREATE) {
+        CHECK_EQ(CREATED(p, g.record, 1, 0), 0);
+      } else if (g.shared) {
+        /* the record chosen had (before this lease) the fewest leases among open ones */
+        for (r = 0; r < wb_nrec(p); r++)
+          if (r != g.record && wb_rec_state(p, r) == WB_LEASED && wb_rec_nleases(p, r) < c.capacity &&
+              wb_rec_nleases(p, r) < min) min = wb_rec_nleases(p, r);
+        CHECK(wb_rec_nleases(p, g.record) - 1 <= min);
+      }
+      held[n++] = hold_of(&g);
+    } else {
+      i = rng_int(n);
+      RELEASE(p, held[i], 0);
+      held[i] = held[--n];
+    }
+    drain(p);
+  }
+  while (n) RELEASE(p, held[--n], 0);
+  /* three holders of one record */
+  p = POOL(c);
+  k = PKEY(p);
+  h1 = NEW_LEASE(p, k, 1);
+  CHECK_STATUS(ACQUIRE(p, k, 1, &g), CLIENTPOOL_GRANT_IDLE);
+  h2 = hold_of(&g);
+  CHECK_STATUS(ACQUIRE(p, k, 1, &g), CLIENTPOOL_GRANT_IDLE);
+  h3 = hold_of(&g);
+  CHECK(h2.record == h1.record && h3.record == h1.record);
+  drain(p);
+  RELEASE_AS(p, h1, CLIENTPOOL_BY_ERROR, 2);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_LOST), 1);
+  RELEASE_AS(p, h2, CLIENTPOOL_BY_INVALID, 2);  /* doomed already: no second EV_LOST */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_LOST), 0);
+  RELEASE(p, h3, 3);
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_ERROR);
+}
+
+/* capacity > 1: a shared record past max_lifetime takes no new share after
+ * the tick (and none at acquire even before it). */
+static void t_shared_lifetime(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h1, h2, h3;
+  clientpool_grant_t g;
+  c.capacity = 2; c.max_lifetime = 10;
+  p = POOL(c);
+  k = PKEY(p);
+  h1 = NEW_LEASE(p, k, 0);
+  TICK(p, 10);                              /* leased: retired, destroyed at release */
+  CHECK_STATUS(ACQUIRE(p, k, 10, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK(g.record != h1.record);
+  CHECK_EQ(CREATED(p, g.record, 1, 10), 0);
+  h2 = hold_of(&g);
+  CHECK_STATUS(ACQUIRE(p, k, 20, &g), CLIENTPOOL_GRANT_CREATE);  /* h2's is expired, not ticked */
+  CHECK(g.record != h2.record);
+  CHECK_EQ(CREATED(p, g.record, 1, 20), 0);
+  h3 = hold_of(&g);
+  drain(p);
+  RELEASE(p, h1, 21);
+  RELEASE(p, h2, 21);
+  RELEASE(p, h3, 21);
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_LIFETIME);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_LIFETIME);
+  CHECK_EQ(pstats(p).idle, 1);
+}
+
+/* ===================================================================== */
+/* 21. out of memory (spec/c/whitebox.c fails allocations on demand)      */
+/* ===================================================================== */
+
+/* Every allocation failure leaves a consistent engine that works on once
+ * memory is back: the call reports ENOMEM, or degrades as documented (a
+ * deadline or leak report lost, a reservation or grant not made). */
+static void t_oom_new_keys_waiters(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = NULL;
+  int32_t k, n;
+  hold_t h;
+  uint32_t gen;
+  char buf[256];
+  wb_alloc_fail(1);
+  CHECK_EQ(clientpool_new(&c, &p), CLIENTPOOL_ENOMEM);
+  CHECK(p == NULL);
+  for (n = 1; n <= 3; n++) {                /* keys, then either ready heap */
+    p = POOL(c);
+    wb_alloc_fail(n);
+    CHECK_EQ(clientpool_key_open(p), CLIENTPOOL_ENOMEM);
+    wb_alloc_fail(0);
+    INVARIANTS(p);
+    k = PKEY(p);
+    (void)NEW_LEASE(p, k, 0);
+  }
+  wb_alloc_fail(1);                         /* the warm list */
+  CHECK_EQ(KEY_PIN(p, k, 2), CLIENTPOOL_ENOMEM);
+  CHECK_EQ(KEY_PIN(p, k, 2), 0);
+  wb_alloc_fail(1);                         /* clientpool_check's own scratch */
+  CHECK_EQ(clientpool_check(p, buf, sizeof buf), -1);
+  CHECK(strstr(buf, "out of memory") != NULL);
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  MUST_WAIT(p, k, 0);
+  wb_alloc_fail(1);                         /* the waiter array */
+  CHECK_EQ(WAIT_RAW(p, k, -1, 0, &gen), CLIENTPOOL_ENOMEM);
+  (void)WAIT(p, k, -1, 0);
+  RELEASE(p, h, 1);
+}
+
+static void t_oom_records_leases_deadlines(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, r, kk, x;
+  hold_t h, held[8];
+  clientpool_grant_t g;
+  waiter_h w;
+  int i;
+  /* the first reserve: record array, then lease array */
+  for (i = 1; i <= 2; i++) {
+    p = POOL(c);
+    k = PKEY(p);
+    wb_alloc_fail(i);
+    CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_MUST_WAIT);
+    (void)NEW_LEASE(p, k, 0);
+  }
+  /* deadlines: a lease's leak report, a record's lifetime, a waiter's deadline */
+  c.leak_threshold = 5; c.max_lifetime = 50; c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  wb_alloc_fail(3);                         /* record, lease, then the deadline heap */
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  wb_alloc_fail(1);
+  CHECK_EQ(CREATED(p, g.record, 1, 0), 0);  /* its lifetime is lost */
+  h = hold_of(&g);
+  MUST_WAIT(p, k, 0);
+  wb_alloc_fail(2);                         /* waiter array, then the heap */
+  w = WAIT(p, k, 1, 0);
+  CHECK(clientpool_next_deadline(p) < 0);   /* nothing armed */
+  TICK(p, 100);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_WAKE) + n_events(CLIENTPOOL_EV_LEAK), 0);
+  RELEASE(p, h, 100);
+  drain(p);
+  EXPECT_WAKE(w);                           /* served, though past its deadline */
+  /* take_idle and reserve when the lease array is full: a warm floor record
+   * (no lease) is idle while eight leases fill the array */
+  c = cfg_base();
+  c.max_live = 10; c.max_idle = 10; c.max_concurrency = 10; c.min_idle = 1;
+  p = POOL(c);
+  k = UKEY(p); x = PKEY(p);
+  CHECK_EQ(KEY_PIN(p, k, 2), 0);
+  clientpool_floor(p, 1, 0);
+  r = clientpool_refill(p, 0, &kk);
+  CHECK(r >= 0 && kk == k);
+  CHECK_EQ(CREATED(p, r, 1, 0), 0);
+  for (i = 0; i < 8; i++) held[i] = NEW_LEASE(p, x, 0);
+  drain(p);
+  wb_alloc_fail_all(1);
+  i = clientpool_acquire(p, k, 0, &g);      /* raw: clientpool_check allocates too */
+  wb_alloc_fail_all(0);
+  CHECK_STATUS(i, CLIENTPOOL_MUST_WAIT);
+  INVARIANTS(p);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  CHECK_EQ(KSTATS(p, k).idle, 1);
+  h = REUSE(p, k, 0, &g);
+  CHECK_EQ(h.record, r);
+  RELEASE(p, h, 1);
+  for (i = 0; i < 8; i++) RELEASE(p, held[i], 1);
+  /* refill: the record array */
+  p = POOL(c);
+  k = UKEY(p);
+  CHECK_EQ(KEY_PIN(p, k, 2), 0);
+  clientpool_floor(p, 1, 0);
+  wb_alloc_fail(1);
+  CHECK_EQ(clientpool_refill(p, 0, &kk), -1);
+  INVARIANTS(p);
+  CHECK(clientpool_refill(p, 0, &kk) >= 0);
+}
+
+/* capacity > 1: a share when the lease array is full; an open record whose
+ * key's open heap cannot grow takes no more shares. */
+static void t_oom_shared(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, x, y;
+  hold_t h, held[7];
+  clientpool_grant_t g;
+  int i, st;
+  c.capacity = 2; c.max_live = 8; c.max_idle = 8; c.max_concurrency = 16;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);                   /* open: one share free */
+  for (i = 0; i < 7; i++) {                 /* one lease per record: the lease array (8) */
+    y = UKEY(p);                            /* is full and max_live is reached */
+    held[i] = NEW_LEASE(p, y, 0);
+  }
+  drain(p);
+  wb_alloc_fail_all(1);
+  st = clientpool_acquire(p, k, 0, &g);     /* raw: clientpool_check allocates too */
+  wb_alloc_fail_all(0);
+  CHECK_STATUS(st, CLIENTPOOL_MUST_WAIT);
+  INVARIANTS(p);
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_IDLE);
+  CHECK(g.shared && g.record == h.record);
+  RELEASE(p, hold_of(&g), 1);
+  RELEASE(p, h, 1);
+  for (i = 0; i < 7; i++) RELEASE(p, held[i], 1);
+  /* the open heap of a fresh key cannot grow: its record is not shared.
+   * clientpool_check flags an open record missing from its heap, so raw
+   * calls until it is released. */
+  p = POOL(c);
+  y = PKEY(p);
+  (void)NEW_LEASE(p, y, 0);                 /* the event queue exists from here on */
+  drain(p);
+  x = PKEY(p);
+  CHECK_STATUS(ACQUIRE(p, x, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  wb_alloc_fail(1);
+  CHECK_EQ(clientpool_created(p, g.record, 1, 0), 0);
+  h = hold_of(&g);
+  CHECK_EQ(clientpool_acquire(p, x, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK(g.record != h.record);
+  CHECK_EQ(clientpool_created(p, g.record, 1, 0), 0);
+  CHECK_EQ(clientpool_release(p, h.lease, h.gen, -1, 1), 0);
+  INVARIANTS(p);
+  RELEASE(p, hold_of(&g), 1);
+}
+
+/* ===================================================================== */
+/* 22. clientpool_check catches corruption (spec/c/whitebox.c)            */
+/* ===================================================================== */
+
+/* The pool shape wb_corrupt expects: see spec/c/whitebox.c. */
+static clientpool_t *corruptible_pool(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b, k3, d, e, f;
+  hold_t h;
+  clientpool_grant_t g;
+  c.capacity = 2; c.max_live = 8; c.max_idle = 8; c.max_concurrency = 3;
+  c.leak_threshold = 100; c.max_lifetime = 1000;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p); k3 = PKEY(p); d = PKEY(p); e = PKEY(p); f = PKEY(p);
+  h = NEW_LEASE(p, a, 0);
+  RELEASE(p, h, 1);                         /* a: idle */
+  (void)NEW_LEASE(p, b, 2);                 /* b: open */
+  (void)NEW_LEASE(p, k3, 3);
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_IDLE);   /* k3: full; concurrency reached */
+  MUST_WAIT(p, a, 5);
+  (void)WAIT(p, a, 50, 5);
+  (void)WAIT(p, a, 51, 6);
+  (void)WAIT(p, d, 60, 7);
+  (void)WAIT(p, e, 61, 8);
+  (void)WAIT(p, f, 62, 9);
+  drain(p);
+  return p;
+}
+
+static void t_check_catches_corruption(void) {
+  int what, caught = 0;
+  for (what = 0; what < WB_CORRUPTIONS; what++) {
+    clientpool_t *p = corruptible_pool();
+    char buf[512], msg[640];
+    const char *want = wb_corrupt(p, what);
+    int rc;
+    snprintf(msg, sizeof msg, "corruption %d: the pool lacks what it needs", what);
+    CHECK_MSG(want != NULL, msg);
+    buf[0] = 0;
+    rc = clientpool_check(p, buf, sizeof buf);
+    snprintf(msg, sizeof msg, "corruption %d: expected clientpool_check to report '%s', got %d '%s'",
+             what, want, rc, buf);
+    CHECK_MSG(rc == -1 && strstr(buf, want) != NULL, msg);
+    caught++;
+    free_pool(p);
+  }
+  CHECK_EQ(caught, WB_CORRUPTIONS);
+}
+
 /* ===================================================================== */
 /* runner                                                                */
 /* ===================================================================== */
@@ -2951,6 +3525,23 @@ static const test_t tests[] = {
   /* 19 regressions */
   T(t_regress_acquire_expired_idle_keeps_key),
   T(t_regress_key_kept_for_unclaimed_waiter),
+  T(t_regress_take_open_stale_key_starves_others),
+  T(t_regress_refill_at_cap_starves_others),
+  /* 20 edges */
+  T(t_gate_states_and_probe),
+  T(t_key_pin_modes),
+  T(t_retire_before_variants),
+  T(t_retired_refill_is_not_reused),
+  T(t_floor_edges),
+  T(t_queries_and_stale_handles),
+  T(t_shared_fewest_leases_and_loss),
+  T(t_shared_lifetime),
+  /* 21 out of memory */
+  T(t_oom_new_keys_waiters),
+  T(t_oom_records_leases_deadlines),
+  T(t_oom_shared),
+  /* 22 the checker */
+  T(t_check_catches_corruption),
 };
 
 /* runs one test; a failed CHECK longjmps back here.  Returns 1 if it failed. */
