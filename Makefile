@@ -13,9 +13,13 @@
 #                        and its specs, luacheck, then one summary line
 #   make check-memory    C tests under ASan/UBSan, and the lua5.4 busted suite
 #                        against an ASan/UBSan build of the module
+#   make fuzz            the engine against its reference model under libFuzzer
+#                        for FUZZ_TIME seconds (default 60); `make test` runs
+#                        fuzz-ci (FUZZ_CI_TIME, default 20); fuzz-merge adds
+#                        new inputs to the seed corpus
 #   make demo | bench | bench-nginx | lint | install | clean | cdef
 #
-# Single steps of `make test`: all test-c test-c-asan test-busted-<interp>
+# Single steps of `make test`: all test-c test-c-asan fuzz-ci test-busted-<interp>
 # test-nginx check-rockspec test-rocks lint.
 #
 # check-memory preloads clang-14's ASan runtime (libclang_rt.asan-<arch>.so)
@@ -143,7 +147,7 @@ build/ctest/test_engine-asan: $(CTEST_SRC) $(CTEST_LINK) $(ENGINE_SRCS) $(wildca
 deps:
 	@scripts/deps.sh
 
-TEST_STEPS := all test-c test-c-asan $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
+TEST_STEPS := all test-c test-c-asan fuzz-ci $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
               test-nginx check-rockspec test-rocks lint
 
 # Every step runs even after one fails; scripts/run-steps.sh prints one
@@ -210,6 +214,29 @@ test-busted-asan: build/asan-lua5.4/clientpool/core.so
 	@echo "check-memory: lua5.4 busted with $(ASAN_RT) preloaded"
 	@$(ASAN_ENV) BUSTED_PREFIX='env LD_PRELOAD=$(ASAN_RT)' \
 	  scripts/busted-run.sh lua5.4 '--lpath=$(LPATH)' '--cpath=./build/asan-lua5.4/?.so' $(SPEC_ROOTS)
+
+# ---------------------------------------------------------------- reliability
+
+.PHONY: fuzz fuzz-ci fuzz-merge
+
+FUZZ_TIME    ?= 60
+FUZZ_CI_TIME ?= 20
+FUZZ_BIN     := build/fuzz/fuzz_engine
+FUZZ_SRCS    := spec/c/fuzz_engine.c spec/c/model.c spec/c/whitebox.c csrc/clock.c
+
+# libFuzzer + ASan + UBSan; the engine comes in through spec/c/whitebox.c.
+$(FUZZ_BIN): $(FUZZ_SRCS) csrc/engine.c $(wildcard csrc/*.h spec/c/*.h)
+	@mkdir -p $(@D)
+	$(CLANG) $(WARNFLAGS) $(SANFLAGS) -fsanitize=fuzzer -Icsrc -o $@ $(FUZZ_SRCS) $(LIBS)
+
+fuzz: $(FUZZ_BIN)
+	@scripts/fuzz.sh $(FUZZ_BIN) $(FUZZ_TIME)
+
+fuzz-ci: $(FUZZ_BIN)
+	@scripts/fuzz.sh $(FUZZ_BIN) $(FUZZ_CI_TIME)
+
+fuzz-merge: $(FUZZ_BIN)
+	@scripts/fuzz.sh $(FUZZ_BIN) merge
 
 # ---------------------------------------------------------------- other
 

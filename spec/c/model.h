@@ -1,0 +1,165 @@
+/*
+ * model.h - a reference model of the clientpool engine, for the fuzz harness
+ * (spec/c/fuzz_engine.c).
+ *
+ * The model restates the rules of DESIGN.md section 3 and docs/decisions.md
+ * ("Engine and driver", "Acquire, wait, release", pause/probe, warm floor,
+ * shared leases) as plainly as possible: objects live in small fixed arrays,
+ * every count (live, idle, active, leases, creating, waiting) is recomputed
+ * by a linear scan instead of being kept up to date, the idle stack and the
+ * pool-wide idle order are sequence numbers, and the dispatcher looks at
+ * every key on each turn.  There are no heaps and no incremental
+ * bookkeeping, so there is little to get wrong.  It shares no code with
+ * csrc/engine.c: only the public types and constants of clientpool.h.
+ *
+ * Its entry points mirror clientpool.h one for one, with the model's own ids
+ * for keys, records, leases and waiters (slots with a generation, like the
+ * engine's, but allocated independently); the harness maps ids between the
+ * two.  Events are queued like the engine's, with model ids.
+ *
+ * Where the contract leaves the engine a free choice the model asks an
+ * oracle (the harness answers from what the engine did, and the answer is
+ * checked to be one the rules allow):
+ *   M_ORACLE_SHARE    capacity > 1: which of the open records with the
+ *                     fewest leases a share goes to (ties);
+ *   M_ORACLE_RETIRED  capacity > 1: whether an open record past max_lifetime
+ *                     or retired by age was already met (and retired) by the
+ *                     engine's lazy scan, which stops at the first usable one;
+ *   M_ORACLE_REFILL   which warm key below its floor a refill serves.
+ */
+#ifndef CLIENTPOOL_MODEL_H
+#define CLIENTPOOL_MODEL_H
+
+#include "clientpool.h"
+
+#define M_MAXREC 32
+#define M_MAXLEASE 96
+#define M_MAXWAIT 96
+#define M_MAXKEY 16
+#define M_MAXEV 512
+
+enum { MR_FREE = 0, MR_CREATING, MR_IDLE, MR_LEASED };
+enum { MW_FREE = 0, MW_QUEUED, MW_DONE };
+enum { MP_NONE = 0, MP_READY, MP_OUT };           /* probe state of a gate */
+enum { M_ORACLE_SHARE = 0, M_ORACLE_RETIRED, M_ORACLE_REFILL };
+
+/* who:  M_ORACLE_SHARE: the waiter being served, or -1 for a direct acquire;
+ *       M_ORACLE_RETIRED: the record in question (cand is empty).
+ * Returns the chosen candidate (SHARE, REFILL) or 1/0 (RETIRED). */
+typedef int (*m_oracle_fn)(void *ctx, int what, int who, const int *cand, int n);
+
+typedef struct m_gate {
+  int paused;
+  int probe;            /* MP_* */
+  int probe_lease;      /* while MP_OUT: the probe's lease (id and gen) */
+  unsigned probe_gen;
+} m_gate_t;
+
+typedef struct m_record {
+  int state;            /* MR_* */
+  unsigned gen;
+  int key;
+  int nleases;
+  int retire;           /* takes no new lease; destroyed at release */
+  int doomed;           /* 0, or 1 + the reason a co-holder lost it */
+  int refill;           /* while creating: a warm-floor reservation (no lease) */
+  int res_lease;        /* while creating (not refill): the reservation's lease */
+  int lifetime_armed;   /* its max_lifetime deadline has not been processed by tick */
+  double created, expires, idle_since, gl_since;
+  unsigned long long cseq;       /* creation order (retire_before(-1)) */
+  unsigned long long stack_seq;  /* when it went idle: the key's LIFO top is the highest */
+  unsigned long long gl_seq;     /* pool-wide idle order: the least recently used is the lowest */
+} m_record_t;
+
+typedef struct m_lease {
+  int alive;
+  unsigned gen;
+  int record;
+  double since;
+  int leak_armed;       /* leak_threshold report still due */
+} m_lease_t;
+
+typedef struct m_waiter {
+  int state;            /* MW_* */
+  unsigned gen;
+  int key;
+  unsigned long long seq;   /* arrival order, pool-wide */
+  double enq, deadline;     /* deadline < 0: none */
+  int result, record, lease;
+  unsigned lease_gen;
+  int validate, shared;
+  double idle, waited;
+} m_waiter_t;
+
+typedef struct m_key {
+  int used;
+  unsigned gen;
+  int pinned;           /* 0, 1, or 2 (warm) */
+  m_gate_t gate;
+  double retire_before;
+  unsigned long long retire_seq;
+  int refilling;        /* warm-floor reservations in flight */
+  clientpool_stats_t st;    /* counters only; the gauges are computed */
+} m_key_t;
+
+typedef struct model {
+  clientpool_config_t cfg;
+  m_oracle_fn oracle;
+  void *octx;
+  int closed;
+  double now, armed;
+  unsigned long long rng, seq, cseq, idle_seq;
+  int hold_key;
+  int floor_on, refill_signalled;
+  double retire_before;
+  unsigned long long retire_seq;
+  m_gate_t gate;
+  clientpool_stats_t st;    /* counters only */
+  m_record_t rec[M_MAXREC];
+  m_lease_t lea[M_MAXLEASE];
+  m_waiter_t wai[M_MAXWAIT];
+  m_key_t keys[M_MAXKEY];
+  clientpool_event_t ev[M_MAXEV];
+  int evhead, evlen;
+  int overflow;         /* an array ran out: the run is not comparable any more */
+} model_t;
+
+/* The model's answer of acquire, claim and cancel (ids are the model's). */
+typedef struct m_grant {
+  int status, record, lease;
+  unsigned lease_gen;
+  int key, validate, shared;
+  double idle, waited;
+} m_grant_t;
+
+void model_init(model_t *m, const clientpool_config_t *cfg, m_oracle_fn oracle, void *octx);
+
+int model_key_open(model_t *m);
+int model_key_pin(model_t *m, int key, int pinned);
+int model_key_forget(model_t *m, int key);
+int model_acquire(model_t *m, int key, double now, m_grant_t *g);
+int model_wait(model_t *m, int key, double deadline, double now, unsigned *gen);
+int model_created(model_t *m, int record, int ok, double now);
+int model_release(model_t *m, int lease, unsigned gen, int reason, double now);
+int model_claim(model_t *m, int waiter, unsigned gen, double now, m_grant_t *g);
+int model_cancel(model_t *m, int waiter, unsigned gen, int status, double now, m_grant_t *g);
+int model_abandon(model_t *m, int waiter, unsigned gen, double now);
+int model_leak(model_t *m, int lease, unsigned gen, double now);
+int model_retire(model_t *m, int record, double now);
+int model_retire_before(model_t *m, int key, double before, double now);
+int model_pause(model_t *m, int key, double now);
+int model_resume(model_t *m, int key, int probe, double now);
+int model_probe_ok(model_t *m, int lease, unsigned gen, double now);
+int model_gate(const model_t *m, int key);
+void model_floor(model_t *m, int on, double now);
+int model_refill(model_t *m, double now, int *key);
+void model_tick(model_t *m, double now);
+void model_close(model_t *m, double now);
+double model_next_deadline(const model_t *m);
+int model_next_event(model_t *m, clientpool_event_t *ev);
+int model_stats(const model_t *m, int key, clientpool_stats_t *s);
+
+/* Whether a record is open: leased and able to take one more share. */
+int model_open(const model_t *m, int record);
+
+#endif
