@@ -17,6 +17,8 @@
 #                        for FUZZ_TIME seconds (default 60); `make test` runs
 #                        fuzz-ci (FUZZ_CI_TIME, default 20); fuzz-merge adds
 #                        new inputs to the seed corpus
+#   make coverage        branch coverage of csrc/engine.c from the C tests and
+#                        the lua5.4 specs (gcc --coverage, build/cov)
 #   make demo | bench | bench-nginx | lint | install | clean | cdef
 #
 # Single steps of `make test`: all test-c test-c-asan fuzz-ci test-busted-<interp>
@@ -217,7 +219,7 @@ test-busted-asan: build/asan-lua5.4/clientpool/core.so
 
 # ---------------------------------------------------------------- reliability
 
-.PHONY: fuzz fuzz-ci fuzz-merge
+.PHONY: fuzz fuzz-ci fuzz-merge coverage
 
 FUZZ_TIME    ?= 60
 FUZZ_CI_TIME ?= 20
@@ -237,6 +239,11 @@ fuzz-ci: $(FUZZ_BIN)
 
 fuzz-merge: $(FUZZ_BIN)
 	@scripts/fuzz.sh $(FUZZ_BIN) merge
+
+# Branch coverage of csrc/engine.c from the C tests and the lua5.4 specs.
+COVERAGE_MIN ?= 95
+coverage:
+	@CC=gcc COVERAGE_MIN=$(COVERAGE_MIN) scripts/coverage.sh
 
 # ---------------------------------------------------------------- other
 
