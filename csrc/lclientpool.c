@@ -85,7 +85,12 @@ static int lcp_new(lua_State *L) {
   c.min_idle = opt_int(L, 1, "min_idle", 0);
   c.max_idle = opt_int(L, 1, "max_idle", c.max_live);
   c.capacity = opt_int(L, 1, "capacity", 1);
-  c.max_concurrency = opt_int(L, 1, "max_concurrency", c.max_live * c.capacity);
+  {
+    /* The default is max_live * capacity, which can pass INT32_MAX (both
+     * may be huge): saturate instead of overflowing. */
+    int64_t dflt = (int64_t)c.max_live * (int64_t)c.capacity;
+    c.max_concurrency = opt_int(L, 1, "max_concurrency", dflt > INT32_MAX ? INT32_MAX : (int32_t)dflt);
+  }
   c.max_waiting = opt_int(L, 1, "max_waiting", 1024);
   c.key_max_live = opt_int(L, 1, "key_max_live", -1);
   c.key_max_idle = opt_int(L, 1, "key_max_idle", -1);
