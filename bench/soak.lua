@@ -61,8 +61,7 @@ local function chance(p) return rand(1000000) <= p * 1000000 end
 local function rss_mb()
   local f = io.open("/proc/self/statm")
   if not f then return nil end
-  local pages = f:read("*n")
-  pages = f:read("*n")  -- second field: resident pages
+  local _, pages = f:read("*n", "*n")  -- second field: resident pages
   f:close()
   return pages and pages * 4096 / 1048576
 end
