@@ -66,6 +66,7 @@ typedef struct waiter {
   int32_t prev, next;    /* the key's FIFO queue */
   int32_t hpos;          /* deadline entry, or NONE */
   int32_t next_free;
+  int32_t passed;        /* times a younger waiter of another key took an idle record first */
   uint64_t seq;
   double enq, idle, waited;
 } waiter_t;
@@ -837,14 +838,25 @@ static int room(const clientpool_t *p) {
 
 /* The key whose head waiter is served next, or NONE: the earliest of the
  * keys holding idle records and, when a slot is free, the keys that must
- * create; a waiter that must create evicts only when no waiter can take an
- * idle record. */
-static int32_t next_ready(const clientpool_t *p) {
+ * create.  With no slot free, a waiter that must create evicts only when no
+ * waiter can take an idle record, or once younger waiters of other keys have
+ * taken idle records max_live times while it waited (the bound on
+ * starvation, docs/decisions.md).  *held is the key whose head waiter that
+ * rule holds back while a younger waiter is served, else NONE. */
+static int32_t next_ready(const clientpool_t *p, int32_t *held) {
   int32_t ki, kc;
+  *held = NONE;
   if (gate_blocked(&p->gate)) return NONE;
   ki = p->rlen[RH_IDLE] ? p->rheap[RH_IDLE][0] : NONE;
   kc = p->rlen[RH_CREATE] ? p->rheap[RH_CREATE][0] : NONE;
-  if (kc != NONE && !room(p) && (ki != NONE || p->st.idle == 0)) kc = NONE;
+  if (kc != NONE && !room(p)) {
+    if (p->st.idle == 0) {
+      kc = NONE;
+    } else if (ki != NONE) {
+      if (kseq(p, kc) > kseq(p, ki)) kc = NONE;
+      else if (p->wai[p->keys[kc].wq_head].passed < p->cfg.max_live) { *held = kc; kc = NONE; }
+    }
+  }
   if (ki == NONE) return kc;
   if (kc == NONE) return ki;
   return kseq(p, kc) < kseq(p, ki) ? kc : ki;
@@ -853,16 +865,17 @@ static int32_t next_ready(const clientpool_t *p) {
 /* Serves queued waiters in arrival order while anything they can use is free. */
 static void dispatch(clientpool_t *p, double now) {
   while (p->st.leases < p->cfg.max_concurrency) {
-    int32_t k = next_ready(p), w;
+    int32_t held, held2, k = next_ready(p, &held), w;
     clientpool_grant_t g;
     waiter_t *x;
     if (k == NONE) break;
     w = p->keys[k].wq_head;
     /* grant may meet only expired records: destroyed, k is re-sorted */
     if (!grant(p, k, now, &g)) {
-      if (next_ready(p) == k && p->keys[k].wq_head == w) break;
+      if (next_ready(p, &held2) == k && p->keys[k].wq_head == w) break;
       continue;
     }
+    if (held != NONE) p->wai[p->keys[held].wq_head].passed++;
     waiter_dequeue(p, w, g.status, now);
     gate_granted(p, &g);
     x = &p->wai[w];
@@ -1017,6 +1030,7 @@ int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now,
   x->lease_gen = 0;
   x->validate = 0;
   x->seq = ++p->seq;
+  x->passed = 0;
   x->enq = now;
   x->idle = x->waited = 0;
   x->hpos = NONE;
@@ -1537,7 +1551,10 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (l + 1 < p->hlen) CHECK(p->heap[i].t <= p->heap[l + 1].t, "deadline heap order");
   }
   /* after dispatch nothing queued could have been served */
-  CHECK(p->closed || p->st.leases >= c->max_concurrency || next_ready(p) == NONE,
-        "a servable waiter is left queued");
+  {
+    int32_t held;
+    CHECK(p->closed || p->st.leases >= c->max_concurrency || next_ready(p, &held) == NONE,
+          "a servable waiter is left queued");
+  }
   return 0;
 }

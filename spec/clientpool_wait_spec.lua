@@ -318,6 +318,36 @@ describe("clientpool waiting on " .. S.name, function()
       end)
     end)
 
+    it("serves a waiter of another key after younger waiters passed it max_live times (no starvation)", function()
+      run(S, function(sched)
+        local f = H.factory(sched)
+        local pool = new_pool(sched, f, { max_live = 2 })
+        local held = { assert(pool:acquire("A")), assert(pool:acquire("A")) }
+        local order = {}
+        local wb = waiter(sched, pool, "B", nil, function() order[#order + 1] = "B" end)
+        sched.sleep(T(0.01))
+        -- key A stays busy: each release finds a younger A waiter queued
+        for i = 1, 3 do
+          local wa = waiter(sched, pool, "A", nil, function() order[#order + 1] = "A" .. i end)
+          sched.sleep(T(0.01))
+          local slot = (i - 1) % 2 + 1
+          held[slot]:release()
+          sched.sleep(0)
+          if wa.lease then held[slot] = wa.lease else held[3] = wa end
+        end
+        -- passed over twice (max_live), then served by evicting A's client
+        assert.same({ "A1", "A2", "B" }, order)
+        assert.equal("B", wb.lease.client.key)
+        assert.equal(1, pool:stats().closed_by.evicted)
+        wb.lease:release()   -- A3 (waiting) evicts B's idle client in turn
+        sched.sleep(0)
+        assert.same({ "A1", "A2", "B", "A3" }, order)
+        held[3].lease:release()
+        held[2]:release()
+        assert_settled(pool)
+      end)
+    end)
+
     it("gives a released client to its own key's waiter before evicting it for another key", function()
       run(S, function(sched)
         local f = H.factory(sched)

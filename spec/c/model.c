@@ -477,9 +477,12 @@ static int has_takeable(const model_t *m, int k) {
  * waiter among both [groups]; a waiter for key B blocked by its per-key cap
  * does not hold up key A", and a waiter that must create evicts another
  * key's idle record "only when no queued waiter can take an idle record as
- * it is". */
-static int next_ready(const model_t *m) {
+ * it is" -- or once younger waiters of other keys have been served before it
+ * max_live times (the starvation bound).  *held: the key whose head waiter
+ * that bound holds back while a younger one is served, else NONE. */
+static int next_ready(const model_t *m, int *held) {
   int k, best_take = NONE, best_create = NONE;
+  *held = NONE;
   if (m->closed || gate_blocked(&m->gate)) return NONE;
   for (k = 0; k < M_MAXKEY; k++) {
     int h;
@@ -494,7 +497,16 @@ static int next_ready(const model_t *m) {
   }
   /* no free slot: creating means evicting, allowed only if nobody can take
    * an idle record as it is (and there is one to evict) */
-  if (best_create != NONE && !room(m) && (best_take != NONE || n_idle(m, -1) == 0)) best_create = NONE;
+  if (best_create != NONE && !room(m)) {
+    if (n_idle(m, -1) == 0) {
+      best_create = NONE;                /* nothing to evict */
+    } else if (best_take != NONE) {
+      const m_waiter_t *c = &m->wai[queue_head(m, best_create)];
+      const m_waiter_t *t = &m->wai[queue_head(m, best_take)];
+      if (c->seq < t->seq && c->passed < m->cfg.max_live) *held = best_create;
+      if (c->seq > t->seq || c->passed < m->cfg.max_live) best_create = NONE;
+    }
+  }
   if (best_take == NONE) return best_create;
   if (best_create == NONE) return best_take;
   return m->wai[queue_head(m, best_create)].seq < m->wai[queue_head(m, best_take)].seq
@@ -505,16 +517,17 @@ static int next_ready(const model_t *m) {
  * freed resource", while the concurrency cap allows. */
 static void dispatch(model_t *m, double now) {
   while (n_leases(m, -1) < m->cfg.max_concurrency) {
-    int k = next_ready(m), w;
+    int held, held2, k = next_ready(m, &held), w;
     m_grant_t g;
     m_waiter_t *x;
     if (k == NONE) break;
     w = queue_head(m, k);
     memset(&g, 0, sizeof g);
     if (!grant(m, k, now, &g, w)) {
-      if (next_ready(m) == k && queue_head(m, k) == w) break;
+      if (next_ready(m, &held2) == k && queue_head(m, k) == w) break;
       continue;
     }
+    if (held != NONE) m->wai[queue_head(m, held)].passed++;
     dequeue(m, w, g.status, now);
     gate_granted(m, &g);
     x = &m->wai[w];
@@ -627,6 +640,7 @@ int model_wait(model_t *m, int k, double deadline, double now, unsigned *gen) {
   x->state = MW_QUEUED;
   x->key = k;
   x->seq = ++m->seq;
+  x->passed = 0;
   x->enq = now;
   x->deadline = has(deadline) ? deadline : -1;
   x->result = CLIENTPOOL_PENDING;

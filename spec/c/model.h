@@ -88,6 +88,7 @@ typedef struct m_waiter {
   int result, record, lease;
   unsigned lease_gen;
   int validate, shared;
+  int passed;           /* younger waiters of other keys served from idle records first */
   double idle, waited;
 } m_waiter_t;
 

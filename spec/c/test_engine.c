@@ -1133,6 +1133,57 @@ static void t_no_eviction_when_key_capped(void) {
   CHECK_EQ(pstats(p).idle, 1);
 }
 
+/* A waiter that must create, held back because younger waiters of another
+ * key can take idle records, is passed over at most max_live times; then it
+ * evicts.  Without the bound, continuous load on key a starves key b. */
+static void t_starvation_bound(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t h[2];
+  waiter_h wb, wa;
+  clientpool_grant_t g;
+  int i;
+  c.max_live = 2; c.max_idle = 2; c.max_concurrency = 2;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p);
+  h[0] = NEW_LEASE(p, a, 0);
+  h[1] = NEW_LEASE(p, a, 0);
+  MUST_WAIT(p, b, 1); wb = WAIT(p, b, -1, 1);    /* b must create: no room, nothing idle */
+  for (i = 0; i < 2; i++) {                       /* a's later waiters go first, twice */
+    MUST_WAIT(p, a, 2 + i); wa = WAIT(p, a, -1, 2 + i);
+    drain(p);
+    RELEASE(p, h[i], 2 + i);
+    drain(p);
+    EXPECT_WAKE(wa);
+    EXPECT_NO_WAKE(wb);
+    CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+    CHECK_STATUS(CLAIM(p, wa, 2 + i, &g), CLIENTPOOL_GRANT_IDLE);
+    h[i] = hold_of(&g);
+  }
+  /* passed over max_live (2) times: the next record freed is evicted for b,
+   * though a's waiter (younger than b's) could take it as it is */
+  MUST_WAIT(p, a, 4); wa = WAIT(p, a, -1, 4);
+  drain(p);
+  RELEASE(p, h[0], 5);
+  drain(p);
+  EXPECT_WAKE(wb);
+  EXPECT_NO_WAKE(wa);
+  EXPECT_DESTROY(h[0].record, CLIENTPOOL_BY_EVICTED);
+  CHECK_STATUS(CLAIM(p, wb, 5, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_NEAR(g.waited, 4);
+  CHECK_EQ(CREATED(p, g.record, 1, 5), 0);
+  drain(p);
+  RELEASE(p, hold_of(&g), 6);                     /* a's waiter evicts b's idle record */
+  drain(p);
+  EXPECT_WAKE(wa);
+  CHECK_STATUS(CLAIM(p, wa, 6, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 6), 0);
+  RELEASE(p, hold_of(&g), 7);
+  RELEASE(p, h[1], 7);
+  CHECK_EQ(pstats(p).leases, 0);
+}
+
 /* ===================================================================== */
 /* 7b. keys: max_keys, forgetting, pinning                               */
 /* ===================================================================== */
@@ -3477,6 +3528,7 @@ static const test_t tests[] = {
   T(t_key_max_live_under_global),
   T(t_evict_lru_idle_of_other_key),
   T(t_no_eviction_when_key_capped),
+  T(t_starvation_bound),
   T(t_max_keys),
   T(t_key_forgotten_after_last_record),
   T(t_key_pinned_not_forgotten),
