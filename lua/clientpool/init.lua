@@ -569,7 +569,9 @@ pump = function(self)
 end
 
 local function snapshot(self, reason, name, waited)
-  local s = self._e:stats(-1, {})
+  -- the scratch table: read at once, and a fresh stats table (with its
+  -- closed_by) per timeout was most of the garbage of a timed-out wait
+  local s = self._e:stats(-1, self._scratch)
   return setmetatable({ live = s.live, idle = s.idle, active = s.active, waiting = s.waiting,
                         leases = s.leases, creating = s.creating, key = hook_key(name),
                         waited = waited, reason = reason }, Detail)
