@@ -220,6 +220,13 @@ int clientpool_retire(clientpool_t *p, int32_t record, double now);
  * leased ones at release.  Returns 0 or EINVAL. */
 int clientpool_retire_before(clientpool_t *p, int32_t key, double before, double now);
 
+/* Retires record and every record of its key created before it, by
+ * creation order (records created at the same instant are ordered too):
+ * idle ones at once, leased ones at release.  For a server that reports it
+ * was demoted: the connections made before this one reach the same place.
+ * Returns 0, or EINVAL when record is not a live record. */
+int clientpool_retire_upto(clientpool_t *p, int32_t record, double now);
+
 /* Pauses admission of the pool (key < 0) or of a key: new acquisitions wait
  * (or fail with PAUSED under pause_fail); queued ones stay queued; leases
  * already held are untouched.  Returns 0 or EINVAL. */

@@ -1255,6 +1255,27 @@ int clientpool_retire_before(clientpool_t *p, int32_t k, double before, double n
   return 0;
 }
 
+int clientpool_retire_upto(clientpool_t *p, int32_t r, double now) {
+  int32_t k, i;
+  record_t *x;
+  now = clamp(p, now);
+  if (r < 0 || r >= p->nrec) return CLIENTPOOL_EINVAL;
+  x = &p->rec[r];
+  if (x->state != R_IDLE && x->state != R_LEASED) return CLIENTPOOL_EINVAL;
+  k = x->key;
+  if (x->cseq > p->keys[k].retire_seq) p->keys[k].retire_seq = x->cseq;
+  p->hold_key = k;
+  for (i = p->keys[k].idle_top; i != NONE;) {
+    int32_t next = p->rec[i].knext;
+    if (retired_by_age(p, &p->rec[i])) destroy(p, i, CLIENTPOOL_BY_RETIRED);
+    i = next;
+  }
+  p->hold_key = NONE;
+  key_maybe_free(p, k);
+  finish(p, now);
+  return 0;
+}
+
 static gate_t *gate_of(clientpool_t *p, int32_t k) {
   if (k < 0) return &p->gate;
   return key_ok(p, k) ? &p->keys[k].gate : NULL;

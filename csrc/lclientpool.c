@@ -279,6 +279,12 @@ static int lcp_retire(lua_State *L) {
 }
 
 /* E:retire_before(key, before [, now]) -> ok, pending (key < 0: the pool) */
+/* E:retire_upto(record [, now]) -> ok, pending */
+static int lcp_retire_upto(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_retire_upto(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3)), p);
+}
+
 static int lcp_retire_before(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   return push_rc(L, clientpool_retire_before(p, (int32_t)lua_tointeger(L, 2), (double)lua_tonumber(L, 3),
@@ -519,6 +525,7 @@ static const luaL_Reg pool_methods[] = {
   {"next_deadline", lcp_next_deadline}, {"is_closed", lcp_is_closed},
   {"lease_age", lcp_lease_age}, {"stats", lcp_stats}, {"sentinel", lcp_sentinel},
   {"set_notify", lcp_set_notify}, {"retire_before", lcp_retire_before},
+  {"retire_upto", lcp_retire_upto},
   {"pause", lcp_pause}, {"resume", lcp_resume}, {"probe_ok", lcp_probe_ok},
   {"gate", lcp_gate}, {"record_created", lcp_record_created}, {"floor", lcp_floor}, {"refill", lcp_refill},
   {NULL, NULL}

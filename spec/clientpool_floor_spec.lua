@@ -208,6 +208,29 @@ for _, S in ipairs(H.schedulers()) do
           stop(sched, pool, r)
         end)
       end)
+
+      it("keeps a warm key on the floor after it was paused and resumed", function()
+        for _, probe in ipairs { false, true } do
+          run(function(sched)
+            local pool = mkpool(sched, { min_idle = 2, keys = { "a" }, probe = probe })
+            local r = start(sched, pool)
+            sched.sleep(1)
+            assert.equal(2, H.check(pool).keys.a.idle)
+            pool:pause("LOADING", "a")
+            pool:resume("a")
+            if probe then                        -- let the probe pass
+              local l = assert(pool:acquire("a"))
+              l:observe(nil)
+              l:release()
+            end
+            pool:retire("a")                     -- losses: the floor must refill
+            sched.sleep(2)
+            local s = H.check(pool)
+            assert.equal(2, s.keys.a.idle, "probe = " .. tostring(probe))
+            stop(sched, pool, r)
+          end)
+        end
+      end)
     end)
 
     ---------------------------------------------------------------------------

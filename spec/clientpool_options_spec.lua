@@ -149,7 +149,11 @@ local CASES = {
   { "an unknown option (typo)", opts { max_idel = 2 }, { "max_idel" } },
   { "an unknown option (camel case)", opts { maxLive = 2 }, { "maxLive" } },
   -- scheduler
-  { "scheduler: an unknown name", opts { scheduler = "no-such-host" }, { "scheduler", "no-such-host" } },
+  { "scheduler: an unknown name", opts { scheduler = "no-such-host" },
+    { "scheduler", "no scheduler named 'no-such-host'", "built in: loop, ngx" } },
+  -- outside OpenResty the ngx adapter's host is missing, not the adapter
+  { "scheduler: an adapter whose host library is missing", opts { scheduler = "ngx" },
+    { "scheduler", "the 'ngx' adapter cannot load here", "ngx" } },
   { "scheduler: a number", opts { scheduler = 42 }, { "scheduler" } },
   { "scheduler: a table lacking sleep", opts { scheduler = adapter_without "sleep" }, { "scheduler", "sleep" } },
   { "scheduler: a table lacking wake", opts { scheduler = adapter_without "wake" }, { "scheduler", "wake" } },

@@ -225,6 +225,26 @@ for _, S in ipairs(H.schedulers()) do
 
     ---------------------------------------------------------------------------
     describe("pause", function()
+      it("a wait that times out on a paused key or pool says so in its detail", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          pool:pause("LOADING", "a")
+          local l, code, d = pool:acquire("a", { timeout = 1 })
+          assert.is_nil(l)
+          assert.equal("timeout", code)
+          assert.equal("LOADING", d.paused)
+          assert.is_true(contains(tostring(d), "paused: LOADING"), tostring(d))
+          l, code = pool:acquire("b", { timeout = 0 })       -- another key: not paused
+          assert.is_table(l, tostring(code))
+          l:release()
+          pool:pause("maintenance")
+          l, code, d = pool:acquire("b", { timeout = 1 })
+          assert.is_nil(l)
+          assert.equal("timeout", code)
+          assert.equal("maintenance", d.paused)
+        end)
+      end)
+
       it("{ pause = reason } pauses the pool: later acquisitions queue, held leases stay usable", function()
         run(function(sched)
           local pool, f = mkpool(sched)
@@ -729,6 +749,60 @@ for _, S in ipairs(H.schedulers()) do
         end)
       end)
 
+      it("forgets a key once its probe passed and it is empty (max_keys is not used up)", function()
+        run(function(sched)
+          local pool = mkpool(sched, { probe = true, max_keys = 2 })
+          for _, key in ipairs { "a", "b", "c", "d" } do
+            local l = assert(pool:acquire(key))
+            l:observe({ pause = "429", scope = "key" })
+            l:release()
+            pool:resume(key)
+            local p = assert(pool:acquire(key))   -- the probe
+            p:observe(nil)
+            p:release()
+            pool:retire(key)                      -- the key holds nothing now
+            settle(sched)
+            assert.is_nil(H.check(pool).keys[key], key .. " still known")
+          end
+        end)
+      end)
+
+      it("checkin of a checkout lets the probe pass; checkin(h, false) passes it on", function()
+        run(function(sched)
+          local pool = mkpool(sched, { probe = true })
+          pool:pause("maintenance")
+          pool:resume()
+          local _, h1 = pool:checkout()           -- the probe
+          local w = waiter(sched, pool, "k")
+          sched.sleep(1)
+          assert.is_false(w.done)                 -- admitted alone
+          pool:checkin(h1, false)                 -- failed: w probes next
+          settle(sched)
+          assert.is_true(w.done)
+          local w2 = waiter(sched, pool, "k")
+          sched.sleep(1)
+          assert.is_false(w2.done)
+          w.lease:release()                       -- a lease needs observe: w2 probes next
+          settle(sched)
+          assert.is_true(w2.done)
+          w2.lease:release()
+          local _, h2 = pool:checkout()           -- the probe again
+          local w3 = waiter(sched, pool, "k")
+          sched.sleep(1)
+          assert.is_false(w3.done)
+          pool:checkin(h2)                        -- for reuse: the gate opens
+          settle(sched)
+          assert.is_true(w3.done)
+          local a, ha = pool:checkout()
+          local b, hb = pool:checkout()
+          assert.is_truthy(a and b)               -- no longer one at a time
+          pool:checkin(ha)
+          pool:checkin(hb)
+          w3.lease:release()
+          H.check(pool)
+        end)
+      end)
+
       it("without probe, resume lets every queued acquisition go at once", function()
         run(function(sched)
           local pool = mkpool(sched)
@@ -980,6 +1054,33 @@ for _, S in ipairs(H.schedulers()) do
           assert.equal(cd, again.client)
           assert.equal(5, f.created)
           assert.equal(3, f.destroyed)
+        end)
+      end)
+
+      it("READONLY orders clients created at the same clock reading by creation", function()
+        run(function(sched)
+          local pool = mkpool(sched, { policy = policy.redis(), max_live = 8 })
+          -- four clients at one instant (a game frame, a coarse clock)
+          local l = {}
+          for i = 1, 4 do l[i] = assert(pool:acquire("r")) end
+          local c = {}
+          for i = 1, 4 do c[i] = l[i].client end
+          l[1]:release()
+          l[2]:release()
+          l[4]:release()
+          l[3]:observe("READONLY You can't write against a read only replica.")
+          settle(sched)
+          local s = H.check(pool)
+          assert.equal(2, s.closed_by.retired)    -- the two older idle ones
+          assert.is_false(c[1].alive)
+          assert.is_false(c[2].alive)
+          assert.is_true(c[4].alive)              -- created after the observer
+          l[3]:release()
+          settle(sched)
+          s = H.check(pool)
+          assert.equal(3, s.closed_by.retired)
+          assert.is_false(c[3].alive)
+          assert.equal(1, s.keys.r.idle)
         end)
       end)
     end)

@@ -2,13 +2,16 @@
 -- collected while held counts as leaked. A fresh process, because inside a
 -- long busted run a stale slot somewhere can keep one particular lease
 -- alive for a while, which made the in-process version flaky.
+-- usage: gc_leak_check.lua [capacity] (capacity > 1: a shared lease, whose
+-- co-holder bookkeeping must not keep it from the collector)
+local capacity = tonumber(arg and arg[1]) or 1
 local clientpool = require "clientpool"
 local loop = require("clientpool.loop").new { clock = "virtual" }
 
 local created, destroyed = 0, 0
 local alive = {}
 local pool = clientpool.new {
-  max_live = 1, scheduler = loop,
+  max_live = 1, capacity = capacity, scheduler = loop,
   create = function() created = created + 1; alive[created] = true; return { id = created } end,
   destroy = function(c) destroyed = destroyed + 1; alive[c.id] = false end,
 }

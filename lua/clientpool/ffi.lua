@@ -309,6 +309,14 @@ function Engine:retire_before(key, before, now)
   return rc == 0, C.clientpool_pending(p)
 end
 
+--- E:retire_upto(record [, now]) -> ok, pending
+function Engine:retire_upto(record, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_retire_upto(p, record, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
 --- E:pause(key [, now]) -> ok, pending
 function Engine:pause(key, now)
   local p = self.p

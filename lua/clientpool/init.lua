@@ -11,6 +11,7 @@
 -- it does not; with the JIT off, as on iOS or under -joff, FFI calls are
 -- the slower ones). Both have the same surface. CLIENTPOOL_BACKEND=core|ffi
 -- or the option `backend` overrides the default.
+local WEAK_KEYS = { __mode = "k" }  -- the metatable of tables with weak keys
 local JIT = rawget(_G, "jit")
 local IS_JIT = JIT ~= nil
 local function load_backend(name)
@@ -274,7 +275,15 @@ local function resolve_scheduler(s)
   if type(s) == "string" then
     local ok, mod = pcall(require, "clientpool.sched." .. s)
     if not ok then
-      error("clientpool: option 'scheduler': no scheduler named '" .. s .. "' (" .. tostring(mod) .. ")", 3)
+      local msg = tostring(mod)
+      if msg:find("module 'clientpool.sched." .. s .. "' not found", 1, true) then
+        error("clientpool: option 'scheduler': no scheduler named '" .. s ..
+              "' (built in: loop, ngx, cqueues, luv, copas; or give an adapter table)", 3)
+      end
+      -- the adapter is there, its host is not (copas not installed for this
+      -- Lua, ngx outside OpenResty): say that, with the first line of why
+      error("clientpool: option 'scheduler': the '" .. s .. "' adapter cannot load here: " ..
+            (msg:match("^[^\n]*"):gsub("^[^:]+:%d+: ", "")), 3)
     end
     s = mod
   end
@@ -329,7 +338,9 @@ Detail.__tostring = function(d)
   else
     head = "max_waiting acquisitions wait already"
   end
-  return string_format("%s (live=%d, idle=%d, active=%d, waiting=%d)", head, d.live, d.idle, d.active, d.waiting)
+  local s = string_format("%s (live=%d, idle=%d, active=%d, waiting=%d)", head, d.live, d.idle, d.active, d.waiting)
+  if d.paused then s = s .. ", paused: " .. tostring(d.paused) end
+  return s
 end
 Detail.__concat = function(a, b) return tostring(a) .. tostring(b) end
 
@@ -469,9 +480,51 @@ end
 local function give_back(self, w, g)
   if self._waiters[w] == nil or self._wgen[w] ~= g then return end
   self._waiters[w] = nil
+  self._nwaiters = self._nwaiters - 1
   self._wgen[w] = nil
   self._e:abandon(w, g, now_of(self))
   pump(self)
+end
+
+-- Whether a waiter's handle can still run: the adapter's alive(h) if it has
+-- one, else a coroutine handle that is not dead.
+local function handle_alive(h)
+  return type(h) ~= "thread" or co_status(h) ~= "dead"
+end
+
+-- Ends the queued waiters whose coroutine died without a wake to tell (a
+-- coroutine closed, an nginx light thread killed, a request aborted): they
+-- leave the queue as cancelled and free their max_waiting slots. Called
+-- where a count of waiters matters (a full queue, stats()). O(waiters).
+local function reap_dead_waiters(self)
+  local alive = self._sched.alive or handle_alive
+  local e, n = self._e, 0
+  for w, h in pairs(self._waiters) do
+    if not alive(h) then
+      local g = self._wgen[w]
+      self._waiters[w] = nil
+      self._nwaiters = self._nwaiters - 1
+      self._wgen[w] = nil
+      e:abandon(w, g, now_of(self))
+      n = n + 1
+    end
+  end
+  if n > 0 then pump(self) end
+  return n
+end
+
+-- Before an acquisition that the engine could refuse as full: with the
+-- queue at max_waiting, dead waiters are reaped first (at most every 10 ms,
+-- so a queue full of live waiters does not cost every refusal a scan).
+local function reap_if_full(self)
+  local n = self._nwaiters
+  if n > 0 and n >= self._c.max_waiting then
+    local t = clock(self)
+    if t - self._reaped_at >= 0.01 then
+      self._reaped_at = t
+      reap_dead_waiters(self)
+    end
+  end
 end
 
 -- Carries out one engine event (pump's body).
@@ -483,6 +536,7 @@ local function handle_event(self, e, t, a, b, c, tt)
         if not self._sched.wake(h, give_back, self, a, b) then
           -- the waiting coroutine is gone: give its grant back
           self._waiters[a] = nil
+          self._nwaiters = self._nwaiters - 1
           e:abandon(a, b, now_of(self))
         end
       end
@@ -572,9 +626,16 @@ local function snapshot(self, reason, name, waited)
   -- the scratch table: read at once, and a fresh stats table (with its
   -- closed_by) per timeout was most of the garbage of a timed-out wait
   local s = self._e:stats(-1, self._scratch)
+  -- paused: why admission was held (the key's or the pool's pause reason,
+  -- "probe" while a half-open gate admits one at a time), else nil
+  local paused = self._paused or (name and self._kpaused[name]) or nil
+  if not paused and self._c.probe then
+    local k = name and self._kids[name]
+    if self._e:gate(-1) == 2 or (k and self._e:gate(k) == 2) then paused = "probe" end
+  end
   return setmetatable({ live = s.live, idle = s.idle, active = s.active, waiting = s.waiting,
                         leases = s.leases, creating = s.creating, key = hook_key(name),
-                        waited = waited, reason = reason }, Detail)
+                        waited = waited, reason = reason, paused = paused }, Detail)
 end
 
 --- Creates a pool. Performs no I/O.
@@ -596,7 +657,7 @@ function _M.new(opts)
     _create = c.create, _destroy = c.destroy, _validate = c.validate,
     _park = c.park, _unpark = c.unpark,
     _clients = {}, _parked = {}, _kids = {}, _knames = {},
-    _waiters = {}, _wgen = {}, _on = {}, _closed = false,
+    _waiters = {}, _wgen = {}, _nwaiters = 0, _reaped_at = -math_huge, _on = {}, _closed = false,
     _held = setmetatable({}, { __mode = "v" }), _leak_info = {},
     _paused = false, _kpaused = {}, _pause_gen = 0,
     _strikes = 0, _spent = false, _refilling = 0,
@@ -606,7 +667,9 @@ function _M.new(opts)
   }, Pool)
   e:set_notify(function() kick(self) end)
   local warm = c.keys or { DEFAULT }
+  self._warm = {}
   for _, name in ipairs(warm) do
+    self._warm[name] = true
     local k = e:key_open()
     e:key_pin(k, 2)   -- pinned and warm
     self._kids[name] = k
@@ -649,8 +712,10 @@ local function new_lease(self, name, rec, l, g, client, sentinel, drain)
   if self._c.leak_threshold then lease._where = debug.traceback("acquired", 3) end
   local rl = self._rec_leases
   if rl then
+    -- weak keys: a co-holder set must not keep a dropped lease from the
+    -- collector (its finalizer reports the leak)
     local set = rl[rec]
-    if not set then set = {}; rl[rec] = set end
+    if not set then set = setmetatable({}, WEAK_KEYS); rl[rec] = set end
     set[lease] = true
   end
   if drain and self._drain_started then self:_schedule_cancel(lease) end
@@ -770,6 +835,7 @@ local function wait_for(self, k, name, opts, bare)
   local start = clock(self)
   local deadline = timeout and start + timeout
   local e = self._e
+  reap_if_full(self)
   local w, g, pending = e:wait(k, deadline or -1, now_of(self))
   if not w then
     pump(self)
@@ -779,6 +845,7 @@ local function wait_for(self, k, name, opts, bare)
     return nil, "closed"
   end
   self._waiters[w] = h
+  self._nwaiters = self._nwaiters + 1
   self._wgen[w] = g
   local token = opts and opts.cancel
   if token then token._waits[h] = sched end
@@ -801,6 +868,7 @@ local function wait_for(self, k, name, opts, bare)
     if st ~= PENDING then break end
   end
   self._waiters[w] = nil
+  self._nwaiters = self._nwaiters - 1
   self._wgen[w] = nil
   if token then token._waits[h] = nil end
   if pending > 0 then pump(self) end
@@ -851,6 +919,7 @@ function Pool:acquire(key, opts)
     if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
     return nil, "closed"
   end
+  reap_if_full(self)
   local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
   if pending > 0 then pump(self) end
   local waited
@@ -883,7 +952,8 @@ function Pool:try_acquire(key)
       if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
       return nil, "closed"
     end
-    local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
+    reap_if_full(self)
+  local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
     if pending > 0 then pump(self) end
     if st == MUST_WAIT then
       e:key_forget(k)
@@ -974,6 +1044,7 @@ end
 --- A plain table of counters; `keys` holds the same per key.
 function Pool:stats()
   pump(self)
+  reap_dead_waiters(self)
   local e = self._e
   local s = e:stats(-1, {})
   s.paused = self._paused
@@ -1082,7 +1153,9 @@ function Pool:_pause(reason, key, resume_after, fname)
     error("clientpool: " .. fname .. "(): cannot open key '" .. key .. "' (max_keys keys exist)", 3)
   end
   if name then
-    e:key_pin(k, true)          -- a paused key must not be forgotten
+    -- a paused key must not be forgotten; a warm key is pinned already (and
+    -- pinning it again would take it off the warm floor)
+    if not self._warm[name] then e:key_pin(k, true) end
     self._kpaused[name] = reason
   else
     self._paused = reason
@@ -1125,14 +1198,12 @@ function Pool:resume(key)
   if name then
     was = self._kpaused[name]
     self._kpaused[name] = nil
-    local warm = self._c.keys
-    local is_warm = (warm == nil and name == DEFAULT)
-    if warm then for _, w in ipairs(warm) do if w == name then is_warm = true end end end
     local _, pending = e:resume(k, self._c.probe, now_of(self))
     if pending > 0 then pump(self) end
     -- unpinned only after the resume (an empty key is forgotten at once),
-    -- and not while half-open: the key's gate must outlive its probe
-    if not is_warm and not self._c.probe then e:key_pin(k, false) end
+    -- and not while half-open: the key's gate must outlive its probe, and
+    -- probe_passed unpins it when the probe continues
+    if not self._warm[name] and not self._c.probe then e:key_pin(k, false) end
   else
     was = self._paused
     self._paused = false
@@ -1153,6 +1224,22 @@ function Pool:retire(key)
   if pending > 0 then pump(self) end
 end
 
+-- The lease (slot l, generation g) of key name reports an outcome that
+-- continues: if it was a probe, its gate opens, and a key pinned only for
+-- its pause and probe is unpinned (forgotten once empty).
+local function probe_passed(self, l, g, name)
+  local e = self._e
+  local was, pending = e:probe_ok(l, g, now_of(self))
+  if pending > 0 then pump(self) end
+  if was and not self._warm[name] and not self._kpaused[name] then
+    local k = self._kids[name]
+    if k then
+      e:key_pin(k, false)
+      pump(self)
+    end
+  end
+end
+
 -- Applies a policy directive for a lease.
 local CONTINUE = { continue = true }
 function Pool:_apply(d, lease)
@@ -1166,10 +1253,9 @@ function Pool:_apply(d, lease)
       error("clientpool: policy directive 'retire' must be \"client\" or \"key\", got " .. tostring(d.retire), 3)
     end
     local rec = lease._r
-    if d.retire == "key" then
-      local created = e:record_created(rec)
-      if created then e:retire_before(self._kids[lease._key], created, now_of(self)) end
-    end
+    -- "key": this client and every client of its key created before it,
+    -- by creation order (clients made at the same clock reading included)
+    if d.retire == "key" then e:retire_upto(rec, now_of(self)) end
     e:retire(rec, now_of(self))
   end
   if d.pause ~= nil then
@@ -1189,8 +1275,7 @@ function Pool:_apply(d, lease)
     self:_pause(d.pause, key, ra, "observe")
   else
     -- an outcome that continues: a probe lease opens its gate
-    local _, pending = e:probe_ok(lease._l, lease._g, now_of(self))
-    if pending > 0 then pump(self) end
+    probe_passed(self, lease._l, lease._g, lease._key)
   end
   pump(self)
   return d
@@ -1404,6 +1489,7 @@ local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
       if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
       return nil, "closed"
     end
+    reap_if_full(self)
     st, rec, l, g, validate, idle, pending = self._e:acquire(k, now_of(self), false)
     if pending > 0 then pump(self) end
     if st == MUST_WAIT then
@@ -1444,6 +1530,7 @@ function Pool:checkout(key)
   if k ~= nil then
     local now
     if not self._mono then now = self._sched.now() end
+    if self._nwaiters > 0 then reap_if_full(self) end
     st, rec, l, g, validate, idle, pending = self._e:acquire(k, now, false)
     if pending > 0 then pump(self) end
   end
@@ -1474,7 +1561,7 @@ function Pool:checkout(key)
   local rl = self._rec_leases
   if rl then
     local set = rl[rec]
-    if not set then set = {}; rl[rec] = set end
+    if not set then set = setmetatable({}, WEAK_KEYS); rl[rec] = set end
     set[h] = true
   end
   if self._on.acquire then emit(self, "acquire", hook_key(name), client, waited) end
@@ -1508,9 +1595,13 @@ function Pool:checkin(h, reuse)
   local rec = cr[l + 1]
   if rec == nil then return end                 -- no checkout holds the slot
   local client = self._clients[rec]
+  local g = (h - l) / HSLOTS
+  -- a checkout has no observe: its checkin for reuse is the outcome that
+  -- lets a probe pass (checkin(h, false) lets the next acquisition probe)
+  if reuse ~= false and self._c.probe then probe_passed(self, l, g, self._co_key[l + 1]) end
   local now
   if not self._mono then now = self._sched.now() end
-  local ok, pending = self._e:release(l, (h - l) / HSLOTS, reuse == false and BY_ERROR or -1, now)
+  local ok, pending = self._e:release(l, g, reuse == false and BY_ERROR or -1, now)
   if not ok then return end                     -- stale: another holder's lease or none
   cr[l + 1] = nil
   if pending > 0 or self._rec_leases or self._drain_hs or self._park or self._on.release then

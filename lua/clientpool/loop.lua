@@ -164,6 +164,18 @@ new = function(opts)
     end
   end
 
+  -- A wake that never reached its coroutine (it died first, say closed with
+  -- coroutine.close while ready): the waker's give-back runs, so a grant it
+  -- carried is not swallowed. e may be nil.
+  local function lost_wake(e)
+    local f = e and e.lost
+    if f then
+      local a, b, c = e.la, e.lb, e.lc
+      e.lost, e.la, e.lb, e.lc = nil, nil, nil, nil
+      f(a, b, c)
+    end
+  end
+
   ---------------------------------------------------------------- timer heap
   -- Parallel arrays: hent[i] the entry, hco[i] its coroutine; entry.pos = i.
   local hent, hco, hn = {}, {}, 0
@@ -366,6 +378,7 @@ new = function(opts)
     if e.state ~= IDLE then cancel(e) end
     if e.woke then
       e.woke = false
+      e.lost = nil
       return true
     end
     if deadline and deadline <= now() then return nil, "timeout" end
@@ -383,7 +396,7 @@ new = function(opts)
   --- Schedule the coroutine h, waiting in wait(), to resume at the next turn
   -- (never synchronously). If it is not waiting, the wake is remembered for
   -- its next wait (several count once). Returns false if h is dead.
-  function L.wake(h)
+  function L.wake(h, lost, la, lb, lc)
     if type(h) ~= "thread" then
       error("clientpool.loop: wake expects a coroutine handle", 2)
     end
@@ -394,11 +407,13 @@ new = function(opts)
         e.state = IDLE
       end
       forget(h)
+      lost_wake(e)
       return false
     end
     if not e then
       e = entry_of(h)
       e.woke = true
+      e.lost, e.la, e.lb, e.lc = lost, la, lb, lc
       return true
     end
     local state = e.state
@@ -409,6 +424,8 @@ new = function(opts)
     else
       e.woke = true
     end
+    -- the waker's give-back, should h die before this wake reaches it
+    e.lost, e.la, e.lb, e.lc = lost, la, lb, lc
     return true
   end
 
@@ -478,8 +495,10 @@ new = function(opts)
         e.state = IDLE
         if co_status(co) == "dead" then
           forget(co) -- killed elsewhere (coroutine.close) while it slept
+          lost_wake(e)
         elseif co_status(target) == "suspended" then
           local res, ok, a, b = e.res
+          e.lost = nil
           if res == RES_WAKE then
             ok, a, b = co_resume(target, true)
           elseif res == RES_TIMEOUT then
@@ -511,6 +530,7 @@ new = function(opts)
           end
         elseif co_status(target) == "dead" then
           forget(target) -- (5.1) the task around a nested waiter was killed elsewhere
+          lost_wake(e)
         end
       end
     end

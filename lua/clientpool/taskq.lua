@@ -107,6 +107,18 @@ function M.new(opts)
     end
   end
 
+  -- A wake that never reached its coroutine (it died first, say closed with
+  -- coroutine.close while ready): the waker's give-back runs, so a grant it
+  -- carried is not swallowed. e may be nil.
+  local function lost_wake(e)
+    local f = e and e.lost
+    if f then
+      local a, b, c = e.la, e.lb, e.lc
+      e.lost, e.la, e.lb, e.lc = nil, nil, nil, nil
+      f(a, b, c)
+    end
+  end
+
   ---------------------------------------------------------------- timer heap
   local hent, hco, hn = {}, {}, 0
   local seq = 0
@@ -317,6 +329,7 @@ function M.new(opts)
     if e.state ~= IDLE then cancel(e) end
     if e.woke then
       e.woke = false
+      e.lost = nil
       return true
     end
     if deadline and deadline <= now() then return nil, "timeout" end
@@ -333,7 +346,7 @@ function M.new(opts)
 
   --- Schedules h (waiting in wait) for the next turn, never synchronously;
   -- remembered if it is not waiting. False if h is dead.
-  function Q.wake(h)
+  function Q.wake(h, lost, la, lb, lc)
     if type(h) ~= "thread" then
       error(name .. ": wake expects a coroutine handle", 2)
     end
@@ -344,11 +357,13 @@ function M.new(opts)
         e.state = IDLE
       end
       forget(h)
+      lost_wake(e)
       return false
     end
     if not e then
       e = entry_of(h)
       e.woke = true
+      e.lost, e.la, e.lb, e.lc = lost, la, lb, lc
       return true
     end
     local state = e.state
@@ -359,6 +374,8 @@ function M.new(opts)
     else
       e.woke = true
     end
+    -- the waker's give-back, should h die before this wake reaches it
+    e.lost, e.la, e.lb, e.lc = lost, la, lb, lc
     return true
   end
 
@@ -429,10 +446,12 @@ function M.new(opts)
         e.state = IDLE
         if co_status(co) == "dead" then
           forget(co)
+          lost_wake(e)
         elseif co_status(target) == "suspended" then
           local te = target ~= co and entries[target] or e
           if te then te.away = false; te.nested = false end
           local res, ok, a, b = e.res
+          e.lost = nil
           resuming = target
           if res == RES_WAKE then
             ok, a, b = co_resume(target, true)

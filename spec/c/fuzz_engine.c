@@ -787,11 +787,16 @@ static void op_retire(int b) {
   double t;
   for (e = 0; e < span(); e++) if (H.er[e].valid) cand[n++] = e;
   if (!n) return;
-  e = cand[b % n];
-  begin("retire");
+  e = cand[(b >> 1) % n];
+  begin(b & 1 ? "retire_upto" : "retire");
   t = t_call();
-  trace("retire record %d (model %d)", e, H.er[e].m);
-  EXPECT_EQ(clientpool_retire(H.p, e, t), model_retire(&H.m, H.er[e].m, t));
+  if (b & 1) {           /* the record and every older one of its key */
+    trace("retire_upto record %d (model %d)", e, H.er[e].m);
+    EXPECT_EQ(clientpool_retire_upto(H.p, e, t), model_retire_upto(&H.m, H.er[e].m, t));
+  } else {
+    trace("retire record %d (model %d)", e, H.er[e].m);
+    EXPECT_EQ(clientpool_retire(H.p, e, t), model_retire(&H.m, H.er[e].m, t));
+  }
   step_end();
 }
 

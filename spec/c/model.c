@@ -852,6 +852,25 @@ int model_retire_before(model_t *m, int k, double before, double now) {
   return 0;
 }
 
+/* The record and every record of its key created before it (by creation
+ * order): retired, idle ones at once, leased ones at release. */
+int model_retire_upto(model_t *m, int r, double now) {
+  int i, k;
+  now = clamp(m, now);
+  if (r < 0 || r >= M_MAXREC || (m->rec[r].state != MR_IDLE && m->rec[r].state != MR_LEASED))
+    return CLIENTPOOL_EINVAL;
+  k = m->rec[r].key;
+  if (m->rec[r].cseq > m->keys[k].retire_seq) m->keys[k].retire_seq = m->rec[r].cseq;
+  m->hold_key = k;
+  for (i = 0; i < M_MAXREC; i++)
+    if (m->rec[i].state == MR_IDLE && m->rec[i].key == k && retired_by_age(m, &m->rec[i]))
+      destroy(m, i, CLIENTPOOL_BY_RETIRED);
+  m->hold_key = NONE;
+  key_maybe_free(m, k);
+  finish(m, now);
+  return 0;
+}
+
 static m_gate_t *gate_of(model_t *m, int k) {
   if (k < 0) return &m->gate;
   return key_ok(m, k) ? &m->keys[k].gate : NULL;

@@ -3068,6 +3068,46 @@ static void t_key_pin_modes(void) {
   CHECK_EQ(KSTATS(p, b).idle, 0);
 }
 
+/* retire_upto: the record and every older record of its key, by creation
+ * order, even when all were created at the same instant. */
+static void t_retire_upto(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t h1, h2, h3, h4, hb;
+  c.max_live = 5; c.max_idle = 5; c.max_concurrency = 5;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p);
+  h1 = NEW_LEASE(p, a, 1);                  /* all created at t = 1 */
+  h2 = NEW_LEASE(p, a, 1);
+  h3 = NEW_LEASE(p, a, 1);
+  h4 = NEW_LEASE(p, a, 1);
+  hb = NEW_LEASE(p, b, 1);
+  RELEASE(p, h1, 1);
+  RELEASE(p, h4, 1);
+  RELEASE(p, hb, 1);
+  drain(p);
+  CHECK_EQ(clientpool_retire_upto(p, -1, 2), CLIENTPOOL_EINVAL);
+  CHECK_EQ(clientpool_retire_upto(p, 999, 2), CLIENTPOOL_EINVAL);
+  CHECK_EQ(clientpool_retire_upto(p, h3.record, 2), 0);  /* h3 leased: h1, h2 are older */
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_RETIRED);        /* idle: at once */
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 1);           /* h4 (younger) and b's stay */
+  RELEASE(p, h2, 3);
+  RELEASE(p, h3, 3);
+  drain(p);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_RETIRED);        /* leased: at release */
+  EXPECT_DESTROY(h3.record, CLIENTPOOL_BY_RETIRED);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 2);
+  CHECK_EQ(KSTATS(p, a).idle, 1);
+  CHECK_EQ(KSTATS(p, b).idle, 1);
+  CHECK_EQ(clientpool_retire_upto(p, h4.record, 4), 0);  /* an idle record itself */
+  drain(p);
+  EXPECT_DESTROY(h4.record, CLIENTPOOL_BY_RETIRED);
+  CHECK_EQ(clientpool_retire_upto(p, h4.record, 4), CLIENTPOOL_EINVAL);  /* gone */
+  CHECK_EQ(pstats(p).live, 1);
+}
+
 static void t_retire_before_variants(void) {
   clientpool_config_t c = cfg_base();
   clientpool_t *p;
@@ -3583,6 +3623,7 @@ static const test_t tests[] = {
   T(t_gate_states_and_probe),
   T(t_key_pin_modes),
   T(t_retire_before_variants),
+  T(t_retire_upto),
   T(t_retired_refill_is_not_reused),
   T(t_floor_edges),
   T(t_queries_and_stale_handles),

@@ -89,6 +89,18 @@ new = function(bound)
   local live = setmetatable({}, { __mode = "k" })    -- cq -> foreground tasks not finished
   local tasks = setmetatable({}, { __mode = "k" })   -- started foreground task -> cq
 
+  -- A wake that never reached its coroutine (killed first, say with
+  -- coroutine.close): the waker's give-back runs, so a grant it carried is
+  -- not swallowed. e may be nil.
+  local function lost_wake(e)
+    local f = e and e.lost
+    if f then
+      local a, b, c = e.la, e.lb, e.lc
+      e.lost, e.la, e.lb, e.lc = nil, nil, nil, nil
+      f(a, b, c)
+    end
+  end
+
   local function entry_of(co)
     local e = entries[co]
     if not e then
@@ -144,6 +156,7 @@ new = function(bound)
     local e = entry_of(co)
     if e.woke then
       e.woke = false
+      e.lost = nil
       return true
     end
     local t
@@ -158,6 +171,7 @@ new = function(bound)
     e.waiting = false
     if e.woke then
       e.woke = false
+      e.lost = nil
       return true
     end
     if deadline and monotime() >= deadline then return nil, "timeout" end
@@ -166,9 +180,10 @@ new = function(bound)
 
   --- Makes h's wait return at the controller's next step (never
   -- synchronously); remembered if h is not waiting. False if h is dead.
-  function A.wake(h)
+  function A.wake(h, lost, la, lb, lc)
     if type(h) ~= "thread" then error(NAME .. ": wake expects a coroutine handle", 2) end
     if co_status(h) == "dead" then
+      lost_wake(entries[h])
       entries[h] = nil
       return false
     end
@@ -177,6 +192,8 @@ new = function(bound)
       e.woke = true
       if e.waiting then e.cond:signal() end
     end
+    -- the waker's give-back, should h die before this wake reaches it
+    e.lost, e.la, e.lb, e.lc = lost, la, lb, lc
     return true
   end
 
@@ -281,6 +298,7 @@ new = function(bound)
           tasks[co] = nil
           live[cq] = live[cq] - 1
         end
+        if killed and type(co) == "thread" then lost_wake(entries[co]) end
         if not killed then
           if type(co) == "thread" then
             if type(err) == "string" or type(err) == "number" then err = debug.traceback(co, tostring(err)) end

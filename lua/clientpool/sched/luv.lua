@@ -127,6 +127,9 @@ new = function()
     check:unref()
     local ok, err = pcall(uv.run, "default")
     check:close()
+    -- one more turn runs the close: a handle still closing when the Lua
+    -- state closes makes luv's loop finalizer crash (SIGSEGV at exit)
+    pcall(uv.run, "nowait")
     in_run = false
     local f = failure
     failure = nil

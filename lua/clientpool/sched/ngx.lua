@@ -348,6 +348,19 @@ function M.wake(h, lost, a, b, c)
   return true
 end
 
+--- Whether the waiter of h can still run: false once its light thread was
+-- killed or its request ended while it waited (and no wake is on its way,
+-- which the lost-wake watch covers). The driver asks when it counts its
+-- waiters, so the dead ones give their max_waiting slots back.
+function M.alive(h)
+  if h.st == DEAD then return false end
+  if h.st == WAITING and not h.pending and S[h.i]:count() >= 0 then
+    retire(h)
+    return false
+  end
+  return true
+end
+
 --- Gives h's semaphore back at once (optional; without it the garbage
 -- collector does). The handle must not be used again.
 function M.done(h)

@@ -10,7 +10,7 @@ end
 
 local function waiter(pool, res, i, timeout)
   return ngx.thread.spawn(function()
-    local l, code = pool:acquire(nil, { timeout = timeout or 5 })
+    local l, code = pool:acquire(nil, timeout ~= false and { timeout = timeout or 5 } or nil)
     res[i] = l and "lease" or code
     if l then
       ngx.sleep(0.001)
@@ -35,6 +35,24 @@ describe("a light thread killed while it waits", function()
     b:release()
     assert.is_nil(res[1])
     assert.are.equal(1, pool:stats().cancelled)
+  end)
+
+  it("gives its max_waiting slot back at once, with no release to find it dead", function()
+    local pool = app.plain_pool("kill0", { max_live = 1, max_waiting = 1 })
+    local a = assert(pool:acquire())
+    local res = {}
+    local t = waiter(pool, res, 1, false)   -- no timeout: only a release would end it
+    ngx.sleep(0.01)
+    assert.truthy(ngx.thread.kill(t))
+    local s = pool:stats()
+    assert.are.equal(0, s.waiting)
+    assert.are.equal(1, s.cancelled)
+    local l, code = pool:acquire(nil, { timeout = 0.05 })   -- queues (not "full"), times out
+    assert.is_nil(l)
+    assert.are.equal("timeout", code)
+    a:release()
+    assert.are.same({ live = 1, idle = 1, leases = 0, waiting = 0 }, counts(pool))
+    assert.are.equal(0, pool:stats().rejected)
   end)
 
   it("killed right after its wake was posted, before it ran, gives the grant back", function()
