@@ -10,8 +10,8 @@
 #            (spec/c/corpus/fuzz_engine/) and the regressions.  New inputs go
 #            to build/fuzz/corpus (kept between runs, never committed by
 #            this script); a crash is written to build/fuzz/artifacts/.
-#   merge    adds the inputs of build/fuzz/corpus that reach new coverage to
-#            the committed seed corpus (libFuzzer -merge=1).
+#   merge    rewrites the committed seed corpus as a minimal set (by coverage
+#            edges) of itself and the inputs of build/fuzz/corpus.
 #
 # The libFuzzer log is build/fuzz/fuzz.log; the script prints one summary
 # line, or on a failure the end of the log and how to reproduce it.
@@ -24,10 +24,17 @@ log=$out/fuzz.log
 mkdir -p "$out/corpus" "$out/artifacts" "$corpus"
 
 if [ "$mode" = merge ]; then
+  # A fresh minimal set over the seed corpus and the new inputs, by coverage
+  # edges only (-use_counters=0: hit counts would keep nearly every input),
+  # so the committed corpus stays small as the harness changes.
   before=$(find "$corpus" -type f | wc -l)
-  "$bin" -merge=1 "$corpus" "$out/corpus" >"$log" 2>&1 || { tail -n 30 "$log"; exit 1; }
+  tmp=$out/merged
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  "$bin" -merge=1 -use_counters=0 "$tmp" "$corpus" "$out/corpus" >"$log" 2>&1 || { tail -n 30 "$log"; exit 1; }
+  rm -f "$corpus"/*
+  cp "$tmp"/* "$corpus"/
   after=$(find "$corpus" -type f | wc -l)
-  echo "fuzz-merge: seed corpus $before -> $after inputs ($corpus)"
+  echo "fuzz-merge: seed corpus $before -> $after inputs ($corpus, minimal by edges)"
   exit 0
 fi
 
