@@ -227,6 +227,17 @@ int clientpool_retire_before(clientpool_t *p, int32_t key, double before, double
  * Returns 0, or EINVAL when record is not a live record. */
 int clientpool_retire_upto(clientpool_t *p, int32_t record, double now);
 
+/* The client of a lease could not be used (validate or unpark failed on
+ * idle reuse): its record is destroyed (BY_INVALID) and the same caller is
+ * granted again at once, ahead of any queued waiter, so it keeps its place:
+ * another idle record of the key, or a reservation in the room just freed.
+ * Returns the grant's status (*g filled as by acquire): GRANT_IDLE,
+ * GRANT_CREATE, CLOSED if the pool was closed meanwhile (the record is
+ * destroyed all the same), MUST_WAIT if nothing could be granted (out of
+ * memory: the caller queues as a new acquisition), or STALE for an unknown
+ * lease. */
+int clientpool_regrant(clientpool_t *p, int32_t lease, uint32_t gen, double now, clientpool_grant_t *g);
+
 /* Pauses admission of the pool (key < 0) or of a key: new acquisitions wait
  * (or fail with PAUSED under pause_fail); queued ones stay queued; leases
  * already held are untouched.  Returns 0 or EINVAL. */

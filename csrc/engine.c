@@ -1255,6 +1255,29 @@ int clientpool_retire_before(clientpool_t *p, int32_t k, double before, double n
   return 0;
 }
 
+int clientpool_regrant(clientpool_t *p, int32_t l, uint32_t gen, double now, clientpool_grant_t *g) {
+  lease_t *x;
+  int32_t k;
+  memset(g, 0, sizeof *g);
+  now = clamp(p, now);
+  x = lease_get(p, l, gen);
+  if (!x || p->rec[x->record].state != R_LEASED) { g->status = CLIENTPOOL_STALE; return g->status; }
+  k = p->rec[x->record].key;
+  g->key = k;
+  p->hold_key = k;
+  /* a destroy dispatches nothing: the room it frees is still there below */
+  release(p, l, CLIENTPOOL_BY_INVALID, now);
+  if (p->closed) g->status = CLIENTPOOL_CLOSED;
+  else if (grant(p, k, now, g)) gate_granted(p, g);
+  else g->status = CLIENTPOOL_MUST_WAIT;
+  /* k may have waiters: the grant changed what it can take or create */
+  key_refresh(p, k);
+  finish(p, now);
+  p->hold_key = NONE;
+  if (g->status != CLIENTPOOL_GRANT_IDLE && g->status != CLIENTPOOL_GRANT_CREATE) key_maybe_free(p, k);
+  return g->status;
+}
+
 int clientpool_retire_upto(clientpool_t *p, int32_t r, double now) {
   int32_t k, i;
   record_t *x;

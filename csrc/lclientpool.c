@@ -201,6 +201,14 @@ static int lcp_acquire(lua_State *L) {
   return push_grant(L, &g, p, 0, lua_toboolean(L, 4));
 }
 
+/* E:regrant(lease, gen [, now [, sentinel]]) -> as acquire */
+static int lcp_regrant(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  clientpool_grant_t g;
+  clientpool_regrant(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3), opt_now(L, 4), &g);
+  return push_grant(L, &g, p, 0, lua_toboolean(L, 5));
+}
+
 /* E:release(lease, gen, reason [, now]) -> ok, pending */
 static int lcp_release(lua_State *L) {
   clientpool_t *p = lcp_self(L);
@@ -525,7 +533,7 @@ static const luaL_Reg pool_methods[] = {
   {"next_deadline", lcp_next_deadline}, {"is_closed", lcp_is_closed},
   {"lease_age", lcp_lease_age}, {"stats", lcp_stats}, {"sentinel", lcp_sentinel},
   {"set_notify", lcp_set_notify}, {"retire_before", lcp_retire_before},
-  {"retire_upto", lcp_retire_upto},
+  {"retire_upto", lcp_retire_upto}, {"regrant", lcp_regrant},
   {"pause", lcp_pause}, {"resume", lcp_resume}, {"probe_ok", lcp_probe_ok},
   {"gate", lcp_gate}, {"record_created", lcp_record_created}, {"floor", lcp_floor}, {"refill", lcp_refill},
   {NULL, NULL}

@@ -87,6 +87,7 @@ loop.spawn(function()
 end)
 loop.run()
 pool:close()
+loop.run()   -- the destroy hooks close() started run as tasks of the loop
 
 table.sort(waits)
 local function pct(p)

@@ -224,6 +224,10 @@ describe("bad arguments to pool methods", function()
             { on_drain = { cancel = v } })
         end
       end
+      -- a misspelt option name is an error, not a silent default
+      assert_api_error("opts.timout", { "acquire", "#2", "unknown option 'timout'" }, pool.acquire, pool, "k",
+        { timout = 0.01 })
+      assert_api_error("opts[1]", { "acquire", "#2", "unknown option" }, pool.acquire, pool, "k", { 0.5 })
       assert_sound(pool)
     end)
   end)

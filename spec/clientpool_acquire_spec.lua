@@ -120,6 +120,22 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
 
     ---------------------------------------------------------------------------
     describe("acquire", function()
+      it("max_keys counts keys in use: an unused default key takes no place", function()
+        run(function(sched)
+          local pool = mkpool(sched, { max_keys = 1 })
+          local a = assert(pool:acquire("redis-a"))
+          local l, code, d = pool:acquire("redis-b")     -- a second key: over max_keys
+          assert.is_nil(l)
+          assert.equal("full", code)
+          assert.equal("max_keys", d.reason)
+          a:release()
+          l, code = pool:acquire()                        -- the default key is a key too
+          assert.is_nil(l)
+          assert.equal("full", code)
+          H.check(pool)
+        end)
+      end)
+
       it("creates lazily: nothing before the first acquire, one client per acquire", function()
         run(function(sched)
           local pool, f = mkpool(sched)
@@ -838,6 +854,9 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
           assert.is_false(info.leaked)
           assert.is_true(contains(info.where, "acquired"), tostring(info.where))
           assert.is_true(contains(info.where, SPEC_NAME), tostring(info.where))
+          -- the first frame is the caller's, not the pool's own
+          local first = info.where:match("stack traceback:\n%s*([^\n]*)")
+          assert.is_true(contains(first, SPEC_NAME), "first frame: " .. tostring(first))
           assert.is_number(info.held)
           near(5, info.held, "info.held")
           assert.equal(slow, info.lease)

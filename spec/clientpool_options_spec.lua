@@ -121,6 +121,8 @@ local CASES = {
   { "keys with a number item", opts { keys = { "redis-a", 5 } }, { "keys" } },
   { "keys with a table item", opts { keys = { {} } }, { "keys" } },
   { "keys with a duplicate", opts { keys = { "redis-a", "redis-b", "redis-a" } }, { "keys", "redis-a" } },
+  { "min_idle over per_key.max_live", opts { min_idle = 3, per_key = { max_live = 2 } },
+    { "min_idle", "per_key.max_live" } },
   { "keys more than max_keys", opts { max_keys = 2, keys = { "a", "b", "c" } }, { "keys", "max_keys" } },
   -- lifetime_jitter
   { "lifetime_jitter negative", opts { max_lifetime = 10, lifetime_jitter = -0.1 }, { "lifetime_jitter" } },

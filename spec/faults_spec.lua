@@ -522,12 +522,53 @@ for _, S in ipairs(H.schedulers()) do
         end)
       end)
 
-      -- docs/decisions.md says the caller whose idle client fails validation
-      -- looks again "without losing its place". It does lose it when others
-      -- queue: the retired record's slot is dispatched to the next waiter at
-      -- once, and the caller's second acquire queues behind the later ones
-      -- (no barging). Here the first waiter is served third: got = { 3, 2, 3 }.
-      pending("validate failing keeps the caller's place in the queue (it is served after later waiters)")
+      it("validate failing keeps the caller's place in the queue and its deadline", function()
+        run(function(sched, ctx)
+          local f = factory(sched)
+          local pool = mkpool(sched, f, { max_live = 1, validate = f.validate })
+          assert(pool:acquire()):release()
+          local held = assert(pool:acquire())
+          f.plan.validate = { "throw" }            -- the first validation only
+          local order, got, t1 = {}, {}, {}
+          for i = 1, 3 do
+            ctx.go(function()
+              local l, code = pool:acquire(nil, { timeout = 2 })
+              order[#order + 1] = i
+              got[i], t1[i] = l and l.client.id or code, sched.now()
+              if l then sched.sleep(0.1); l:release() end
+            end)
+          end
+          sched.sleep(0.5)
+          local t0 = sched.now()
+          held:release()        -- to waiter 1, whose validate throws: it creates, in its place
+          sched.sleep(3)
+          assert.same({ 1, 2, 3 }, order)
+          assert.same({ 2, 2, 2 }, got)             -- the new client, served in turn
+          assert.is_true(t1[1] - t0 < 0.1, "waiter 1 was served after " .. (t1[1] - t0))
+          local s = H.check(pool)
+          assert.equal(1, s.closed_by.invalid)
+          assert.equal(0, s.timeouts)
+          assert_recovered(sched, pool, f, 1)
+          assert_closed_clean(sched, pool, f)
+        end)
+      end)
+
+      it("a caller with nothing queued keeps trying its own idle clients, then creates", function()
+        run(function(sched)
+          local f = factory(sched)
+          local pool = mkpool(sched, f, { max_live = 2, validate = f.validate })
+          local a, b = assert(pool:acquire()), assert(pool:acquire())
+          a:release()
+          b:release()
+          f.plan.validate = { "false", "false" }
+          local l = assert(pool:acquire())          -- both idle clients refused: a new one
+          assert.equal(3, l.client.id)
+          assert.equal(2, H.check(pool).closed_by.invalid)
+          l:release()
+          assert_recovered(sched, pool, f, 2)
+          assert_closed_clean(sched, pool, f)
+        end)
+      end)
     end)
 
     ---------------------------------------------------------------------------

@@ -224,23 +224,35 @@ function Engine:acquire(key, now, sentinel)
   return grant_results(self, st, p, g, sentinel)
 end
 
+-- The sentinel of an ended lease (if it has one) is nobody's now: keep it.
+local function recycle_sentinel(self, lease, gen)
+  local guards = self.guards
+  local s = guards[lease + 1]
+  if s ~= nil and s.gen == gen then
+    guards[lease + 1] = nil
+    local n = self.nspare + 1
+    self.spare[n] = s
+    self.nspare = n
+  end
+end
+
 --- E:release(lease, gen, reason [, now]) -> ok, pending
 function Engine:release(lease, gen, reason, now)
   local p = self.p
   if now == nil then now = monotime() end
   local rc = C.clientpool_release(p, lease, gen, reason or -1, now)
-  if rc == 0 then
-    -- the lease's sentinel (if it has one) is nobody's now: keep it
-    local guards = self.guards
-    local s = guards[lease + 1]
-    if s ~= nil and s.gen == gen then
-      guards[lease + 1] = nil
-      local n = self.nspare + 1
-      self.spare[n] = s
-      self.nspare = n
-    end
-  end
+  if rc == 0 then recycle_sentinel(self, lease, gen) end
   return rc == 0, C.clientpool_pending(p)
+end
+
+--- E:regrant(lease, gen [, now [, sentinel]]) -> as acquire: the lease's
+-- record is destroyed as invalid and its caller granted again at once
+function Engine:regrant(lease, gen, now, sentinel)
+  local p, g = self.p, self.g
+  if now == nil then now = monotime() end
+  local st = C.clientpool_regrant(p, lease, gen, now, g)
+  if st ~= C.CLIENTPOOL_STALE then recycle_sentinel(self, lease, gen) end
+  return grant_results(self, st, p, g, sentinel)
 end
 
 --- E:wait(key, deadline [, now]) -> waiter, gen, pending | nil, status

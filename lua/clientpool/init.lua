@@ -12,6 +12,7 @@
 -- the slower ones). Both have the same surface. CLIENTPOOL_BACKEND=core|ffi
 -- or the option `backend` overrides the default.
 local WEAK_KEYS = { __mode = "k" }  -- the metatable of tables with weak keys
+local THIS_SOURCE = debug.getinfo(1, "S").source
 local JIT = rawget(_G, "jit")
 local IS_JIT = JIT ~= nil
 local function load_backend(name)
@@ -194,6 +195,9 @@ local function validate_options(o)
       end
       if pk.max_live > c.max_live then
         fail("option 'per_key.max_live' (%d) must be <= max_live (%d)", pk.max_live, c.max_live)
+      end
+      if c.min_idle > pk.max_live then  -- the floor of a key could never be met
+        fail("option 'min_idle' (%d) must be <= per_key.max_live (%d)", c.min_idle, pk.max_live)
       end
       c.key_max_live = pk.max_live
     end
@@ -657,7 +661,8 @@ function _M.new(opts)
     _create = c.create, _destroy = c.destroy, _validate = c.validate,
     _park = c.park, _unpark = c.unpark,
     _clients = {}, _parked = {}, _kids = {}, _knames = {},
-    _waiters = {}, _wgen = {}, _nwaiters = 0, _reaped_at = -math_huge, _on = {}, _closed = false,
+    _waiters = {}, _wgen = {}, _nwaiters = 0, _reaped_at = -math_huge,
+    _opts_seen = setmetatable({}, WEAK_KEYS), _on = {}, _closed = false,
     _held = setmetatable({}, { __mode = "v" }), _leak_info = {},
     _paused = false, _kpaused = {}, _pause_gen = 0,
     _strikes = 0, _spent = false, _refilling = 0,
@@ -666,7 +671,11 @@ function _M.new(opts)
     _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
   }, Pool)
   e:set_notify(function() kick(self) end)
-  local warm = c.keys or { DEFAULT }
+  -- The warm keys are opened and pinned now. Without `keys` the default key
+  -- is the warm key, but only a floor (min_idle > 0) needs it open before
+  -- use: otherwise it is opened at its first acquire like any key, so an
+  -- unused default key does not count against max_keys.
+  local warm = c.keys or (c.min_idle > 0 and { DEFAULT }) or {}
   self._warm = {}
   for _, name in ipairs(warm) do
     self._warm[name] = true
@@ -709,7 +718,18 @@ local function new_lease(self, name, rec, l, g, client, sentinel, drain)
   local lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
                                _s = sentinel, _drain = drain }, Lease)
   self._held[l] = lease   -- weak: for cancel_active, drain and leak reports
-  if self._c.leak_threshold then lease._where = debug.traceback("acquired", 3) end
+  if self._c.leak_threshold then
+    -- the traceback starts at the caller's frame: the first Lua frame
+    -- outside this file (else, in a coroutine of the pool's own, here)
+    local level = 2
+    while true do
+      local info = debug.getinfo(level, "S")
+      if info == nil then level = 2; break end
+      if info.source ~= THIS_SOURCE and info.what ~= "C" then break end
+      level = level + 1
+    end
+    lease._where = debug.traceback("acquired", level)
+  end
   local rl = self._rec_leases
   if rl then
     -- weak keys: a co-holder set must not keep a dropped lease from the
@@ -740,16 +760,27 @@ end
 
 -- Makes a granted record usable: unpark and validate. Returns the client or
 -- nil when the record is not fit (already retired then).
-local function ready_idle(self, name, rec, l, g, validate, idle)
+-- The granted idle record failed unpark or validate: it is retired as
+-- invalid and the same caller granted again at once, keeping its place in
+-- the queue (DESIGN: "the same caller looks again"). Returns nil and the new
+-- grant: status, record, lease, gen, validate, idle, sentinel.
+local function regrant(self, l, g, want)
+  local st, rec, l2, g2, validate, idle, pending, sentinel = self._e:regrant(l, g, now_of(self), want)
+  if pending > 0 then pump(self) end
+  return nil, st, rec, l2, g2, validate, idle, sentinel
+end
+
+-- Makes a granted idle record usable: unpark and validate. Returns the
+-- client, or nil and a new grant (see regrant). want: a leak sentinel for
+-- the new grant.
+local function ready_idle(self, name, rec, l, g, validate, idle, want)
   local client = self._clients[rec]
   if self._parked[rec] then
     local ok, c = ycall(self._unpark, client, hook_key(name))
     if not ok or c == nil then
       if not ok then log(self, "unpark hook failed: " .. tostring(c)) end
       self._clients[rec] = client
-      local ok2, pending = self._e:release(l, g, BY.invalid, now_of(self))
-      if ok2 and pending > 0 then pump(self) end
-      return nil
+      return regrant(self, l, g, want)
     end
     client = c
     self._clients[rec] = c
@@ -758,11 +789,7 @@ local function ready_idle(self, name, rec, l, g, validate, idle)
   local v = self._validate
   if v and validate then
     local ok, good = ycall(v, client, hook_key(name), idle)
-    if not ok or not good then
-      local _, pending = self._e:release(l, g, BY.invalid, now_of(self))
-      if pending > 0 then pump(self) end
-      return nil
-    end
+    if not ok or not good then return regrant(self, l, g, want) end
   end
   return client
 end
@@ -809,8 +836,16 @@ end
 
 local function on_grant(self, name, st, rec, l, g, validate, idle, waited, sentinel, drain)
   if st == GRANT_IDLE then
-    local client = ready_idle(self, name, rec, l, g, validate, idle)
-    if client == nil then return nil end
+    local client, st2, rec2, l2, g2, v2, i2, s2 = ready_idle(self, name, rec, l, g, validate, idle,
+                                                              sentinel ~= nil)
+    if client == nil then
+      if st2 == GRANT_IDLE or st2 == GRANT_CREATE then      -- looks again, in its place
+        return on_grant(self, name, st2, rec2, l2, g2, v2, i2, waited, s2, drain)
+      elseif st2 == CLOSED then
+        return nil, "closed"
+      end
+      return nil   -- nothing granted (out of memory): the caller acquires anew
+    end
     local lease = new_lease(self, name, rec, l, g, client, sentinel, drain)
     if self._on.acquire then emit(self, "acquire", hook_key(name), client, waited) end
     return lease
@@ -876,6 +911,7 @@ local function wait_for(self, k, name, opts, bare)
     return true, st, rec, l, lg, validate, idle, waited, sentinel
   elseif st == TIMEOUT then
     local d = snapshot(self, "timeout", name, waited)
+    d.waiting = d.waiting + 1   -- the caller was waiting too, until now
     emit(self, "timeout", hook_key(name), d)
     return nil, "timeout", d
   elseif st == CANCELLED then
@@ -887,9 +923,24 @@ end
 --- Acquires a client for key (nil = the default key).
 -- Returns a lease, or nil, code[, detail] with code one of timeout, full,
 -- closed, cancelled, create.
+local ACQUIRE_OPTS = { timeout = true, cancel = true, on_drain = true }
 function Pool:acquire(key, opts)
-  if opts ~= nil and type(opts) ~= "table" then
-    error("clientpool: bad argument #2 to 'acquire' (options table expected, got " .. type(opts) .. ")", 2)
+  if opts ~= nil then
+    if type(opts) ~= "table" then
+      error("clientpool: bad argument #2 to 'acquire' (options table expected, got " .. type(opts) .. ")", 2)
+    end
+    -- a misspelt option (timout = 1) must not pass silently; a table seen
+    -- once is not walked again (weak cache: no pairs() on the hot path)
+    local seen = self._opts_seen
+    if not seen[opts] then
+      for name in pairs(opts) do
+        if not ACQUIRE_OPTS[name] then
+          error("clientpool: bad argument #2 to 'acquire' (unknown option '" .. tostring(name) ..
+                "'; the options are timeout, cancel and on_drain)", 2)
+        end
+      end
+      seen[opts] = true
+    end
   end
   local token = opts and opts.cancel
   if token ~= nil and getmetatable(token) ~= Token then
@@ -953,7 +1004,7 @@ function Pool:try_acquire(key)
       return nil, "closed"
     end
     reap_if_full(self)
-  local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
+    local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
     if pending > 0 then pump(self) end
     if st == MUST_WAIT then
       e:key_forget(k)
@@ -1509,9 +1560,13 @@ local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
     if client == nil then return nil, code, err end
     return client, nil, rec, l, g, waited
   end
-  local client = ready_idle(self, name, rec, l, g, validate, idle)
+  local client, st2, rec2, l2, g2, v2, i2 = ready_idle(self, name, rec, l, g, validate, idle, false)
   if client ~= nil then return client, nil, rec, l, g, waited end
-  -- the idle record failed validate/unpark and is retired: look again
+  -- the idle record failed validate/unpark and is retired: this caller was
+  -- granted again in its place (or, out of memory, looks again from scratch)
+  if st2 == GRANT_IDLE or st2 == GRANT_CREATE or st2 == CLOSED then
+    return checkout_grant(self, key, k, name, st2, rec2, l2, g2, v2, i2)
+  end
   return checkout_grant(self, key, nil, name)
 end
 

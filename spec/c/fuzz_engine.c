@@ -638,6 +638,26 @@ static void op_release(int b, int c) {
   x = H.L[b % H.nl];
   H.L[b % H.nl] = H.L[--H.nl];
   reason = c % 8 < 5 ? -1 : c % 8 < 7 ? CLIENTPOOL_BY_ERROR : (c / 8) % (CLIENTPOOL_BY_COUNT + 2);
+  if (c % 16 == 15 && H.nl + H.nr < MAXH - 2) {   /* validate failed: the same caller again */
+    clientpool_grant_t g;
+    m_grant_t mg;
+    int est, mst;
+    begin("regrant");
+    t = t_call();
+    /* the engine's grant first: the model's oracle reads it (shared records) */
+    est = clientpool_regrant(H.p, x.l, x.gen, t, &H.eg);
+    H.eg_valid = est == CLIENTPOOL_GRANT_IDLE || est == CLIENTPOOL_GRANT_CREATE;
+    mst = model_regrant(&H.m, x.ml, x.mgen, t, &H.mg);
+    trace("regrant lease %d/%u (model %d) -> engine %d, model %d", x.l, (unsigned)x.gen, x.ml, est, mst);
+    EXPECT_EQ(est, mst);
+    dead_lease(x.l, x.gen, x.ml, x.mgen);
+    g = H.eg;
+    mg = H.mg;
+    compare_grant(&g, &mg);
+    step_end();
+    if (est == CLIENTPOOL_GRANT_IDLE || est == CLIENTPOOL_GRANT_CREATE) take_grant(&g, &mg);
+    return;
+  }
   begin("release");
   t = t_call();
   erc = clientpool_release(H.p, x.l, x.gen, reason, t);

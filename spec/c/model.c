@@ -747,6 +747,30 @@ int model_release(model_t *m, int l, unsigned gen, int reason, double now) {
   return 0;
 }
 
+/* "a failed or throwing validate retires the record and the same caller
+ * looks again" (decisions.md: "without losing its place"): the record is
+ * destroyed as invalid and the caller granted again before anyone queued. */
+int model_regrant(model_t *m, int l, unsigned gen, double now, m_grant_t *g) {
+  int k;
+  memset(g, 0, sizeof *g);
+  now = clamp(m, now);
+  if (!lease_get(m, l, gen) || m->rec[m->lea[l].record].state != MR_LEASED) {
+    g->status = CLIENTPOOL_STALE;
+    return g->status;
+  }
+  k = m->rec[m->lea[l].record].key;
+  g->key = k;
+  m->hold_key = k;
+  do_release(m, l, CLIENTPOOL_BY_INVALID, now);
+  if (m->closed) g->status = CLIENTPOOL_CLOSED;
+  else if (grant(m, k, now, g, NONE)) gate_granted(m, g);
+  else g->status = CLIENTPOOL_MUST_WAIT;
+  finish(m, now);
+  m->hold_key = NONE;
+  if (g->status != CLIENTPOOL_GRANT_IDLE && g->status != CLIENTPOOL_GRANT_CREATE) key_maybe_free(m, k);
+  return g->status;
+}
+
 /* "A lease collected ... while still held counts as leaked: its client is
  * destroyed"; a reservation whose creator died gives its capacity back. */
 int model_leak(model_t *m, int l, unsigned gen, double now) {

@@ -149,6 +149,7 @@ int model_leak(model_t *m, int lease, unsigned gen, double now);
 int model_retire(model_t *m, int record, double now);
 int model_retire_before(model_t *m, int key, double before, double now);
 int model_retire_upto(model_t *m, int r, double now);
+int model_regrant(model_t *m, int l, unsigned gen, double now, m_grant_t *g);
 int model_pause(model_t *m, int key, double now);
 int model_resume(model_t *m, int key, int probe, double now);
 int model_probe_ok(model_t *m, int lease, unsigned gen, double now);

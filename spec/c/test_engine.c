@@ -3068,6 +3068,49 @@ static void t_key_pin_modes(void) {
   CHECK_EQ(KSTATS(p, b).idle, 0);
 }
 
+/* regrant: validate failed on idle reuse; the record is destroyed and the
+ * same caller granted again ahead of the queue (an idle record, else a
+ * reservation in the room just freed). */
+static void t_regrant_keeps_place(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a;
+  hold_t h1, h2;
+  clientpool_grant_t g;
+  waiter_h w;
+  c.max_live = 2; c.max_idle = 2; c.max_concurrency = 2;
+  p = POOL(c);
+  a = PKEY(p);
+  h1 = NEW_LEASE(p, a, 0);
+  h2 = NEW_LEASE(p, a, 0);
+  RELEASE(p, h1, 1);
+  h1 = REUSE(p, a, 2, &g);                   /* the caller whose validate fails */
+  MUST_WAIT(p, a, 2); w = WAIT(p, a, -1, 2); /* queued behind it */
+  drain(p);
+  CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 3, &g), CLIENTPOOL_GRANT_CREATE);
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_INVALID);
+  EXPECT_NO_WAKE(w);                         /* the room went to the same caller */
+  CHECK_EQ(CREATED(p, g.record, 1, 3), 0);
+  h1 = hold_of(&g);
+  CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen ^ 1u, 3, &g), CLIENTPOOL_STALE);
+  RELEASE(p, h2, 4);                         /* the waiter gets the other one */
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 4, &g), CLIENTPOOL_GRANT_IDLE);
+  h2 = hold_of(&g);
+  /* an idle record of the key is taken before a reservation */
+  RELEASE(p, h2, 5);
+  CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 6, &g), CLIENTPOOL_GRANT_IDLE);
+  CHECK_EQ(g.record, h2.record);
+  h1 = hold_of(&g);
+  /* closed meanwhile: destroyed all the same, the caller gets CLOSED */
+  CLOSE(p, 7);
+  CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 7, &g), CLIENTPOOL_CLOSED);
+  CHECK_EQ(pstats(p).live, 0);
+  CHECK_EQ(pstats(p).leases, 0);
+}
+
 /* retire_upto: the record and every older record of its key, by creation
  * order, even when all were created at the same instant. */
 static void t_retire_upto(void) {
@@ -3624,6 +3667,7 @@ static const test_t tests[] = {
   T(t_key_pin_modes),
   T(t_retire_before_variants),
   T(t_retire_upto),
+  T(t_regrant_keeps_place),
   T(t_retired_refill_is_not_reused),
   T(t_floor_edges),
   T(t_queries_and_stale_handles),
