@@ -215,4 +215,19 @@ function H.check(pool)
   return s
 end
 
+--- Runs `args` (a script path and its arguments, or `-e "code"`) in a
+-- fresh interpreter of the running kind, with this run's module paths;
+-- returns everything it printed (stdout and stderr) and its exit status
+-- line "rc=N". For what only shows at process exit or needs a clean heap.
+function H.run_fresh(args)
+  local interp_cmd = arg and arg[-1] or "lua"
+  local cmd = string.format("LUA_PATH='%s' LUA_CPATH='%s' LUA_PATH_5_4='%s' LUA_CPATH_5_4='%s' " ..
+    "LUA_PATH_5_3='%s' LUA_CPATH_5_3='%s' %s %s 2>&1; echo \"rc=$?\"",
+    package.path, package.cpath, package.path, package.cpath, package.path, package.cpath, interp_cmd, args)
+  local fh = assert(io.popen(cmd))
+  local out = fh:read("*a")
+  fh:close()
+  return out
+end
+
 return H

@@ -24,15 +24,9 @@ describe("clientpool.sched.luv", function()
     it("sched.run() leaves nothing that crashes the process at exit", function()
       -- a fresh interpreter: the crash (SIGSEGV in luv's loop finalizer, from
       -- a handle run() closed without another loop turn) comes at lua_close
-      local interp = arg and arg[-1] or "lua"
       local code = "local S = require 'clientpool.sched.luv'; S.spawn(function() S.sleep(0.01) end); " ..
                    "S.run(); io.write('done ')"
-      local cmd = string.format("LUA_PATH='%s' LUA_CPATH='%s' LUA_PATH_5_4='%s' LUA_CPATH_5_4='%s' " ..
-        "LUA_PATH_5_3='%s' LUA_CPATH_5_3='%s' %s -e \"%s\" 2>&1; echo \"rc=$?\"",
-        package.path, package.cpath, package.path, package.cpath, package.path, package.cpath, interp, code)
-      local fh = assert(io.popen(cmd))
-      local out = fh:read("*a")
-      fh:close()
+      local out = H.run_fresh('-e "' .. code .. '"')
       assert.equal("done rc=0\n", out)
     end)
 
