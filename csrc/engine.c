@@ -1162,6 +1162,7 @@ int clientpool_leak(clientpool_t *p, int32_t l, uint32_t gen, double now) {
   r = x->record;
   k = p->rec[r].key;
   BOTH(p, k, leaked, 1);
+  push_event(p, CLIENTPOOL_EV_LEAK, -1, 0, k, now);   /* one report per lease */
   /* a reservation whose creator died: give the capacity back */
   if (p->rec[r].state == R_CREATING) forfeit(p, r, 0);
   else release(p, l, CLIENTPOOL_BY_LEAKED, now);
@@ -1268,6 +1269,8 @@ int clientpool_regrant(clientpool_t *p, int32_t l, uint32_t gen, double now, cli
   /* a destroy dispatches nothing: the room it frees is still there below */
   release(p, l, CLIENTPOOL_BY_INVALID, now);
   if (p->closed) g->status = CLIENTPOOL_CLOSED;
+  /* paused meanwhile (validate may yield): the caller queues like anyone */
+  else if (!admits(p, k)) g->status = CLIENTPOOL_MUST_WAIT;
   else if (grant(p, k, now, g)) gate_granted(p, g);
   else g->status = CLIENTPOOL_MUST_WAIT;
   /* k may have waiters: the grant changed what it can take or create */

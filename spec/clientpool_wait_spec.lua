@@ -891,6 +891,26 @@ describe("clientpool waiting on " .. S.name, function()
       end)
     end)
 
+    it_close("a waiter closed right after another was reaped gives its slot back too", function()
+      run(S, function(sched)
+        local pool = new_pool(sched, H.factory(sched), { max_live = 1, max_waiting = 1 })
+        local held = assert(pool:acquire("k"))
+        local w1 = waiter(sched, pool, "k")
+        sched.sleep(T(0.1))
+        kill(w1.co, "close")
+        local w2 = waiter(sched, pool, "k")          -- reaps w1, takes its slot
+        sched.sleep(0)
+        kill(w2.co, "close")                          -- at once: no time has passed
+        local l, code = pool:acquire("k", { timeout = T(0.2) })
+        assert.is_nil(l)
+        assert.equal("timeout", code)                 -- it queued: not "full"
+        held:release()
+        local s = assert_settled(pool)
+        assert.equal(0, s.rejected)
+        assert.equal(2, s.cancelled)
+      end)
+    end)
+
     it_close("a full queue of closed waiters does not refuse a new acquisition", function()
       run(S, function(sched)
         local pool = new_pool(sched, H.factory(sched), { max_live = 1, max_waiting = 2 })

@@ -553,6 +553,35 @@ for _, S in ipairs(H.schedulers()) do
         end)
       end)
 
+      it("a pause that comes while validate runs holds the caller's new grant until resume", function()
+        run(function(sched, ctx)
+          local f = factory(sched)
+          local pool = mkpool(sched, f, { max_live = 2, validate = f.validate })
+          assert(pool:acquire()):release()
+          f.plan.validate = { { hang = 1, after = "throw" } }   -- yields 1 s, then throws
+          local got, at
+          ctx.go(function()
+            local l, code = pool:acquire(nil, { timeout = 10 })
+            got, at = l and l.client.id or code, sched.now()
+            if l then l:release() end
+          end)
+          local t0 = sched.now()
+          sched.sleep(0.5)
+          pool:pause("LOADING")
+          sched.sleep(1)
+          assert.is_nil(got)                        -- no create while paused
+          assert.equal(1, f.created)
+          assert.is_true(ctx.logged("validate hook failed"))
+          pool:resume()
+          sched.sleep(0.5)
+          assert.equal(2, got)
+          assert.is_true(at - t0 >= 1.5, "served at " .. (at - t0))
+          assert.equal(1, H.check(pool).closed_by.invalid)
+          assert_recovered(sched, pool, f, 2)
+          assert_closed_clean(sched, pool, f)
+        end)
+      end)
+
       it("a caller with nothing queued keeps trying its own idle clients, then creates", function()
         run(function(sched)
           local f = factory(sched)

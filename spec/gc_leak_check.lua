@@ -23,22 +23,27 @@ local function check(cond, what)
 end
 
 loop.spawn(function()
+  -- every lease the client can carry (one, or `capacity` shared ones) is dropped
   local co = coroutine.create(function()
-    local l = assert(pool:acquire("k"))
-    return l.client.id
+    local id
+    for _ = 1, capacity do id = assert(pool:acquire("k")).client.id end
+    return id
   end)
   local ok, id = coroutine.resume(co)
   check(ok and id == 1, "acquire")
   co = nil -- luacheck: ignore
-  check(pool:stats().leases == 1, "one lease held")
+  check(pool:stats().leases == capacity, "leases held")
   for _ = 1, 4 do collectgarbage("collect") end
   local s = pool:stats()
-  check(s.leaked == 1, "leaked " .. s.leaked)
+  check(s.leaked == capacity, "leaked " .. s.leaked)
   check(s.closed_by.leaked == 1, "closed_by.leaked")
   check(s.live == 0 and s.leases == 0 and s.active == 0, "counts back to 0")
   loop.sleep(0); loop.sleep(0)
   check(destroyed == 1 and alive[1] == false, "client destroyed")
-  check(#leaks == 1 and leaks[1].key == "k" and leaks[1].info.leaked == true, "leak event")
+  check(#leaks == capacity, "one leak event per lease: " .. #leaks)
+  for i = 1, capacity do
+    check(leaks[i].key == "k" and leaks[i].info.leaked == true, "leak event " .. i)
+  end
   local l, code = pool:try_acquire("k")
   check(type(l) == "table", "capacity back: " .. tostring(code))
   check(l.client.id == 2, "a new client")

@@ -45,7 +45,10 @@ local function assert_compiled(form)
     local side = form == "burst" and line:find("^%[TRACE %-%-%- %(%d+/%d+%)")
     assert(side or not line:find("TRACE %-%-%-"), "trace abort on the hot path:\n" .. text)
     assert(not line:find("NYI", 1, true), "NYI on the hot path:\n" .. text)
-    assert(not line:find("stitch", 1, true), "a C function was stitched on the hot path:\n" .. text)
+    -- (a trace of jit.v's own v.lua, as the report is switched off, is not
+    -- the hot path: it stitches jit.attach now and then)
+    assert(not line:find("stitch", 1, true) or line:find(" v.lua:", 1, true),
+           "a C function was stitched on the hot path:\n" .. text)
     if line:find(at, 1, true) then looped = true end
   end
   -- after a burst the loop may run on traces the burst left (linked side

@@ -97,7 +97,8 @@ enum {
   CLIENTPOOL_EV_DESTROY = 2,   /* a = record slot, b = reason, c = key */
   CLIENTPOOL_EV_TIMER = 3,     /* t = the earliest deadline, earlier than armed */
   CLIENTPOOL_EV_KEY_FREE = 4,  /* a = key id: it is empty and forgotten */
-  CLIENTPOOL_EV_LEAK = 5,      /* a = lease slot, b = gen, c = key: held past leak_threshold */
+  CLIENTPOOL_EV_LEAK = 5,      /* a = lease slot, b = gen, c = key: held past leak_threshold;
+                                  a = -1, c = key: a lease was collected (clientpool_leak) */
   CLIENTPOOL_EV_CREATED = 6,   /* a = record slot, c = key: reservation turned live */
   CLIENTPOOL_EV_REFILL = 7,    /* a warm key is below min_idle: call clientpool_refill */
   CLIENTPOOL_EV_LOST = 8       /* a = record slot, c = key: lost while shared; its
@@ -231,9 +232,10 @@ int clientpool_retire_upto(clientpool_t *p, int32_t record, double now);
  * another idle record of the key, or a reservation in the room just freed.
  * Returns the grant's status (*g filled as by acquire): GRANT_IDLE,
  * GRANT_CREATE, CLOSED if the pool was closed meanwhile (the record is
- * destroyed all the same), MUST_WAIT if nothing could be granted (out of
- * memory: the caller queues as a new acquisition), or STALE for an unknown
- * lease. */
+ * destroyed all the same), MUST_WAIT if nothing can be granted now (the
+ * pool or key was paused meanwhile; with capacity > 1 a co-holder keeps the
+ * record and nothing else is free; out of memory): the caller then queues
+ * as a new acquisition. STALE for an unknown lease. */
 int clientpool_regrant(clientpool_t *p, int32_t lease, uint32_t gen, double now, clientpool_grant_t *g);
 
 /* Pauses admission of the pool (key < 0) or of a key: new acquisitions wait

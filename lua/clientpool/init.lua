@@ -518,17 +518,12 @@ local function reap_dead_waiters(self)
 end
 
 -- Before an acquisition that the engine could refuse as full: with the
--- queue at max_waiting, dead waiters are reaped first (at most every 10 ms,
--- so a queue full of live waiters does not cost every refusal a scan).
+-- queue at max_waiting, dead waiters are reaped first. A queue full of live
+-- waiters costs each refusal a scan of it (one liveness check per waiter):
+-- the price of never refusing on behalf of the dead.
 local function reap_if_full(self)
   local n = self._nwaiters
-  if n > 0 and n >= self._c.max_waiting then
-    local t = clock(self)
-    if t - self._reaped_at >= 0.01 then
-      self._reaped_at = t
-      reap_dead_waiters(self)
-    end
-  end
+  if n > 0 and n >= self._c.max_waiting then reap_dead_waiters(self) end
 end
 
 -- Carries out one engine event (pump's body).
@@ -551,11 +546,6 @@ local function handle_event(self, e, t, a, b, c, tt)
       if self._rec_leases then self._rec_leases[a] = nil end
       local reason = BY_NAME[b]
       local name = self._knames[c]
-      if reason == "leaked" then
-        local info = self._leak_info[a]
-        self._leak_info[a] = nil
-        emit(self, "leak", hook_key(name), { leaked = true, where = info })
-      end
       run_destroy(self, client, name, reason)
     elseif t == EV_TIMER then
       arm(self, tt)
@@ -578,6 +568,10 @@ local function handle_event(self, e, t, a, b, c, tt)
         self._knames[a] = nil
         self._kids[name] = nil
       end
+    elseif t == EV_LEAK and a < 0 then
+      -- a lease collected while held (one report per lease; its client is
+      -- destroyed when its last lease ends)
+      emit(self, "leak", hook_key(self._knames[c]), { leaked = true })
     elseif t == EV_LEAK then
       local lease = self._held[a]
       if lease and lease._g == b then
@@ -661,9 +655,9 @@ function _M.new(opts)
     _create = c.create, _destroy = c.destroy, _validate = c.validate,
     _park = c.park, _unpark = c.unpark,
     _clients = {}, _parked = {}, _kids = {}, _knames = {},
-    _waiters = {}, _wgen = {}, _nwaiters = 0, _reaped_at = -math_huge,
+    _waiters = {}, _wgen = {}, _nwaiters = 0,
     _opts_seen = setmetatable({}, WEAK_KEYS), _on = {}, _closed = false,
-    _held = setmetatable({}, { __mode = "v" }), _leak_info = {},
+    _held = setmetatable({}, { __mode = "v" }),
     _paused = false, _kpaused = {}, _pause_gen = 0,
     _strikes = 0, _spent = false, _refilling = 0,
     _rec_leases = c.capacity > 1 and {} or nil,
@@ -789,7 +783,10 @@ local function ready_idle(self, name, rec, l, g, validate, idle, want)
   local v = self._validate
   if v and validate then
     local ok, good = ycall(v, client, hook_key(name), idle)
-    if not ok or not good then return regrant(self, l, g, want) end
+    if not ok or not good then
+      if not ok then log(self, "validate hook failed: " .. tostring(good)) end
+      return regrant(self, l, g, want)
+    end
   end
   return client
 end

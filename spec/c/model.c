@@ -763,6 +763,7 @@ int model_regrant(model_t *m, int l, unsigned gen, double now, m_grant_t *g) {
   m->hold_key = k;
   do_release(m, l, CLIENTPOOL_BY_INVALID, now);
   if (m->closed) g->status = CLIENTPOOL_CLOSED;
+  else if (!admits(m, k)) g->status = CLIENTPOOL_MUST_WAIT;   /* "Pause stops later acquisitions" */
   else if (grant(m, k, now, g, NONE)) gate_granted(m, g);
   else g->status = CLIENTPOOL_MUST_WAIT;
   finish(m, now);
@@ -779,6 +780,7 @@ int model_leak(model_t *m, int l, unsigned gen, double now) {
   if (!lease_get(m, l, gen)) return CLIENTPOOL_STALE;
   r = m->lea[l].record;
   COUNT(m, m->rec[r].key, leaked, 1);
+  push(m, CLIENTPOOL_EV_LEAK, -1, 0, m->rec[r].key, now);   /* "a leak event fires" */
   if (m->rec[r].state == MR_CREATING) forfeit(m, r, 0);
   else do_release(m, l, CLIENTPOOL_BY_LEAKED, now);
   finish(m, now);
