@@ -232,6 +232,17 @@ describe("bad arguments to pool methods", function()
     end)
   end)
 
+  it("pool methods called with a dot instead of a colon say so", function()
+    with_pool({}, function(_, pool)
+      for _, m in ipairs { "acquire", "try_acquire", "with", "on", "stats", "close", "drain",
+                           "cancel_active", "pause", "resume", "retire", "run" } do
+        assert_api_error("pool." .. m .. "()", { m, "colon" }, pool[m])
+        assert_api_error("pool." .. m .. "('k')", { m, "colon" }, pool[m], "k")
+      end
+      assert_sound(pool)
+    end)
+  end)
+
   it("with: fn", function()
     with_pool({}, function(_, pool)
       for _, case in ipairs(VALUES) do

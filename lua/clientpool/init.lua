@@ -921,7 +921,16 @@ end
 -- Returns a lease, or nil, code[, detail] with code one of timeout, full,
 -- closed, cancelled, create.
 local ACQUIRE_OPTS = { timeout = true, cancel = true, on_drain = true }
+
+-- pool.acquire(...) instead of pool:acquire(...): say so, not "attempt to
+-- index a nil value" from somewhere inside. (Not on checkout/checkin, whose
+-- cost is measured against a bare table pool.)
+local function not_a_pool(self, name)
+  error("clientpool: " .. name .. " needs the pool as self, got " .. type(self) ..
+        " (call pool:" .. name .. "(...) with a colon)", 3)
+end
 function Pool:acquire(key, opts)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "acquire") end
   if opts ~= nil then
     if type(opts) ~= "table" then
       error("clientpool: bad argument #2 to 'acquire' (options table expected, got " .. type(opts) .. ")", 2)
@@ -993,6 +1002,7 @@ end
 --- Never waits or yields: an idle client, or a new one if create need not
 -- yield; else nil, "timeout".
 function Pool:try_acquire(key)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "try_acquire") end
   local e = self._e
   while true do
     local k, name, kerr = key_id(self, key, "try_acquire")
@@ -1057,6 +1067,7 @@ end
 -- Returns fn's results, or nil, code[, detail] when nothing was acquired;
 -- an error in fn is raised again after the client is destroyed.
 function Pool:with(key, fn, ...)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "with") end
   if type(fn) ~= "function" then
     error("clientpool: bad argument #2 to 'with' (function expected, got " .. type(fn) .. ")", 2)
   end
@@ -1077,6 +1088,7 @@ end
 --- Registers a listener: create, acquire, release, destroy, pause, resume,
 -- timeout, leak. Listeners must not yield; their errors are logged.
 function Pool:on(event, fn)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "on") end
   if not EVENTS[event] then
     error("clientpool: bad argument #1 to 'on' (unknown event '" .. tostring(event) .. "')", 2)
   end
@@ -1091,6 +1103,7 @@ end
 
 --- A plain table of counters; `keys` holds the same per key.
 function Pool:stats()
+  if getmetatable(self) ~= Pool then not_a_pool(self, "stats") end
   pump(self)
   reap_dead_waiters(self)
   local e = self._e
@@ -1111,6 +1124,7 @@ end
 -- Starts the drain: leases acquired with on_drain = { cancel = grace } have
 -- their cancellation fired grace seconds from now.
 function Pool:close()
+  if getmetatable(self) ~= Pool then not_a_pool(self, "close") end
   if self._closed then return end
   self._closed = true
   self._drain_started = clock(self)
@@ -1142,6 +1156,7 @@ end
 --- close(), then waits (yields) until every lease is back. Returns true, or
 -- nil, "timeout", detail when `timeout` seconds pass first.
 function Pool:drain(timeout)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "drain") end
   if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout < 0
                          or timeout == math_huge) then
     error("clientpool: bad argument #1 to 'drain' (timeout must be a finite number >= 0, got "
@@ -1172,6 +1187,7 @@ end
 
 --- Fires every held lease's cancellation; only once admission stopped.
 function Pool:cancel_active()
+  if getmetatable(self) ~= Pool then not_a_pool(self, "cancel_active") end
   if not self._closed then
     error("clientpool: cancel_active() is allowed only after close() or drain() stopped admission", 2)
   end
@@ -1227,6 +1243,7 @@ end
 --- Pauses admission of the pool, or of one key: new acquisitions queue (or
 -- fail with "paused" under pause_mode = "fail") until resume().
 function Pool:pause(reason, key)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "pause") end
   if type(reason) ~= "string" then
     error("clientpool: bad argument #1 to 'pause' (reason must be a string, got " .. type(reason) .. ")", 2)
   end
@@ -1238,6 +1255,7 @@ end
 
 --- Resumes the pool or a key (half-open first when the pool has probe = true).
 function Pool:resume(key)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "resume") end
   local e = self._e
   local k, name = scope_key(self, key, "resume", 1)
   if not k then return end
@@ -1266,6 +1284,7 @@ end
 --- Retires every client created before now, of the pool or of one key: idle
 -- ones at once, leased ones at their release (failover, DNS changes).
 function Pool:retire(key)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "retire") end
   local k = scope_key(self, key, "retire", 1)
   if not k then return end
   local _, pending = self._e:retire_before(k, -1, now_of(self))
@@ -1395,6 +1414,7 @@ end
 -- an exiting worker). Expiry of idle clients runs by the pool's timer
 -- whether or not run() runs.
 function Pool:run()
+  if getmetatable(self) ~= Pool then not_a_pool(self, "run") end
   local sched = self._sched
   local h, why = sched.current()
   if not h then
