@@ -472,9 +472,14 @@ local function arm(self, t)
   start_timer(self)
 end
 
--- Runs inside a finalizer: only schedules the work.
+-- Runs inside a finalizer: only schedules the work, and not even that
+-- while the host is exiting (OpenResty runs the finalizers of leases its
+-- aborted requests left from lua_close at worker exit, where waking a
+-- semaphore or starting a timer touches requests that are gone).
 local function kick(self)
   self._kicked = true
+  local exiting = self._sched.exiting
+  if exiting and exiting() then return end
   start_timer(self)
 end
 
@@ -752,8 +757,6 @@ local function finish_lease(self, lease, reason)
   return ok
 end
 
--- Makes a granted record usable: unpark and validate. Returns the client or
--- nil when the record is not fit (already retired then).
 -- The granted idle record failed unpark or validate: it is retired as
 -- invalid and the same caller granted again at once, keeping its place in
 -- the queue (DESIGN: "the same caller looks again"). Returns nil and the new
@@ -1443,22 +1446,29 @@ local function check_held(lease, what)
   if lease._g == nil then error("clientpool: lease released (" .. what .. ")", 3) end
 end
 
--- After a release for reuse: a record still this pool's (idle, or already
--- handed to a waiter) that no co-holder uses is parked.
-local function park_released(self, rec, client, name)
+-- Parks a client that is being released for reuse, before the engine
+-- sees the release: the record may go to a waiter at once, and that waiter
+-- must find it parked (in OpenResty: in nginx's keepalive pool, not as the
+-- releasing request's cosocket). Not while co-holders other than `holder`
+-- (a lease, or a checkout handle) still use it, nor once the pool is closed
+-- (the release destroys it). Returns false when park failed (logged): the
+-- client is then retired at the release.
+local function park_first(self, rec, client, name, holder)
+  if self._closed or client == nil or self._clients[rec] ~= client or self._parked[rec] then return true end
   local rl = self._rec_leases
-  if self._park and self._clients[rec] == client and client ~= nil and not self._parked[rec]
-     and not (rl and rl[rec] and next(rl[rec])) then
-    local ok, stored = pcall(self._park, client, hook_key(name))
-    if ok then
-      self._clients[rec] = stored
-      self._parked[rec] = true
-    else
-      log(self, "park hook failed: " .. tostring(stored))
-      local _, pending = self._e:retire(rec, now_of(self))
-      if pending > 0 then pump(self) end
+  if rl and rl[rec] then
+    for other in pairs(rl[rec]) do
+      if other ~= holder then return true end
     end
   end
+  local ok, stored = pcall(self._park, client, hook_key(name))
+  if not ok then
+    log(self, "park hook failed: " .. tostring(stored))
+    return false
+  end
+  self._clients[rec] = stored
+  self._parked[rec] = true
+  return true
 end
 
 --- Returns the client for reuse; release(false) retires it. Idempotent;
@@ -1474,9 +1484,10 @@ function Lease.release(lease, reuse)
   local client = self._clients[rec]
   if reuse == false then
     finish_lease(self, lease, BY.error)
+  elseif self._park and not park_first(self, rec, client, name, lease) then
+    finish_lease(self, lease, BY.retired)     -- as before: a failed park retires it
   else
     finish_lease(self, lease, nil)
-    park_released(self, rec, client, name)
   end
   lease.client = nil
   if self._on.release then emit(self, "release", hook_key(name), client, reuse ~= false) end
@@ -1648,7 +1659,6 @@ local function checkin_rest(self, h, rec, client, reuse, pending, name)
   if self._drain_hs and self._e:stats(-1, self._scratch).leases == 0 then
     for dh in pairs(self._drain_hs) do self._sched.wake(dh) end
   end
-  if reuse ~= false then park_released(self, rec, client, name) end
   if self._on.release then emit(self, "release", hook_key(name), client, reuse ~= false) end
 end
 
@@ -1673,7 +1683,13 @@ function Pool:checkin(h, reuse)
   if reuse ~= false and self._c.probe then probe_passed(self, l, g, self._co_key[l + 1]) end
   local now
   if not self._mono then now = self._sched.now() end
-  local ok, pending = self._e:release(l, g, reuse == false and BY_ERROR or -1, now)
+  local reason = reuse == false and BY_ERROR or -1
+  if reason == -1 and self._park then
+    -- parked before the release (see park_first); a stale handle parks nothing
+    if self._e:lease_age(l, g, now) == nil then return end
+    if not park_first(self, rec, client, self._co_key[l + 1], h) then reason = BY.retired end
+  end
+  local ok, pending = self._e:release(l, g, reason, now)
   if not ok then return end                     -- stale: another holder's lease or none
   cr[l + 1] = nil
   if pending > 0 or self._rec_leases or self._drain_hs or self._park or self._on.release then

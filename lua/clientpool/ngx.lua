@@ -268,8 +268,8 @@ end
 -- connect_timeout, send_timeout, read_timeout (seconds) and on_connect(sock,
 -- key) (runs on each new connection, after the TLS handshake: AUTH, SELECT;
 -- return a false value and an error to fail the connection). Every other
--- option is clientpool.new's; idle_timeout and max_idle (or per_key.max_idle)
--- also set setkeepalive's timeout and pool size.
+-- option is clientpool.new's; idle_timeout also sets setkeepalive's timeout,
+-- and max_live (or per_key.max_live) nginx's pool size.
 function _M.tcp(o)
   local ok, opts, mgr = pcall(tcp_impl, o)
   if not ok then error(opts, 2) end
@@ -313,7 +313,12 @@ tcp_impl = function(o)
   elseif type(o.idle_timeout) == "number" and o.idle_timeout > 0 and o.idle_timeout < math_huge then
     idle_ms = math_floor(o.idle_timeout * 1000 + 0.5)
   end
-  local pool_size = (type(o.per_key) == "table" and o.per_key.max_idle) or o.max_idle or o.max_live
+  -- nginx's pool for a key must hold every connection the key can have
+  -- parked: max_idle idle records, plus records already handed to waiters
+  -- that have not picked theirs up yet. Sized max_live (per key if capped):
+  -- smaller, nginx closed the oldest under load and the pool counted them
+  -- lost; the pool's own max_idle still bounds what stays idle.
+  local pool_size = (type(o.per_key) == "table" and o.per_key.max_live) or o.max_live
   if type(pool_size) ~= "number" or pool_size < 1 then pool_size = 1 end
   pool_size = math_floor(pool_size)
 

@@ -361,6 +361,10 @@ function M.alive(h)
   return true
 end
 
+--- Whether the worker is exiting (reload, quit): the driver then schedules
+-- nothing from finalizers.
+M.exiting = worker_exiting
+
 --- Gives h's semaphore back at once (optional; without it the garbage
 -- collector does). The handle must not be used again.
 function M.done(h)

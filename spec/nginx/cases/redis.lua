@@ -101,8 +101,33 @@ describe("PING over the ngx manager", function()
     assert.are.equal(1, s.live)
     assert.are.equal(1, s.idle)
     assert.are.equal(3, s.closed_by.max_idle)
-    assert.are.equal(3, mgr.stats.closed)
+    -- parked at the release, then taken back from nginx's pool and closed
+    assert.are.equal(3, mgr.stats.closed + mgr.stats.closed_parked)
     r:close()
+    pool:close()
+  end)
+
+  it("a lease released in the log phase while a request waits: the waiter gets a live connection", function()
+    local pool = redis_pool("logrel", { max_live = 1, acquire_timeout = 5 })
+    app.probes["logrel:content"] = function()
+      app.logrel_held = assert(pool:acquire())
+      ngx.sleep(0.2)                       -- the waiter below queues meanwhile
+    end
+    app.probes["logrel"] = function()      -- the log phase: the socket's handler is over
+      app.logrel_held:release()
+      return "released"
+    end
+    local req = ngx.thread.spawn(H.http, "/phase/log?probe=logrel")
+    ngx.sleep(0.05)
+    local l, code = pool:acquire(nil, { timeout = 5 })
+    assert.truthy(l, tostring(code))
+    local pong, err = H.command(l.client, "PING")
+    assert.are.equal("PONG", pong, "the waiter's connection: " .. tostring(err))
+    l:release()
+    assert.truthy(ngx.thread.wait(req))
+    local s = pool:stats()
+    assert.are.equal(0, s.leases)
+    assert.are.equal(s.live, s.idle)
     pool:close()
   end)
 
