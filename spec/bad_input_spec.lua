@@ -243,6 +243,33 @@ describe("bad arguments to pool methods", function()
     end)
   end)
 
+  it("lease and token methods called with a dot instead of a colon say so", function()
+    with_pool({}, function(_, pool)
+      local lease = assert(pool:acquire("k"))
+      for _, m in ipairs { "release", "destroy", "observe", "cancelled", "on_cancel" } do
+        assert_api_error("lease." .. m .. "()", { m, "colon" }, lease[m])
+        assert_api_error("lease." .. m .. "({})", { m, "colon" }, lease[m], {})
+      end
+      lease:release()
+      local token = clientpool.token()
+      assert_api_error("token.cancel()", { "cancel", "colon" }, token.cancel)
+      assert_api_error("token.cancelled()", { "cancelled", "colon" }, token.cancelled)
+      assert_sound(pool)
+    end)
+  end)
+
+  it("C functions serve as hooks and as with()'s function (Lua 5.1 too)", function()
+    with_pool({}, function(_, pool)
+      assert.is_string(pool:with("k", type))    -- fn(client, lease) = type(client)
+      assert_sound(pool)
+    end)
+    local p = clientpool.new { max_live = 1, create = os.clock, scheduler = require("clientpool.loop").new() }
+    local l = assert(p:try_acquire())
+    assert.is_number(l.client)
+    l:release()
+    assert.equal(0, p:stats().leases)
+  end)
+
   it("with: fn", function()
     with_pool({}, function(_, pool)
       for _, case in ipairs(VALUES) do

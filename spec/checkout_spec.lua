@@ -120,6 +120,24 @@ for _, backend in ipairs { "core", "ffi" } do
         end)
       end)
 
+      bit("a handle of another pool, or a small forged integer, ends no lease", function()
+        run(function(sched)
+          local a, b = mkpool(sched), mkpool(sched)
+          local ca, ha = a:checkout("k")
+          local cb, hb = b:checkout("k")
+          assert.are_not.equal(ha, hb)          -- generations start at 0 in both
+          b:checkin(ha)
+          for i = 0, 4 do b:checkin(i); b:checkin(i * 2097152) end
+          assert.equal(1, H.check(b).leases)     -- b's checkout is still held
+          local cb2 = b:checkout("k")            -- a second client, not cb again
+          assert.are_not.equal(cb, cb2)
+          b:checkin(hb)
+          a:checkin(ha)
+          assert.equal(0, H.check(a).leases)
+          assert.is_table(ca)
+        end)
+      end)
+
       bit("checkin(h, false) retires the client", function()
         run(function(sched)
           local pool, f = mkpool(sched)

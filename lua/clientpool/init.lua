@@ -13,6 +13,7 @@
 -- or the option `backend` overrides the default.
 local WEAK_KEYS = { __mode = "k" }  -- the metatable of tables with weak keys
 local THIS_SOURCE = debug.getinfo(1, "S").source
+local pools_made = 0   -- spreads the checkout handle bases of pools (see checkout)
 local JIT = rawget(_G, "jit")
 local IS_JIT = JIT ~= nil
 local function load_backend(name)
@@ -75,7 +76,10 @@ local pack = table.pack or function(...) return { n = select("#", ...), ... } en
 local ycall = pcall
 if _VERSION == "Lua 5.1" and not rawget(_G, "jit") then
   ycall = function(fn, ...)
-    local co = co_create(fn)
+    -- 5.1's coroutine.create takes Lua functions only; a C function (a
+    -- hook such as os.clock, print given to with()) cannot yield anyway
+    local made, co = pcall(co_create, fn)
+    if not made then return pcall(fn, ...) end
     local r = pack(co_resume(co, ...))
     while r[1] and co_status(co) == "suspended" do
       r = pack(co_resume(co, co_yield(unpack(r, 2, r.n))))
@@ -315,11 +319,20 @@ function _M.token()
   return setmetatable({ _cancelled = false, _waits = {} }, Token)
 end
 
+local function check_token(self, name)
+  if getmetatable(self) ~= Token then
+    error("clientpool: " .. name .. " needs the token as self, got " .. type(self) ..
+          " (call token:" .. name .. "() with a colon)", 3)
+  end
+end
+
 function Token:cancelled()
+  check_token(self, "cancelled")
   return self._cancelled
 end
 
 function Token:cancel()
+  check_token(self, "cancel")
   if self._cancelled then return end
   self._cancelled = true
   local waits = self._waits
@@ -655,6 +668,7 @@ function _M.new(opts)
     leak_threshold = c.leak_threshold, seed = c.seed,
     pause_fail = c.pause_mode == "fail" and 1 or 0,
   }
+  pools_made = pools_made + 1
   local self = setmetatable({
     _e = e, _c = c, _sched = sched, _mono = sched.monotonic == true,
     _create = c.create, _destroy = c.destroy, _validate = c.validate,
@@ -668,6 +682,7 @@ function _M.new(opts)
     _rec_leases = c.capacity > 1 and {} or nil,
     _scratch = {}, _drain_hs = nil, _pgen = {},
     _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
+    _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
   e:set_notify(function() kick(self) end)
   -- The warm keys are opened and pinned now. Without `keys` the default key
@@ -1442,7 +1457,14 @@ end
 -- Lease
 ---------------------------------------------------------------------------
 
+-- lease.release() instead of lease:release(): say so.
+local function not_a_lease(self, name, level)
+  error("clientpool: " .. name .. " needs the lease as self, got " .. type(self) ..
+        " (call lease:" .. name .. "(...) with a colon)", level or 3)
+end
+
 local function check_held(lease, what)
+  if getmetatable(lease) ~= Lease then not_a_lease(lease, what, 4) end
   if lease._g == nil then error("clientpool: lease released (" .. what .. ")", 3) end
 end
 
@@ -1474,6 +1496,7 @@ end
 --- Returns the client for reuse; release(false) retires it. Idempotent;
 -- never yields.
 function Lease.release(lease, reuse)
+  if getmetatable(lease) ~= Lease then not_a_lease(lease, "release") end
   if reuse ~= nil and reuse ~= true and reuse ~= false then
     error("clientpool: bad argument #1 to 'release' (boolean or nil expected, got " .. type(reuse) .. ")", 2)
   end
@@ -1495,6 +1518,7 @@ end
 
 --- Retires the client. Idempotent; never yields.
 function Lease:destroy()
+  if getmetatable(self) ~= Lease then not_a_lease(self, "destroy") end
   return self:release(false)
 end
 
@@ -1549,6 +1573,10 @@ end
 -- (32 bits): below 2^53, exact in a double and in a Lua 5.3+ integer. The
 -- engine checks the generation, so a stale handle is a no-op.
 local HSLOTS = 2097152
+-- Each pool offsets the generation in its handles by a base of its own, so
+-- a handle of another pool, or a small forged integer, does not name one of
+-- this pool's leases (generations start at 0 in every pool).
+local GENS = 4294967296
 local BY_ERROR = BY.error
 
 -- checkout's slow path: anything but an idle client usable as it is (no
@@ -1638,7 +1666,7 @@ function Pool:checkout(key)
     pump(self)
     error("clientpool: checkout: more than " .. HSLOTS .. " leases at once (use acquire)", 2)
   end
-  local h = g * HSLOTS + l
+  local h = ((g + self._hbase) % GENS) * HSLOTS + l
   self._co_rec[l + 1] = rec
   self._co_key[l + 1] = name
   local rl = self._rec_leases
@@ -1677,7 +1705,7 @@ function Pool:checkin(h, reuse)
   local rec = cr[l + 1]
   if rec == nil then return end                 -- no checkout holds the slot
   local client = self._clients[rec]
-  local g = (h - l) / HSLOTS
+  local g = ((h - l) / HSLOTS - self._hbase) % GENS
   -- a checkout has no observe: its checkin for reuse is the outcome that
   -- lets a probe pass (checkin(h, false) lets the next acquisition probe)
   if reuse ~= false and self._c.probe then probe_passed(self, l, g, self._co_key[l + 1]) end
