@@ -885,7 +885,7 @@ local function wait_for(self, k, name, opts, bare)
   local start = clock(self)
   local deadline = timeout and start + timeout
   local e = self._e
-  reap_if_full(self)
+  if self._nwaiters > 0 then reap_if_full(self) end
   local w, g, pending = e:wait(k, deadline or -1, now_of(self))
   if not w then
     pump(self)
@@ -994,7 +994,7 @@ function Pool:acquire(key, opts)
     if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
     return nil, "closed"
   end
-  reap_if_full(self)
+  if self._nwaiters > 0 then reap_if_full(self) end
   local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
   if pending > 0 then pump(self) end
   local waited
@@ -1028,7 +1028,7 @@ function Pool:try_acquire(key)
       if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
       return nil, "closed"
     end
-    reap_if_full(self)
+    if self._nwaiters > 0 then reap_if_full(self) end
     local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
     if pending > 0 then pump(self) end
     if st == MUST_WAIT then
@@ -1596,7 +1596,7 @@ local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
       if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
       return nil, "closed"
     end
-    reap_if_full(self)
+    if self._nwaiters > 0 then reap_if_full(self) end
     st, rec, l, g, validate, idle, pending = self._e:acquire(k, now_of(self), false)
     if pending > 0 then pump(self) end
     if st == MUST_WAIT then
