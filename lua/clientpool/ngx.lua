@@ -404,6 +404,16 @@ tcp_impl = function(o)
     end
     local e, err = entry(key)
     if not e then return nil, err end
+    if not fresh and e.aside then
+      -- an unpark while a create of this key holds parked connections aside
+      -- (below): wait for them (at most the connect timeout, else 1 s)
+      -- rather than open one more connection than the pool counts
+      local t_end = ngx.now() + (ct or 1000) / 1000
+      while e.aside and ngx.now() < t_end do
+        ngx.sleep(0.001)
+        ngx.update_time()
+      end
+    end
     local p = e.p
     local sock, reused = open(e)
     if not sock then return nil, reused end
@@ -412,7 +422,7 @@ tcp_impl = function(o)
       -- they are set aside (the fresh connect below yields), an unpark of
       -- this key waits for them (e.aside) instead of opening one more.
       local aside, n = {}, 0
-      e.aside = (e.aside or 0) + 1
+      e.aside = (e.aside or 0) + 1        -- nil when none: one test on the unpark path
       repeat
         n = n + 1
         aside[n] = sock
@@ -426,7 +436,7 @@ tcp_impl = function(o)
           stats.park_failed = stats.park_failed + 1
         end
       end
-      e.aside = e.aside - 1
+      e.aside = e.aside > 1 and e.aside - 1 or nil
       stats.set_aside = stats.set_aside + n
       if not sock then return nil, reused end
     end
@@ -485,17 +495,6 @@ tcp_impl = function(o)
 
   function opts.unpark(stored, key) -- luacheck: ignore stored
     if not COSOCKET[get_phase()] then return STANDIN end
-    -- a create of this key holds parked connections aside for a moment:
-    -- wait for them (at most the connect timeout, else 1 s) rather than
-    -- open one more connection than the pool counts
-    local e = entry(key)
-    if e and (e.aside or 0) > 0 then
-      local t_end = ngx.now() + (ct or 1000) / 1000
-      repeat
-        ngx.sleep(0.001)
-        ngx.update_time()
-      until (e.aside or 0) == 0 or ngx.now() >= t_end
-    end
     local sock, reused = connect(key)
     if not sock then return nil, reused end
     -- the parked connection was closed (idle timeout, peer): a new one
