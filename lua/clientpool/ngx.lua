@@ -404,12 +404,12 @@ tcp_impl = function(o)
     end
     local e, err = entry(key)
     if not e then return nil, err end
-    if not fresh and e.aside then
+    if not fresh and e.aside_until then
       -- an unpark while a create of this key holds parked connections aside
-      -- (below): wait for them (at most the connect timeout, else 1 s)
-      -- rather than open one more connection than the pool counts
-      local t_end = ngx.now() + (ct or 1000) / 1000
-      while e.aside and ngx.now() < t_end do
+      -- (below): wait for them rather than open one more connection than
+      -- the pool counts; never past the create's own deadline, so a create
+      -- killed meanwhile (ngx.exit, a kill) cannot hold unparks up for good
+      while e.aside_until and ngx.now() < e.aside_until do
         ngx.sleep(0.001)
         ngx.update_time()
       end
@@ -420,9 +420,9 @@ tcp_impl = function(o)
     if fresh and reused > 0 then
       -- nginx keeps at most pool_size parked connections per name. While
       -- they are set aside (the fresh connect below yields), an unpark of
-      -- this key waits for them (e.aside) instead of opening one more.
+      -- this key waits for them (e.aside_until) instead of opening one more.
       local aside, n = {}, 0
-      e.aside = (e.aside or 0) + 1        -- nil when none: one test on the unpark path
+      e.aside_until = ngx.now() + (ct or 1000) / 1000 + 0.1   -- see the unpark wait above
       repeat
         n = n + 1
         aside[n] = sock
@@ -436,7 +436,7 @@ tcp_impl = function(o)
           stats.park_failed = stats.park_failed + 1
         end
       end
-      e.aside = e.aside > 1 and e.aside - 1 or nil
+      e.aside_until = nil
       stats.set_aside = stats.set_aside + n
       if not sock then return nil, reused end
     end
