@@ -240,6 +240,13 @@ int clientpool_retire_upto(clientpool_t *p, int32_t record, double now);
  * as a new acquisition. STALE for an unknown lease. */
 int clientpool_regrant(clientpool_t *p, int32_t lease, uint32_t gen, double now, clientpool_grant_t *g);
 
+/* Whether releasing the lease for reuse at `now` would close its record for
+ * certain: the pool is closed, a co-holder lost the record, it is past
+ * max_lifetime, or it was retired. (Whether max_idle closes it is decided at
+ * the release: a waiter may take it first.) 1 or 0; -STALE for an unknown
+ * lease. Lets a driver skip parking a client that is about to be closed. */
+int clientpool_release_closes(const clientpool_t *p, int32_t lease, uint32_t gen, double now);
+
 /* Pauses admission of the pool (key < 0) or of a key: new acquisitions wait
  * (or fail with PAUSED under pause_fail); queued ones stay queued; leases
  * already held are untouched.  Returns 0 or EINVAL. */

@@ -1281,6 +1281,16 @@ int clientpool_regrant(clientpool_t *p, int32_t l, uint32_t gen, double now, cli
   return g->status;
 }
 
+int clientpool_release_closes(const clientpool_t *p, int32_t l, uint32_t gen, double now) {
+  const record_t *x;
+  if (l < 0 || l >= p->nlea || p->lea[l].record == NONE || p->lea[l].gen != gen) return -CLIENTPOOL_STALE;
+  if (!(now >= p->now)) now = p->now;  /* as clamp(), without moving the clock */
+  x = &p->rec[p->lea[l].record];
+  if (x->state != R_LEASED) return 0;
+  if (p->closed || x->doomed || x->retire || retired_by_age(p, x)) return 1;
+  return has(p->cfg.max_lifetime) && now >= x->expires;
+}
+
 int clientpool_retire_upto(clientpool_t *p, int32_t r, double now) {
   int32_t k, i;
   record_t *x;

@@ -201,6 +201,15 @@ static int lcp_acquire(lua_State *L) {
   return push_grant(L, &g, p, 0, lua_toboolean(L, 4));
 }
 
+/* E:release_closes(lease, gen [, now]) -> boolean (nil for a stale lease) */
+static int lcp_release_closes(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  int rc = clientpool_release_closes(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
+                                     opt_now(L, 4));
+  if (rc < 0) lua_pushnil(L); else lua_pushboolean(L, rc);
+  return 1;
+}
+
 /* E:regrant(lease, gen [, now [, sentinel]]) -> as acquire */
 static int lcp_regrant(lua_State *L) {
   clientpool_t *p = lcp_self(L);
@@ -534,6 +543,7 @@ static const luaL_Reg pool_methods[] = {
   {"lease_age", lcp_lease_age}, {"stats", lcp_stats}, {"sentinel", lcp_sentinel},
   {"set_notify", lcp_set_notify}, {"retire_before", lcp_retire_before},
   {"retire_upto", lcp_retire_upto}, {"regrant", lcp_regrant},
+  {"release_closes", lcp_release_closes},
   {"pause", lcp_pause}, {"resume", lcp_resume}, {"probe_ok", lcp_probe_ok},
   {"gate", lcp_gate}, {"record_created", lcp_record_created}, {"floor", lcp_floor}, {"refill", lcp_refill},
   {NULL, NULL}

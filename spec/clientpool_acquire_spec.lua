@@ -324,6 +324,35 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
 
     ---------------------------------------------------------------------------
     describe("park/unpark", function()
+      it("a client the release closes anyway (retired, past max_lifetime) is not parked", function()
+        run(function(sched)
+          local parks, destroyed = 0, {}
+          local pool = clientpool.new { max_live = 2, max_lifetime = T(10), scheduler = sched,
+            create = function() return { real = true } end,
+            destroy = function(c) destroyed[#destroyed + 1] = c end,
+            park = function(c) parks = parks + 1; return { stored = c } end,
+            unpark = function(st) return st.stored end }
+          local a = assert(pool:acquire())
+          pool:retire()
+          a:release()                               -- retired: closed, not parked
+          local b = assert(pool:acquire())
+          sched.sleep(T(11))
+          b:release()                               -- past max_lifetime
+          local _, h = pool:checkout()
+          pool:retire()
+          pool:checkin(h)                           -- the same through checkin
+          local c = assert(pool:acquire())
+          c:release()                               -- an ordinary release parks
+          sched.sleep(0)
+          sched.sleep(0)
+          assert.equal(1, parks)
+          assert.equal(3, #destroyed)
+          for i = 1, 3 do assert.is_true(destroyed[i].real, "destroy " .. i .. " got the parked value") end
+          pool:close()
+        end)
+      end)
+
+
       it("park(client, key) at release; unpark(stored, key) at reuse gives lease.client", function()
         run(function(sched)
           local calls = {}

@@ -245,6 +245,14 @@ function Engine:release(lease, gen, reason, now)
   return rc == 0, C.clientpool_pending(p)
 end
 
+--- E:release_closes(lease, gen [, now]) -> boolean (nil for a stale lease)
+function Engine:release_closes(lease, gen, now)
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_release_closes(self.p, lease, gen, now)
+  if rc < 0 then return nil end
+  return rc ~= 0
+end
+
 --- E:regrant(lease, gen [, now [, sentinel]]) -> as acquire: the lease's
 -- record is destroyed as invalid and its caller granted again at once
 function Engine:regrant(lease, gen, now, sentinel)

@@ -1507,7 +1507,8 @@ function Lease.release(lease, reuse)
   local client = self._clients[rec]
   if reuse == false then
     finish_lease(self, lease, BY.error)
-  elseif self._park and not park_first(self, rec, client, name, lease) then
+  elseif self._park and not self._e:release_closes(lease._l, g, now_of(self))
+         and not park_first(self, rec, client, name, lease) then
     finish_lease(self, lease, BY.retired)     -- as before: a failed park retires it
   else
     finish_lease(self, lease, nil)
@@ -1713,9 +1714,11 @@ function Pool:checkin(h, reuse)
   if not self._mono then now = self._sched.now() end
   local reason = reuse == false and BY_ERROR or -1
   if reason == -1 and self._park then
-    -- parked before the release (see park_first); a stale handle parks nothing
-    if self._e:lease_age(l, g, now) == nil then return end
-    if not park_first(self, rec, client, self._co_key[l + 1], h) then reason = BY.retired end
+    -- parked before the release (see park_first), unless the release
+    -- closes it anyway; a stale handle parks nothing
+    local closes = self._e:release_closes(l, g, now)
+    if closes == nil then return end
+    if not closes and not park_first(self, rec, client, self._co_key[l + 1], h) then reason = BY.retired end
   end
   local ok, pending = self._e:release(l, g, reason, now)
   if not ok then return end                     -- stale: another holder's lease or none

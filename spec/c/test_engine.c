@@ -3106,6 +3106,11 @@ static void t_regrant_keeps_place(void) {
   CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 6, &g), CLIENTPOOL_GRANT_IDLE);
   CHECK_EQ(g.record, h2.record);
   h1 = hold_of(&g);
+  /* release_closes: an ordinary lease is kept; a retired one is closed */
+  CHECK_EQ(clientpool_release_closes(p, h1.lease, h1.gen, 6), 0);
+  CHECK_EQ(clientpool_release_closes(p, h1.lease, h1.gen ^ 1u, 6), -CLIENTPOOL_STALE);
+  CHECK_EQ(clientpool_retire(p, h1.record, 6), 0);
+  CHECK_EQ(clientpool_release_closes(p, h1.lease, h1.gen, 6), 1);
   /* closed meanwhile: destroyed all the same, the caller gets CLOSED */
   CLOSE(p, 7);
   CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 7, &g), CLIENTPOOL_CLOSED);
