@@ -1103,6 +1103,17 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
 }
 
 /* Ends lease l; reason < 0 asks for reuse. */
+/* Why a record whose last lease ends for reuse is closed all the same (a
+ * CLIENTPOOL_BY_* reason), or -1 when it is kept: release() and
+ * clientpool_release_closes() decide alike. */
+static int32_t closing_reason(const clientpool_t *p, const record_t *x, double now) {
+  if (x->doomed) return x->doomed - 1;
+  if (p->closed) return CLIENTPOOL_BY_DRAIN;
+  if (has(p->cfg.max_lifetime) && now >= x->expires) return CLIENTPOOL_BY_LIFETIME;
+  if (x->retire || retired_by_age(p, x)) return CLIENTPOOL_BY_RETIRED;
+  return -1;
+}
+
 static void release(clientpool_t *p, int32_t l, int32_t reason, double now) {
   int32_t r = p->lea[l].record, k;
   uint32_t gen;
@@ -1120,12 +1131,7 @@ static void release(clientpool_t *p, int32_t l, int32_t reason, double now) {
     return;
   }
   BOTH(p, k, active, -1);
-  if (reason < 0 && x->doomed) reason = x->doomed - 1;
-  if (reason < 0) {
-    if (p->closed) reason = CLIENTPOOL_BY_DRAIN;
-    else if (has(p->cfg.max_lifetime) && now >= x->expires) reason = CLIENTPOOL_BY_LIFETIME;
-    else if (x->retire || retired_by_age(p, x)) reason = CLIENTPOOL_BY_RETIRED;
-  }
+  if (reason < 0) reason = closing_reason(p, x, now);
   if (reason >= 0) {
     destroy(p, r, reason);
     return;
@@ -1286,9 +1292,8 @@ int clientpool_release_closes(const clientpool_t *p, int32_t l, uint32_t gen, do
   if (l < 0 || l >= p->nlea || p->lea[l].record == NONE || p->lea[l].gen != gen) return -CLIENTPOOL_STALE;
   if (!(now >= p->now)) now = p->now;  /* as clamp(), without moving the clock */
   x = &p->rec[p->lea[l].record];
-  if (x->state != R_LEASED) return 0;
-  if (p->closed || x->doomed || x->retire || retired_by_age(p, x)) return 1;
-  return has(p->cfg.max_lifetime) && now >= x->expires;
+  if (x->state != R_LEASED || x->nleases > 1) return 0;   /* co-holders keep it */
+  return closing_reason(p, x, now) >= 0;
 }
 
 int clientpool_retire_upto(clientpool_t *p, int32_t r, double now) {

@@ -540,8 +540,7 @@ end
 -- waiters costs each refusal a scan of it (one liveness check per waiter):
 -- the price of never refusing on behalf of the dead.
 local function reap_if_full(self)
-  local n = self._nwaiters
-  if n > 0 and n >= self._c.max_waiting then reap_dead_waiters(self) end
+  if self._nwaiters >= self._c.max_waiting then reap_dead_waiters(self) end
 end
 
 -- Carries out one engine event (pump's body).
@@ -1468,15 +1467,18 @@ local function check_held(lease, what)
   if lease._g == nil then error("clientpool: lease released (" .. what .. ")", 3) end
 end
 
--- Parks a client that is being released for reuse, before the engine
--- sees the release: the record may go to a waiter at once, and that waiter
--- must find it parked (in OpenResty: in nginx's keepalive pool, not as the
--- releasing request's cosocket). Not while co-holders other than `holder`
--- (a lease, or a checkout handle) still use it, nor once the pool is closed
--- (the release destroys it). Returns false when park failed (logged): the
--- client is then retired at the release.
-local function park_first(self, rec, client, name, holder)
-  if self._closed or client == nil or self._clients[rec] ~= client or self._parked[rec] then return true end
+-- Parks a client that is being released for reuse (lease slot l,
+-- generation g) before the engine sees the release: the record may go to a
+-- waiter at once, and that waiter must find it parked (in OpenResty: in
+-- nginx's keepalive pool, not as the releasing request's cosocket). Not
+-- when the release closes it anyway (the engine says: retired, past
+-- max_lifetime, pool closed; a stale handle parks nothing either), nor
+-- while co-holders other than `holder` (a lease, or a checkout handle)
+-- still use it. Returns false when park failed (logged): the client is
+-- then retired at the release.
+local function park_first(self, rec, client, name, holder, l, g, now)
+  if client == nil or self._clients[rec] ~= client or self._parked[rec] then return true end
+  if self._e:release_closes(l, g, now) ~= false then return true end
   local rl = self._rec_leases
   if rl and rl[rec] then
     for other in pairs(rl[rec]) do
@@ -1507,8 +1509,7 @@ function Lease.release(lease, reuse)
   local client = self._clients[rec]
   if reuse == false then
     finish_lease(self, lease, BY.error)
-  elseif self._park and not self._e:release_closes(lease._l, g, now_of(self))
-         and not park_first(self, rec, client, name, lease) then
+  elseif self._park and not park_first(self, rec, client, name, lease, lease._l, g, now_of(self)) then
     finish_lease(self, lease, BY.retired)     -- as before: a failed park retires it
   else
     finish_lease(self, lease, nil)
@@ -1714,11 +1715,8 @@ function Pool:checkin(h, reuse)
   if not self._mono then now = self._sched.now() end
   local reason = reuse == false and BY_ERROR or -1
   if reason == -1 and self._park then
-    -- parked before the release (see park_first), unless the release
-    -- closes it anyway; a stale handle parks nothing
-    local closes = self._e:release_closes(l, g, now)
-    if closes == nil then return end
-    if not closes and not park_first(self, rec, client, self._co_key[l + 1], h) then reason = BY.retired end
+    -- parked before the release (see park_first)
+    if not park_first(self, rec, client, self._co_key[l + 1], h, l, g, now) then reason = BY.retired end
   end
   local ok, pending = self._e:release(l, g, reason, now)
   if not ok then return end                     -- stale: another holder's lease or none
