@@ -47,7 +47,7 @@ BUSTED      ?= /usr/bin/busted
 LUACHECK    ?= luacheck
 LUAROCKS    ?= luarocks
 
-WARNFLAGS := -std=c99 -Wall -Wextra -Werror -pedantic -Wshadow \
+WARNFLAGS := -std=c11 -Wall -Wextra -Werror -pedantic -Wshadow \
              -Wmissing-prototypes -Wstrict-prototypes
 SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
              -fno-omit-frame-pointer -g -O1

@@ -28,24 +28,33 @@ typedef struct gate {
   uint32_t probe_gen;
 } gate_t;
 
+/* 56 bytes: B4 asks for at most 64 per idle client, and the slot array
+ * grows by an eighth.  Fields that only one state needs share storage. */
 typedef struct record {
   uint32_t gen;
-  int32_t state;
   int32_t key;
   int32_t nleases;
-  int32_t retire;        /* destroy at release; no new leases */
-  int32_t doomed;        /* a co-holder lost it: destroyed when the last lease ends */
-  int32_t refill;        /* while creating: a warm-floor reservation (no lease) */
-  int32_t opos;          /* position in its key's open heap (capacity > 1), or NONE */
-  int32_t res_lease;     /* while creating: the reservation's lease */
-  int32_t hpos;          /* position in the deadline heap (lifetime), or NONE */
-  int32_t kprev, knext;  /* per-key idle stack; knext points down the stack */
-  int32_t gprev, gnext;  /* pool-wide idle list, oldest first */
-  int32_t next_free;
-  double created, expires, idle_since;
-  double gl_since;       /* idle-expiry clock (idle_since, renewed for the warm floor) */
-  uint64_t cseq;         /* creation order, for retire_before(-1) */
+  int32_t hpos;          /* lifetime deadline entry (its time is the expiry), or NONE */
+  float idle_back;       /* idle: how far gl_since was renewed past the time it went idle */
+  uint8_t state;
+  uint8_t retire;        /* RETIRED | LIFETIME_OVER: no new leases; destroyed at release */
+  uint8_t doomed;        /* a co-holder lost it (reason + 1): destroyed when the last lease ends */
+  uint8_t refill;        /* while creating: a warm-floor reservation (no lease) */
+  double created;        /* strictly increasing, so it is also the creation order */
+  union {
+    struct {             /* R_IDLE */
+      int32_t kprev, knext;  /* per-key idle stack; knext points down the stack */
+      int32_t gprev, gnext;  /* pool-wide idle list, oldest first */
+      double gl_since;       /* idle-expiry clock (renewed for the warm floor) */
+    };
+    int32_t opos;        /* R_LEASED: position in its key's open heap (capacity > 1), or NONE */
+    int32_t res_lease;   /* R_CREATING: the reservation's lease (NONE for a refill) */
+    int32_t next_free;   /* R_FREE */
+  };
 } record_t;
+_Static_assert(sizeof(record_t) <= 56, "record_t grew: B4 counts every byte of it");
+
+enum { RETIRED = 1, LIFETIME_OVER = 2 };   /* record_t.retire bits */
 
 typedef struct lease {
   uint32_t gen;
@@ -82,7 +91,7 @@ typedef struct key {
   int32_t wrefs;         /* waiter slots naming this key (queued or unclaimed) */
   int32_t *oheap, olen, ocap;  /* open records (capacity > 1) by fewest leases */
   double retire_before;  /* records created earlier are retired */
-  uint64_t retire_seq;   /* records created up to this sequence are retired */
+  double retire_upto;    /* records created up to this instant are retired */
   gate_t gate;
   clientpool_stats_t st;
 } key_t_;
@@ -109,8 +118,8 @@ struct clientpool {
   int32_t hold_key;             /* the key an acquire works on: not forgotten meanwhile */
   int32_t *warm; int32_t nwarm, warmcap;  /* pinned keys: the warm floor's keys */
   int32_t floor_on, refill_signalled;
-  double retire_before;
-  uint64_t retire_seq, cseq;
+  double retire_before, retire_upto;
+  double last_created;          /* the latest record_t.created handed out */
   gate_t gate;
 
   hent_t *heap; int32_t hlen, hcap;   /* deadlines */
@@ -124,10 +133,15 @@ struct clientpool {
 
 static int has(double d) { return d >= 0; }
 
+/* Slot arrays grow by an eighth (and 8), not by doubling: at most about 12%
+ * of a large array is spare (B4), and glibc moves big blocks by remapping. */
 static void *grow(void *ptr, int32_t *cap, size_t elem, int32_t min) {
   int32_t n = *cap ? *cap : 8;
   void *q;
-  while (n < min) n *= 2;
+  while (n < min) {
+    if (n > INT32_MAX / 9 * 8 - 8) return NULL;   /* (as out of memory) */
+    n += n / 8 + 8;
+  }
   if (n == *cap) return ptr;
   q = realloc(ptr, (size_t)n * elem);
   if (q) *cap = n;
@@ -358,7 +372,7 @@ int32_t clientpool_key_open(clientpool_t *p) {
     key->ocap = ocap;
   }
   key->used = 1;
-  key->retire_before = -1;
+  key->retire_before = key->retire_upto = -1;
   key->gate.probe_lease = NONE;
   key->idle_top = key->wq_head = key->wq_tail = key->rpos = key->rheap = NONE;
   key->next_free = NONE;
@@ -435,7 +449,8 @@ static void idle_push(clientpool_t *p, int32_t r, double now) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
   x->state = R_IDLE;
-  x->idle_since = x->gl_since = now;
+  x->gl_since = now;
+  x->idle_back = 0;
   x->kprev = NONE;
   x->knext = key->idle_top;
   if (key->idle_top != NONE) p->rec[key->idle_top].kprev = r;
@@ -452,6 +467,8 @@ static void idle_push(clientpool_t *p, int32_t r, double now) {
  * real idle time). */
 static void glist_renew(clientpool_t *p, int32_t r, double now) {
   record_t *x = &p->rec[r];
+  /* (a float suffices: its rounding is relative to the renewed span) */
+  x->idle_back = (float)(now - x->gl_since + x->idle_back);
   if (x->gnext == NONE) { x->gl_since = now; return; }
   if (x->gprev != NONE) p->rec[x->gprev].gnext = x->gnext; else p->g_oldest = x->gnext;
   p->rec[x->gnext].gprev = x->gprev;
@@ -503,7 +520,9 @@ static void odown(clientpool_t *p, key_t_ *key, int32_t i) {
 
 static void oremove(clientpool_t *p, int32_t r) {
   key_t_ *key = &p->keys[p->rec[r].key];
-  int32_t i = p->rec[r].opos;
+  int32_t i;
+  if (p->rec[r].state != R_LEASED) return;   /* (opos is another state's field) */
+  i = p->rec[r].opos;
   if (i == NONE) return;
   p->rec[r].opos = NONE;
   if (i == --key->olen) return;
@@ -567,7 +586,12 @@ static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
 /* Whether a record's creation predates a retire_before of its key or pool. */
 static int retired_by_age(const clientpool_t *p, const record_t *x) {
   return x->created < p->retire_before || x->created < p->keys[x->key].retire_before ||
-         x->cseq <= p->retire_seq || x->cseq <= p->keys[x->key].retire_seq;
+         x->created <= p->retire_upto || x->created <= p->keys[x->key].retire_upto;
+}
+
+/* Whether a live record is past max_lifetime (or was found so by tick). */
+static int lifetime_over(const clientpool_t *p, const record_t *x, double now) {
+  return (x->retire & LIFETIME_OVER) || (x->hpos != NONE && now >= p->heap[x->hpos].t);
 }
 
 /* Whether the warm floor needs this idle record: idle_timeout spares it. */
@@ -577,7 +601,7 @@ static int floor_keeps(const clientpool_t *p, const record_t *x) {
 
 static int idle_expired(const clientpool_t *p, const record_t *x, double now, int32_t *why) {
   if (x->retire || retired_by_age(p, x)) { *why = CLIENTPOOL_BY_RETIRED; return 1; }
-  if (has(p->cfg.max_lifetime) && now >= x->expires) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
+  if (lifetime_over(p, x, now)) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
   if (has(p->cfg.idle_timeout) && now - x->gl_since >= p->cfg.idle_timeout && !floor_keeps(p, x)) {
     *why = CLIENTPOOL_BY_IDLE; return 1;
   }
@@ -643,7 +667,7 @@ static void fill_idle(clientpool_t *p, int32_t r, int32_t l, double now, clientp
   g->lease = l;
   g->lease_gen = p->lea[l].gen;
   g->key = x->key;
-  g->idle = now - x->idle_since;
+  g->idle = now - x->gl_since + x->idle_back;
   g->validate = !has(p->cfg.validate_after_idle) || g->idle >= p->cfg.validate_after_idle;
   g->shared = 0;
 }
@@ -664,6 +688,7 @@ static int take_idle(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
     BOTH(p, k, active, 1);
     BOTH(p, k, reused, 1);
     fill_idle(p, r, l, now, g);
+    x->opos = NONE;                   /* (shares storage with the idle links) */
     if (p->cfg.capacity > 1) orefresh(p, r);
     floor_check(p, k);
     return 1;
@@ -677,8 +702,8 @@ static int take_open(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
   while (key->olen > 0) {
     int32_t r = key->oheap[0], l;
     record_t *x = &p->rec[r];
-    if (x->retire || (has(p->cfg.max_lifetime) && now >= x->expires) || retired_by_age(p, x)) {
-      x->retire = 1;                  /* no new leases; destroyed at its last release */
+    if (x->retire || lifetime_over(p, x, now) || retired_by_age(p, x)) {
+      x->retire |= RETIRED;           /* no new leases; destroyed at its last release */
       oremove(p, r);
       key_refresh(p, k);              /* k may have nothing left to share */
       continue;
@@ -714,9 +739,9 @@ static void rec_init(clientpool_t *p, int32_t r, int32_t k, double now) {
   x->key = k;
   x->nleases = 0;
   x->retire = x->doomed = x->refill = 0;
-  x->hpos = x->opos = x->res_lease = NONE;
-  x->kprev = x->knext = x->gprev = x->gnext = NONE;
-  x->created = x->expires = x->idle_since = x->gl_since = now;
+  x->hpos = x->res_lease = NONE;
+  x->idle_back = 0;
+  x->created = now;                   /* (made strictly increasing at clientpool_created) */
 }
 
 static int reserve(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
@@ -944,7 +969,7 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
   p->rec_free = p->lea_free = p->wai_free = p->key_free = NONE;
   p->g_oldest = p->g_newest = NONE;
   p->hold_key = NONE;
-  p->retire_before = -1;
+  p->retire_before = p->retire_upto = p->last_created = -1;   /* (times are >= 0) */
   p->gate.probe_lease = NONE;
   *out = p;
   return CLIENTPOOL_OK;
@@ -1076,11 +1101,15 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
     return 0;
   }
   BOTH(p, k, creating, -1);
-  x->created = now;
-  x->cseq = ++p->cseq;
-  x->expires = has(p->cfg.max_lifetime)
-    ? now + p->cfg.max_lifetime * (1.0 - p->cfg.lifetime_jitter * rnd(p)) : -1;
-  if (has(p->cfg.max_lifetime) && hpush(p, x->expires, H_LIFETIME, r) != 0) x->hpos = NONE;
+  /* same-instant records still get distinct times: retire_upto and
+   * retire_before(-1) go by creation order */
+  x->created = p->last_created = now > p->last_created ? now : nextafter(p->last_created, HUGE_VAL);
+  x->res_lease = NONE;                 /* (its lease is the caller's now) */
+  if (has(p->cfg.max_lifetime) &&
+      hpush(p, now + p->cfg.max_lifetime * (1.0 - p->cfg.lifetime_jitter * rnd(p)), H_LIFETIME, r) != 0) {
+    x->hpos = NONE;
+    x->retire |= LIFETIME_OVER;        /* out of memory: its expiry is not kept, so it ends early */
+  }
   BOTH(p, k, live, 1);
   BOTH(p, k, opened, 1);
   push_event(p, CLIENTPOOL_EV_CREATED, r, x->refill, k, 0);
@@ -1088,6 +1117,7 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
     p->keys[k].refilling--;
     x->refill = 0;
     x->state = R_LEASED;               /* (not idle yet: destroy needs no unlink) */
+    x->opos = NONE;
     if (p->closed) destroy(p, r, CLIENTPOOL_BY_DRAIN);
     else {
       idle_push(p, r, now);
@@ -1095,6 +1125,7 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
     }
   } else {
     x->state = R_LEASED;
+    x->opos = NONE;
     BOTH(p, k, active, 1);
     if (p->cfg.capacity > 1) { orefresh(p, r); key_refresh(p, k); }
   }
@@ -1109,7 +1140,7 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
 static int32_t closing_reason(const clientpool_t *p, const record_t *x, double now) {
   if (x->doomed) return x->doomed - 1;
   if (p->closed) return CLIENTPOOL_BY_DRAIN;
-  if (has(p->cfg.max_lifetime) && now >= x->expires) return CLIENTPOOL_BY_LIFETIME;
+  if (lifetime_over(p, x, now)) return CLIENTPOOL_BY_LIFETIME;
   if (x->retire || retired_by_age(p, x)) return CLIENTPOOL_BY_RETIRED;
   return -1;
 }
@@ -1227,9 +1258,12 @@ int clientpool_abandon(clientpool_t *p, int32_t w, uint32_t gen, double now) {
 int clientpool_retire(clientpool_t *p, int32_t r, double now) {
   now = clamp(p, now);
   if (r < 0 || r >= p->nrec || p->rec[r].state == R_FREE) return CLIENTPOOL_STALE;
-  p->rec[r].retire = 1;
+  p->rec[r].retire |= RETIRED;
   if (p->rec[r].state == R_IDLE) destroy(p, r, CLIENTPOOL_BY_RETIRED);
-  else if (p->rec[r].opos != NONE) { oremove(p, r); key_refresh(p, p->rec[r].key); }
+  else if (p->rec[r].state == R_LEASED && p->rec[r].opos != NONE) {
+    oremove(p, r);
+    key_refresh(p, p->rec[r].key);
+  }
   finish(p, now);
   return 0;
 }
@@ -1239,7 +1273,7 @@ int clientpool_retire_before(clientpool_t *p, int32_t k, double before, double n
   now = clamp(p, now);
   if (k >= 0 && !key_ok(p, k)) return CLIENTPOOL_EINVAL;
   if (k < 0) {
-    if (before < 0) p->retire_seq = p->cseq;
+    if (before < 0) p->retire_upto = p->last_created;
     else if (before > p->retire_before) p->retire_before = before;
     for (r = p->g_oldest; r != NONE;) {
       int32_t next = p->rec[r].gnext;
@@ -1247,7 +1281,7 @@ int clientpool_retire_before(clientpool_t *p, int32_t k, double before, double n
       r = next;
     }
   } else {
-    if (before < 0) p->keys[k].retire_seq = p->cseq;
+    if (before < 0) p->keys[k].retire_upto = p->last_created;
     else if (before > p->keys[k].retire_before) p->keys[k].retire_before = before;
     p->hold_key = k;
     for (r = p->keys[k].idle_top; r != NONE;) {
@@ -1304,7 +1338,7 @@ int clientpool_retire_upto(clientpool_t *p, int32_t r, double now) {
   x = &p->rec[r];
   if (x->state != R_IDLE && x->state != R_LEASED) return CLIENTPOOL_EINVAL;
   k = x->key;
-  if (x->cseq > p->keys[k].retire_seq) p->keys[k].retire_seq = x->cseq;
+  if (x->created > p->keys[k].retire_upto) p->keys[k].retire_upto = x->created;
   p->hold_key = k;
   for (i = p->keys[k].idle_top; i != NONE;) {
     int32_t next = p->rec[i].knext;
@@ -1423,7 +1457,7 @@ void clientpool_tick(clientpool_t *p, double now) {
          * no new lease from now on */
         if (p->rec[e.idx].state == R_IDLE) destroy(p, e.idx, CLIENTPOOL_BY_LIFETIME);
         else if (p->rec[e.idx].state == R_LEASED) {
-          p->rec[e.idx].retire = 1;
+          p->rec[e.idx].retire |= LIFETIME_OVER;
           oremove(p, e.idx);
           key_refresh(p, p->rec[e.idx].key);
         }
@@ -1533,9 +1567,10 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (x->nleases > c->capacity) FAIL("record %d carries %d leases > capacity", i, x->nleases);
     {
       int open = x->state == R_LEASED && x->nleases < c->capacity && !x->doomed && !x->retire;
-      if (open != (x->opos != NONE) && !(open && c->capacity == 1))
+      int in_heap = x->state == R_LEASED && x->opos != NONE;
+      if (open != in_heap && !(open && c->capacity == 1))
         FAIL("record %d open-heap membership wrong", i);
-      if (x->opos != NONE && p->keys[x->key].oheap[x->opos] != i) FAIL("record %d open-heap position", i);
+      if (in_heap && p->keys[x->key].oheap[x->opos] != i) FAIL("record %d open-heap position", i);
     }
     s->live++; tot.live++;
     if (x->state == R_IDLE) {

@@ -22,7 +22,7 @@ rm -rf "$out"
 mkdir -p "$out/obj" "$out/lua5.4/clientpool"
 
 # absolute source paths: gcov finds the sources from build/cov
-flags=(-std=c99 -O0 -g -fPIC --coverage -I"$root/csrc")
+flags=(-std=c11 -O0 -g -fPIC --coverage -I"$root/csrc")
 set -e
 "$cc" "${flags[@]}" -c "$root/spec/c/whitebox.c" -o "$out/obj/whitebox.o"
 "$cc" "${flags[@]}" -c "$root/csrc/clock.c" -o "$out/obj/clock.o"

@@ -25,7 +25,7 @@ return [[
  * the latest one seen (or negative, or NaN) means "the latest time seen".
  * A negative duration or deadline means "none".
  *
- * Memory.  Slot arrays grow by doubling when more objects exist at once than
+ * Memory.  Slot arrays grow by an eighth when more objects exist at once than
  * ever before; a steady-state acquire/release pair allocates nothing.  No
  * call blocks.
  */

@@ -45,7 +45,7 @@ int wb_rec_state(const clientpool_t *p, int32_t r) {
   return r < 0 || r >= p->nrec ? R_FREE : p->rec[r].state;
 }
 int wb_rec_nleases(const clientpool_t *p, int32_t r) { return p->rec[r].nleases; }
-int wb_rec_retire(const clientpool_t *p, int32_t r) { return p->rec[r].retire; }
+int wb_rec_retire(const clientpool_t *p, int32_t r) { return p->rec[r].retire != 0; }
 int wb_rec_doomed(const clientpool_t *p, int32_t r) { return p->rec[r].doomed; }
 int32_t wb_rec_key(const clientpool_t *p, int32_t r) { return p->rec[r].key; }
 int32_t wb_lease_record(const clientpool_t *p, int32_t l) {
@@ -75,7 +75,7 @@ void wb_waiter(const clientpool_t *p, int32_t w, int *result, int32_t *rec, int3
 static int32_t wb_find_rec(const clientpool_t *p, int st, int open) {
   int32_t r;
   for (r = 0; r < p->nrec; r++)
-    if (p->rec[r].state == st && (open < 0 || (p->rec[r].opos != NONE) == open)) return r;
+    if (p->rec[r].state == st && (open < 0 || (st == R_LEASED && p->rec[r].opos != NONE) == open)) return r;
   return NONE;
 }
 static int32_t wb_find_free_rec(const clientpool_t *p) { return wb_find_rec(p, R_FREE, -1); }
