@@ -532,6 +532,152 @@ static int lcp_sleep(lua_State *L) {
   return 0;
 }
 
+/* ---- the zero-allocation form's common case --------------------------
+ * core.fastpath(engine, pool, kids, clients, parked, co_rec, co_key, on,
+ *               default_name, hbase, validate) -> checkout, checkin
+ *
+ * On PUC Lua most of a checkout/checkin pair was the driver's Lua (table
+ * reads, handle arithmetic), not the engine.  These two C closures do what
+ * Pool:checkout and Pool:checkin do when nothing unusual happens, reading
+ * the driver's tables (their upvalues), and give the rest back to it:
+ *
+ *   checkout(pool, key) -> client, h               an idle client, done
+ *                        | nil, false, k, status, record, lease, gen,
+ *                          validate, idle, pending acquired: the driver goes
+ *                                                  on from this grant
+ *                        | (nothing)               nothing done: the driver
+ *                                                  does it all
+ *   checkin(pool, h, reuse) -> true                done (or a no-op)
+ *                            | false, record, pending, lease
+ *                                                  released: the driver
+ *                                                  drains the events
+ *                            | (nothing)           nothing done
+ *
+ * init.lua installs them only for pools that read the real clock and have
+ * capacity 1, no probe and no park hook (see its fastpath()); what they
+ * check each call (waiters, drain, listeners, parked, validate) they read
+ * from the same tables the Lua code does, so the two paths never disagree.
+ */
+enum { FP_POOL = 1, FP_ENGINE, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
+       FP_DEFAULT, FP_HBASE, FP_VALIDATE, FP_S_NWAITERS, FP_S_DRAIN, FP_S_ACQUIRE, FP_S_RELEASE, FP_N };
+#define FP(i) lua_upvalueindex(FP_##i)
+#define HSLOTS 2097152   /* as init.lua: lease slots in a handle's low bits */
+
+static clientpool_t *fp_engine(lua_State *L) {
+  lcp_box **u = (lcp_box **)lua_touserdata(L, FP(ENGINE));
+  return (u && *u) ? (*u)->p : NULL;
+}
+
+/* Whether t[field] (field a string upvalue) is nil. */
+static int fp_unset(lua_State *L, int t, int field) {
+  int none;
+  lua_pushvalue(L, field);
+  lua_rawget(L, t);
+  none = lua_isnil(L, -1);
+  lua_pop(L, 1);
+  return none;
+}
+
+static int lcp_fast_checkout(lua_State *L) {
+  clientpool_t *p;
+  clientpool_grant_t g;
+  int32_t k, pending;
+  if (!lua_rawequal(L, 1, FP(POOL))) return 0;
+  lua_settop(L, 2);
+  lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* 3: name */
+  lua_pushvalue(L, 3);
+  lua_rawget(L, FP(KIDS));                                /* 4: key id */
+  if (lua_isnil(L, 4) || (p = fp_engine(L)) == NULL) return 0;
+  lua_pushvalue(L, FP(S_NWAITERS));
+  lua_rawget(L, 1);
+  if (lua_tonumber(L, -1) > 0) return 0;                 /* reap_if_full is Lua's */
+  k = (int32_t)lua_tointeger(L, 4);
+  clientpool_acquire(p, k, clientpool_monotime(), &g);
+  pending = clientpool_pending(p);
+  if (g.status == CLIENTPOOL_GRANT_IDLE && pending == 0 && g.lease < HSLOTS &&
+      !(g.validate && lua_toboolean(L, FP(VALIDATE))) && fp_unset(L, FP(ON), FP(S_ACQUIRE))) {
+    int parked;
+    lua_rawgeti(L, FP(PARKED), g.record);
+    parked = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (!parked) {
+      uint32_t base = (uint32_t)lua_tonumber(L, FP(HBASE));
+      lua_pushinteger(L, g.record);
+      lua_rawseti(L, FP(CO_REC), g.lease + 1);
+      lua_pushvalue(L, 3);
+      lua_rawseti(L, FP(CO_KEY), g.lease + 1);
+      lua_rawgeti(L, FP(CLIENTS), g.record);
+      lua_pushinteger(L, (lua_Integer)((int64_t)(uint32_t)(g.lease_gen + base) * HSLOTS + g.lease));
+      return 2;
+    }
+  }
+  lua_pushnil(L);
+  lua_pushboolean(L, 0);
+  lua_pushinteger(L, k);
+  lua_pushinteger(L, g.status);
+  lua_pushinteger(L, g.record);
+  lua_pushinteger(L, g.lease);
+  lua_pushinteger(L, (lua_Integer)g.lease_gen);
+  lua_pushboolean(L, g.validate);
+  lua_pushnumber(L, g.idle);
+  lua_pushinteger(L, pending);
+  return 10;
+}
+
+static int lcp_fast_checkin(lua_State *L) {
+  clientpool_t *p;
+  lua_Number d;
+  int64_t h;
+  int32_t l, rec;
+  uint32_t gen;
+  int reuse_type = lua_type(L, 3), rc;
+  if (!lua_rawequal(L, 1, FP(POOL)) || lua_type(L, 2) != LUA_TNUMBER) return 0;
+  if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
+  d = lua_tonumber(L, 2);
+  if (!(d >= 0 && d < 9007199254740992.0) || (lua_Number)(int64_t)d != d) return 0;  /* Lua raises */
+  if (!fp_unset(L, 1, FP(S_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) return 0;
+  if ((p = fp_engine(L)) == NULL) return 0;
+  h = (int64_t)d;
+  l = (int32_t)(h % HSLOTS);
+  lua_rawgeti(L, FP(CO_REC), l + 1);
+  if (lua_isnil(L, -1)) { lua_pushboolean(L, 1); return 1; }   /* no checkout holds the slot */
+  rec = (int32_t)lua_tointeger(L, -1);
+  gen = (uint32_t)(h / HSLOTS) - (uint32_t)lua_tonumber(L, FP(HBASE));
+  rc = clientpool_release(p, l, gen,
+                          reuse_type == LUA_TBOOLEAN && !lua_toboolean(L, 3) ? CLIENTPOOL_BY_ERROR : -1,
+                          clientpool_monotime());
+  if (rc != 0) { lua_pushboolean(L, 1); return 1; }          /* stale: not this holder's */
+  lua_pushnil(L);
+  lua_rawseti(L, FP(CO_REC), l + 1);
+  if (clientpool_pending(p) == 0) { lua_pushboolean(L, 1); return 1; }
+  lua_pushboolean(L, 0);
+  lua_pushinteger(L, rec);
+  lua_pushinteger(L, clientpool_pending(p));
+  lua_pushinteger(L, l);
+  return 4;
+}
+
+static int lcp_fastpath(lua_State *L) {
+  int i;
+  luaL_checkudata(L, 1, POOL_MT);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_settop(L, FP_VALIDATE);
+  /* upvalue order: FP_POOL .. FP_VALIDATE are the arguments (engine first) */
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_replace(L, 1);
+  lua_replace(L, 2);
+  lua_pushliteral(L, "_nwaiters");
+  lua_pushliteral(L, "_drain_hs");
+  lua_pushliteral(L, "acquire");
+  lua_pushliteral(L, "release");
+  for (i = 1; i < FP_N; i++) lua_pushvalue(L, i);
+  lua_pushcclosure(L, lcp_fast_checkout, FP_N - 1);
+  for (i = 1; i < FP_N; i++) lua_pushvalue(L, i);
+  lua_pushcclosure(L, lcp_fast_checkin, FP_N - 1);
+  return 2;
+}
+
 static const luaL_Reg pool_methods[] = {
   {"acquire", lcp_acquire}, {"release", lcp_release}, {"wait", lcp_wait},
   {"claim", lcp_claim}, {"cancel", lcp_cancel}, {"created", lcp_created},
@@ -553,7 +699,7 @@ int luaopen_clientpool_core(lua_State *L);
 
 int luaopen_clientpool_core(lua_State *L) {
   static const luaL_Reg funcs[] = {
-    {"monotime", lcp_monotime}, {"sleep", lcp_sleep}, {NULL, NULL}
+    {"monotime", lcp_monotime}, {"sleep", lcp_sleep}, {"fastpath", lcp_fastpath}, {NULL, NULL}
   };
   /* Lease sentinel metatable */
   luaL_newmetatable(L, LEASE_MT);

@@ -363,3 +363,134 @@ for _, backend in ipairs { "core", "ffi" } do
     end)
   end
 end
+
+-- clientpool.core's fastpath: on the C API backend a pool that reads the
+-- real clock (capacity 1, no probe, no park hook) does checkout/checkin's
+-- common case in C (init.lua's install_fastpath). The same random script
+-- runs on such a pool and on one with the fast path removed (the Lua path
+-- alone); every result, listener call and count must agree.
+describe("checkout/checkin: the C fast path agrees with the Lua path", function()
+  -- One script on a real-clock loop of its own: checkouts (some of them
+  -- waiting, in tasks), checkins for reuse or not, stale checkins, failing
+  -- validates (odd seeds), listeners added halfway.
+  local function script(seed, fast)
+    local loop = require("clientpool.loop").new()
+    local made, destroyed = 0, 0
+    local log = {}
+    local function say(...) log[#log + 1] = table.concat({ ... }, " ") end
+    local fails = {}
+    local pool = clientpool.new {
+      backend = "core", max_live = 3, max_waiting = 4, acquire_timeout = 30, scheduler = loop,
+      create = function(key)
+        made = made + 1
+        return { id = made, key = key }
+      end,
+      destroy = function(c) destroyed = destroyed + 1; say("destroy", c.id) end,
+      validate = seed % 2 == 1 and function(c)
+        if fails[c.id] then fails[c.id] = nil; return false end
+        return true
+      end or nil,
+    }
+    assert(rawget(pool, "checkout") ~= nil, "fast path installed")
+    if not fast then pool.checkout, pool.checkin = nil, nil end
+    local rnd = seed
+    local function r(n)
+      rnd = (rnd * 1103515245 + 12345) % 2147483648
+      return rnd % n + 1
+    end
+    local held, old = {}, {}
+    local keys = { nil, "a", "b" }
+    local function checkout(step, key)
+      local c, h, detail = pool:checkout(key)
+      if c then
+        held[#held + 1] = h
+        say(step, "checkout", tostring(key), c.id, tostring(c.key))
+      else
+        say(step, "checkout", tostring(key), "->", h, type(detail))
+      end
+    end
+    loop.spawn(function()
+      for step = 1, 300 do
+        local op = r(12)
+        local now = pool:stats()
+        if op <= 3 and now.leases < 3 and now.waiting == 0 then
+          checkout(step, keys[r(3)])             -- does not wait
+        elseif op <= 5 then
+          local key = keys[r(3)]
+          loop.spawn(function() checkout(step, key) end)   -- may wait
+        elseif op <= 9 and #held > 0 then
+          local h = table.remove(held, r(#held))
+          local reuse = ({ nil, true, false })[r(3)]
+          pool:checkin(h, reuse)
+          old[#old + 1] = h
+          say(step, "checkin", tostring(reuse))
+        elseif op == 10 and #old > 0 then
+          pool:checkin(old[r(#old)])        -- stale: a no-op
+          say(step, "stale checkin")
+        elseif op == 11 then
+          fails[r(made + 1)] = true          -- the next validate of that client fails
+        end
+        if step == 150 then
+          pool:on("acquire", function(key, c) say("on acquire", tostring(key), c.id) end)
+          pool:on("release", function(key, c, reuse) say("on release", tostring(key), c.id, tostring(reuse)) end)
+        end
+        loop.sleep(0)          -- a waiter woken by this step runs now
+        say("made", made, "destroyed", destroyed)   -- before stats(), which drains the events
+        local s = pool:stats()
+        say("stats", s.live, s.idle, s.active, s.leases, s.waiting, s.opened, s.closed, s.reused)
+      end
+      while #held > 0 or pool:stats().waiting > 0 do
+        for _, h in ipairs(held) do pool:checkin(h) end
+        held = {}
+        loop.sleep(0)
+      end
+      pool:close()
+    end)
+    loop.run()
+    local s = pool:stats()
+    say("end", s.live, s.idle, s.leases, s.waiting, s.opened, s.closed, s.timeouts)
+    return log
+  end
+
+  it("on random scripts (every result, event and count)", function()
+    for seed = 1, 12 do
+      local a, b = script(seed, true), script(seed, false)
+      for i = 1, math.max(#a, #b) do
+        assert(a[i] == b[i], "seed " .. seed .. ", line " .. i .. ": fast '" .. tostring(a[i]) ..
+               "', Lua '" .. tostring(b[i]) .. "'")
+      end
+    end
+  end)
+
+  it("is installed only where its common case needs no Lua", function()
+    local function fast(o)
+      o.create = function() return {} end
+      o.backend, o.max_live = "core", 2
+      local pool = clientpool.new(o)
+      local on = rawget(pool, "checkout") ~= nil
+      pool:close()
+      return on
+    end
+    assert.is_true(fast {})
+    assert.is_false(fast { capacity = 2 })
+    assert.is_false(fast { probe = true })
+    assert.is_false(fast { park = function() end, unpark = function(c) return c end })
+    assert.is_false(fast { scheduler = require("clientpool.loop").new { clock = "virtual" } })
+  end)
+
+  it("keeps the Lua path's errors (position: the caller's line)", function()
+    local pool = clientpool.new { create = function() return {} end, backend = "core", max_live = 1 }
+    local _, h = pool:checkout()
+    local ok, err = pcall(pool.checkin, pool, "x")
+    assert.is_false(ok)
+    assert.truthy(err:find("bad argument #1 to 'checkin'", 1, true), err)
+    ok, err = pcall(pool.checkin, pool, h, 1)
+    assert.is_false(ok)
+    assert.truthy(err:find("bad argument #2 to 'checkin'", 1, true), err)
+    ok, err = pcall(function() pool:checkin(-1) end)
+    assert.is_false(ok)
+    assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #1 to 'checkin'"), err)
+    pool:checkin(h)
+    pool:close()
+  end)
+end)

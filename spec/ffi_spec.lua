@@ -86,7 +86,9 @@ describe("clientpool.ffi", function()
       elseif type(v) == "table" then
         for name, code in pairs(v) do assert(cffi[k][name] == code, k .. "." .. name) end
         for name in pairs(cffi[k]) do assert(v[name] ~= nil, "ffi " .. k .. "." .. name .. " not in core") end
-      elseif type(v) == "function" then
+      elseif type(v) == "function" and k ~= "fastpath" then
+        -- (fastpath is the C API's checkout/checkin for interpreted Lua;
+        -- under the FFI the driver's Lua path compiles instead)
         assert(type(cffi[k]) == "function", "function " .. k .. " missing in clientpool.ffi")
       end
     end

@@ -366,6 +366,7 @@ Detail.__concat = function(a, b) return tostring(a) .. tostring(b) end
 ---------------------------------------------------------------------------
 
 local Pool = {}
+local install_fastpath   -- the C fast path of checkout/checkin (defined at the end)
 Pool.__index = Pool
 local Lease = {}
 Lease.__index = Lease
@@ -658,7 +659,8 @@ function _M.new(opts)
   local ok, c = pcall(validate_options, opts)
   if not ok then error(c, 2) end
   local sched = resolve_scheduler(opts.scheduler)
-  local e = (c.backend and load_backend(c.backend) or core).new {
+  local mod = c.backend and load_backend(c.backend) or core
+  local e = mod.new {
     max_live = c.max_live, min_idle = c.min_idle, max_idle = c.max_idle,
     max_concurrency = c.max_concurrency, max_waiting = c.max_waiting, capacity = c.capacity,
     key_max_live = c.key_max_live, key_max_idle = c.key_max_idle, max_keys = c.max_keys,
@@ -684,6 +686,7 @@ function _M.new(opts)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
   e:set_notify(function() kick(self) end)
+  install_fastpath(self, mod)
   -- The warm keys are opened and pinned now. Without `keys` the default key
   -- is the warm key, but only a floor (min_idle > 0) needs it open before
   -- use: otherwise it is opened at its first acquire like any key, so an
@@ -1589,9 +1592,6 @@ local BY_ERROR = BY.error
 local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
   local waited
   if k == nil then
-    if key ~= nil and type(key) ~= "string" then
-      error("clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got " .. type(key) .. ")", 3)
-    end
     local kerr, pending
     k, name, kerr = key_id(self, key, "checkout")
     if not k then
@@ -1628,25 +1628,20 @@ local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
   return checkout_grant(self, key, nil, name)
 end
 
---- Acquires a client without a lease object: returns client, h (an integer
--- handle for checkin) or nil, code[, detail] as acquire does, and may wait
--- as acquire does. Allocates nothing when an idle client is at hand. No
--- leak detection by the collector: a handle never checked in holds its
--- client until the pool is gone (leak_threshold still reports it).
-function Pool:checkout(key)
-  -- The common case inline (an idle client of a known key, nothing to
-  -- unpark or validate): on PUC Lua each function call saved counts.
-  local name = key
-  if name == nil then name = DEFAULT end
-  local k = self._kids[name]      -- only strings are keys: anything else takes the slow path
-  local st, rec, l, g, validate, idle, pending
-  if k ~= nil then
-    local now
-    if not self._mono then now = self._sched.now() end
-    if self._nwaiters > 0 then reap_if_full(self) end
-    st, rec, l, g, validate, idle, pending = self._e:acquire(k, now, false)
-    if pending > 0 then pump(self) end
+-- Raises for a checkout key that is neither a string nor nil, at the
+-- level of checkout's caller. (Called before checkout_from's tail call: on
+-- Lua 5.1 an error raised after a tail call has no position.)
+local function check_checkout_key(key)
+  if key ~= nil and type(key) ~= "string" then
+    error("clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got " .. type(key) .. ")", 3)
   end
+end
+
+-- checkout from the engine's answer to acquire (st nil: no key id yet, or
+-- waiters to reap first). Shared by Pool:checkout and the C fast path's
+-- wrapper (fastpath below), which hands over whatever it does not finish.
+local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, pending)
+  if pending and pending > 0 then pump(self) end
   local client, waited
   if st == MUST_WAIT then
     -- waited for here, not in checkout_grant: a waiting coroutine's stack
@@ -1681,6 +1676,25 @@ function Pool:checkout(key)
   return client, h
 end
 
+--- Acquires a client without a lease object: returns client, h (an integer
+-- handle for checkin) or nil, code[, detail] as acquire does, and may wait
+-- as acquire does. Allocates nothing when an idle client is at hand. No
+-- leak detection by the collector: a handle never checked in holds its
+-- client until the pool is gone (leak_threshold still reports it).
+function Pool:checkout(key)
+  local name = key
+  if name == nil then name = DEFAULT end
+  local k = self._kids[name]      -- only strings are keys: anything else takes the slow path
+  if k ~= nil then
+    local now
+    if not self._mono then now = self._sched.now() end
+    if self._nwaiters > 0 then reap_if_full(self) end
+    return checkout_from(self, key, k, name, self._e:acquire(k, now, false))
+  end
+  check_checkout_key(key)
+  return checkout_from(self, key, nil, name)
+end
+
 -- checkin's less common work: shared records, events, drain, park, listeners.
 local function checkin_rest(self, h, rec, client, reuse, pending, name)
   local rl = self._rec_leases
@@ -1692,16 +1706,21 @@ local function checkin_rest(self, h, rec, client, reuse, pending, name)
   if self._on.release then emit(self, "release", hook_key(name), client, reuse ~= false) end
 end
 
+-- Raises for bad checkin arguments, at the level of checkin's caller.
+local function check_checkin_args(h, reuse)
+  if type(h) ~= "number" or h < 0 or h % 1 ~= 0 or h >= 9007199254740992 then
+    error("clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got " .. tostring(h) .. ")", 3)
+  end
+  if reuse ~= nil and reuse ~= true and reuse ~= false then
+    error("clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got " .. type(reuse) .. ")", 3)
+  end
+end
+
 --- Ends a checkout: returns the client for reuse, or retires it when reuse
 -- is false. A stale or repeated handle is a no-op: it never ends another
 -- holder's lease. Never yields.
 function Pool:checkin(h, reuse)
-  if type(h) ~= "number" or h < 0 or h % 1 ~= 0 or h >= 9007199254740992 then
-    error("clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got " .. tostring(h) .. ")", 2)
-  end
-  if reuse ~= nil and reuse ~= true and reuse ~= false then
-    error("clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got " .. type(reuse) .. ")", 2)
-  end
+  check_checkin_args(h, reuse)
   local l = h % HSLOTS
   local cr = self._co_rec
   local rec = cr[l + 1]
@@ -1723,6 +1742,40 @@ function Pool:checkin(h, reuse)
   cr[l + 1] = nil
   if pending > 0 or self._rec_leases or self._drain_hs or self._park or self._on.release then
     checkin_rest(self, h, rec, client, reuse, pending, self._co_key[l + 1])
+  end
+end
+
+-- The zero-allocation form's common case in C (clientpool.core's fastpath):
+-- on PUC Lua, and LuaJIT with the JIT off, most of a checkout/checkin pair
+-- was this file's Lua. Installed as the pool's own checkout and checkin
+-- only where that case needs no Lua at all: the engine reads the real
+-- clock, capacity 1, no probe, no park hook. (The FFI backend has no
+-- fastpath: under the JIT the Lua path compiles.) Anything else the C
+-- closures hand back to checkout_from, Pool.checkout/checkin or
+-- checkin_rest, so both paths share one set of rules.
+function install_fastpath(self, mod)
+  local c = self._c
+  if not mod.fastpath or not self._mono or c.capacity > 1 or c.probe or self._park then return end
+  local co, ci = mod.fastpath(self._e, self, self._kids, self._clients, self._parked, self._co_rec,
+                              self._co_key, self._on, DEFAULT, self._hbase, self._validate and true or false)
+  local checkout, checkin = Pool.checkout, Pool.checkin
+  self.checkout = function(s, key)
+    local client, h, k, st, rec, l, g, validate, idle, pending = co(s, key)
+    if h then return client, h end
+    if h == nil then
+      check_checkout_key(key)
+      return checkout(s, key)
+    end
+    return checkout_from(s, key, k, key == nil and DEFAULT or key, st, rec, l, g, validate, idle, pending)
+  end
+  self.checkin = function(s, h, reuse)
+    local done, rec, pending, l = ci(s, h, reuse)
+    if done then return end
+    if done == nil then
+      check_checkin_args(h, reuse)
+      return checkin(s, h, reuse)
+    end
+    checkin_rest(s, h, rec, s._clients[rec], reuse, pending, s._co_key[l + 1])
   end
 end
 
