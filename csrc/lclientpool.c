@@ -534,7 +534,8 @@ static int lcp_sleep(lua_State *L) {
 
 /* ---- the zero-allocation form's common case --------------------------
  * core.fastpath(engine, pool, kids, clients, parked, co_rec, co_key, on,
- *               default_name, hbase, validate) -> checkout, checkin
+ *               default_name, hbase, validate, Pool.checkout, Pool.checkin,
+ *               checkout_from, checkin_rest) -> checkout, checkin, direct
  *
  * On PUC Lua most of a checkout/checkin pair was the driver's Lua (table
  * reads, handle arithmetic), not the engine.  These two C closures do what
@@ -553,13 +554,22 @@ static int lcp_sleep(lua_State *L) {
  *                                                  drains the events
  *                            | (nothing)           nothing done
  *
+ * On Lua 5.3 and 5.4 fastpath returns closures that finish the job
+ * themselves: they raise checkout's and checkin's argument errors (at the
+ * caller's line, as the Lua code does) and call the Lua functions they are
+ * given for the rest, with a continuation, so a checkout may still wait.
+ * The pool installs those as its own checkout and checkin (a Lua wrapper
+ * is one call more per method).  On Lua 5.1 and LuaJIT (no continuations)
+ * it returns the two above, for init.lua to wrap.
+ *
  * init.lua installs them only for pools that read the real clock and have
  * capacity 1, no probe and no park hook (see its fastpath()); what they
  * check each call (waiters, drain, listeners, parked, validate) they read
  * from the same tables the Lua code does, so the two paths never disagree.
  */
 enum { FP_POOL = 1, FP_ENGINE, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
-       FP_DEFAULT, FP_HBASE, FP_VALIDATE, FP_S_NWAITERS, FP_S_DRAIN, FP_S_ACQUIRE, FP_S_RELEASE, FP_N };
+       FP_DEFAULT, FP_HBASE, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
+       FP_CHECKIN_REST, FP_S_NWAITERS, FP_S_DRAIN, FP_S_ACQUIRE, FP_S_RELEASE, FP_N };
 #define FP(i) lua_upvalueindex(FP_##i)
 #define HSLOTS 2097152   /* as init.lua: lease slots in a handle's low bits */
 
@@ -578,7 +588,7 @@ static int fp_unset(lua_State *L, int t, int field) {
   return none;
 }
 
-static int lcp_fast_checkout(lua_State *L) {
+static int fast_checkout(lua_State *L) {
   clientpool_t *p;
   clientpool_grant_t g;
   int32_t k, pending;
@@ -601,7 +611,7 @@ static int lcp_fast_checkout(lua_State *L) {
     parked = lua_toboolean(L, -1);
     lua_pop(L, 1);
     if (!parked) {
-      uint32_t base = (uint32_t)lua_tonumber(L, FP(HBASE));
+      uint32_t base = (uint32_t)lua_tointeger(L, FP(HBASE));
       lua_pushinteger(L, g.record);
       lua_rawseti(L, FP(CO_REC), g.lease + 1);
       lua_pushvalue(L, 3);
@@ -624,25 +634,36 @@ static int lcp_fast_checkout(lua_State *L) {
   return 10;
 }
 
-static int lcp_fast_checkin(lua_State *L) {
-  clientpool_t *p;
+/* Argument 2 as a checkout handle (an integer in [0, 2^53)), or -1. */
+static int64_t fp_handle(lua_State *L) {
   lua_Number d;
+#if LUA_VERSION_NUM >= 503
+  if (lua_isinteger(L, 2)) {
+    lua_Integer i = lua_tointeger(L, 2);
+    return i >= 0 && i < ((lua_Integer)1 << 53) ? (int64_t)i : -1;
+  }
+#endif
+  if (lua_type(L, 2) != LUA_TNUMBER) return -1;
+  d = lua_tonumber(L, 2);
+  if (!(d >= 0 && d < 9007199254740992.0) || (lua_Number)(int64_t)d != d) return -1;
+  return (int64_t)d;
+}
+
+static int fast_checkin(lua_State *L) {
+  clientpool_t *p;
   int64_t h;
   int32_t l, rec;
   uint32_t gen;
   int reuse_type = lua_type(L, 3), rc;
-  if (!lua_rawequal(L, 1, FP(POOL)) || lua_type(L, 2) != LUA_TNUMBER) return 0;
+  if (!lua_rawequal(L, 1, FP(POOL)) || (h = fp_handle(L)) < 0) return 0;   /* Lua raises */
   if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
-  d = lua_tonumber(L, 2);
-  if (!(d >= 0 && d < 9007199254740992.0) || (lua_Number)(int64_t)d != d) return 0;  /* Lua raises */
   if (!fp_unset(L, 1, FP(S_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) return 0;
   if ((p = fp_engine(L)) == NULL) return 0;
-  h = (int64_t)d;
   l = (int32_t)(h % HSLOTS);
   lua_rawgeti(L, FP(CO_REC), l + 1);
   if (lua_isnil(L, -1)) { lua_pushboolean(L, 1); return 1; }   /* no checkout holds the slot */
   rec = (int32_t)lua_tointeger(L, -1);
-  gen = (uint32_t)(h / HSLOTS) - (uint32_t)lua_tonumber(L, FP(HBASE));
+  gen = (uint32_t)(h / HSLOTS) - (uint32_t)lua_tointeger(L, FP(HBASE));
   rc = clientpool_release(p, l, gen,
                           reuse_type == LUA_TBOOLEAN && !lua_toboolean(L, 3) ? CLIENTPOOL_BY_ERROR : -1,
                           clientpool_monotime());
@@ -657,12 +678,85 @@ static int lcp_fast_checkin(lua_State *L) {
   return 4;
 }
 
+#if LUA_VERSION_NUM >= 503
+static int fp_return(lua_State *L, int status, lua_KContext base) {
+  (void)status;
+  return lua_gettop(L) - (int)base;
+}
+
+/* Calls fn (an upvalue) with the n values pushed after it, returning what
+ * it returns, even across a yield. */
+static int fp_call(lua_State *L, int base, int n) {
+  lua_callk(L, n, LUA_MULTRET, (lua_KContext)base, fp_return);
+  return fp_return(L, LUA_OK, (lua_KContext)base);
+}
+
+static int lcp_direct_checkout(lua_State *L) {
+  int n, top, base, t;
+  lua_settop(L, 2);
+  t = lua_type(L, 2);
+  if (t != LUA_TNIL && t != LUA_TSTRING && lua_rawequal(L, 1, FP(POOL)))
+    return luaL_error(L, "clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got %s)",
+                      lua_typename(L, t));
+  n = fast_checkout(L);
+  if (n == 2) return 2;
+  top = base = lua_gettop(L);
+  if (n == 0) {                          /* nothing done */
+    lua_pushvalue(L, FP(LUA_CHECKOUT));
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    return fp_call(L, base, 2);
+  }
+  /* acquired: checkout_from(pool, key, k, name, status .. pending) */
+  lua_pushvalue(L, FP(CHECKOUT_FROM));
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, top - 7);
+  lua_pushvalue(L, 3);
+  for (n = top - 6; n <= top; n++) lua_pushvalue(L, n);
+  return fp_call(L, base, 11);
+}
+
+static int lcp_direct_checkin(lua_State *L) {
+  int n, top, t;
+  lua_settop(L, 3);
+  if (fp_handle(L) < 0)
+    return luaL_error(L, "clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got %s)",
+                      luaL_tolstring(L, 2, NULL));
+  t = lua_type(L, 3);
+  if (t != LUA_TNIL && t != LUA_TBOOLEAN)
+    return luaL_error(L, "clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got %s)",
+                      lua_typename(L, t));
+  n = fast_checkin(L);
+  if (n == 1) return 0;
+  top = lua_gettop(L);
+  if (n == 0) {                          /* nothing done */
+    lua_pushvalue(L, FP(LUA_CHECKIN));
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, 3);
+    return fp_call(L, top, 3);
+  }
+  /* released, events pending: checkin_rest(pool, h, rec, client, reuse, pending, name) */
+  lua_pushvalue(L, FP(CHECKIN_REST));
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, top - 2);
+  lua_rawgeti(L, FP(CLIENTS), lua_tointeger(L, top - 2));
+  lua_pushvalue(L, 3);
+  lua_pushvalue(L, top - 1);
+  lua_rawgeti(L, FP(CO_KEY), lua_tointeger(L, top) + 1);
+  lua_callk(L, 7, 0, (lua_KContext)top, fp_return);
+  return 0;
+}
+#endif
+
 static int lcp_fastpath(lua_State *L) {
   int i;
   luaL_checkudata(L, 1, POOL_MT);
   luaL_checktype(L, 2, LUA_TTABLE);
-  lua_settop(L, FP_VALIDATE);
-  /* upvalue order: FP_POOL .. FP_VALIDATE are the arguments (engine first) */
+  lua_settop(L, FP_CHECKIN_REST);
+  /* upvalue order: FP_POOL .. FP_CHECKIN_REST are the arguments (engine first) */
   lua_pushvalue(L, 1);
   lua_pushvalue(L, 2);
   lua_replace(L, 1);
@@ -672,10 +766,18 @@ static int lcp_fastpath(lua_State *L) {
   lua_pushliteral(L, "acquire");
   lua_pushliteral(L, "release");
   for (i = 1; i < FP_N; i++) lua_pushvalue(L, i);
-  lua_pushcclosure(L, lcp_fast_checkout, FP_N - 1);
+#if LUA_VERSION_NUM >= 503
+  lua_pushcclosure(L, lcp_direct_checkout, FP_N - 1);
   for (i = 1; i < FP_N; i++) lua_pushvalue(L, i);
-  lua_pushcclosure(L, lcp_fast_checkin, FP_N - 1);
-  return 2;
+  lua_pushcclosure(L, lcp_direct_checkin, FP_N - 1);
+  lua_pushboolean(L, 1);
+#else
+  lua_pushcclosure(L, fast_checkout, FP_N - 1);
+  for (i = 1; i < FP_N; i++) lua_pushvalue(L, i);
+  lua_pushcclosure(L, fast_checkin, FP_N - 1);
+  lua_pushboolean(L, 0);
+#endif
+  return 3;
 }
 
 static const luaL_Reg pool_methods[] = {

@@ -490,6 +490,14 @@ describe("checkout/checkin: the C fast path agrees with the Lua path", function(
     ok, err = pcall(function() pool:checkin(-1) end)
     assert.is_false(ok)
     assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #1 to 'checkin'"), err)
+    ok, err = pcall(function() pool:checkout(123) end)
+    assert.is_false(ok)
+    assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #1 to 'checkout' " ..
+                           "%(key must be a string"), err)
+    ok, err = pcall(function() pool:checkin(h, "yes") end)
+    assert.is_false(ok)
+    assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #2 to 'checkin' " ..
+                           "%(boolean or nil expected, got string%)"), err)
     pool:checkin(h)
     pool:close()
   end)

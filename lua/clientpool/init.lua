@@ -1756,9 +1756,14 @@ end
 function install_fastpath(self, mod)
   local c = self._c
   if not mod.fastpath or not self._mono or c.capacity > 1 or c.probe or self._park then return end
-  local co, ci = mod.fastpath(self._e, self, self._kids, self._clients, self._parked, self._co_rec,
-                              self._co_key, self._on, DEFAULT, self._hbase, self._validate and true or false)
   local checkout, checkin = Pool.checkout, Pool.checkin
+  local co, ci, direct = mod.fastpath(self._e, self, self._kids, self._clients, self._parked, self._co_rec,
+                                      self._co_key, self._on, DEFAULT, self._hbase, self._validate and true or false,
+                                      checkout, checkin, checkout_from, checkin_rest)
+  if direct then   -- Lua 5.3+: the C closures finish the job themselves
+    self.checkout, self.checkin = co, ci
+    return
+  end
   self.checkout = function(s, key)
     local client, h, k, st, rec, l, g, validate, idle, pending = co(s, key)
     if h then return client, h end
