@@ -691,6 +691,15 @@ static int fp_call(lua_State *L, int base, int n) {
   return fp_return(L, LUA_OK, (lua_KContext)base);
 }
 
+/* Nothing was done: the Lua method (upvalue fn) does it all, with the
+ * nargs arguments this call got. */
+static int fp_lua(lua_State *L, int fn, int nargs) {
+  int base = lua_gettop(L), i;
+  lua_pushvalue(L, fn);
+  for (i = 1; i <= nargs; i++) lua_pushvalue(L, i);
+  return fp_call(L, base, nargs);
+}
+
 static int lcp_direct_checkout(lua_State *L) {
   int n, top, base, t;
   lua_settop(L, 2);
@@ -700,13 +709,8 @@ static int lcp_direct_checkout(lua_State *L) {
                       lua_typename(L, t));
   n = fast_checkout(L);
   if (n == 2) return 2;
+  if (n == 0) return fp_lua(L, FP(LUA_CHECKOUT), 2);
   top = base = lua_gettop(L);
-  if (n == 0) {                          /* nothing done */
-    lua_pushvalue(L, FP(LUA_CHECKOUT));
-    lua_pushvalue(L, 1);
-    lua_pushvalue(L, 2);
-    return fp_call(L, base, 2);
-  }
   /* acquired: checkout_from(pool, key, k, name, status .. pending) */
   lua_pushvalue(L, FP(CHECKOUT_FROM));
   lua_pushvalue(L, 1);
@@ -729,14 +733,8 @@ static int lcp_direct_checkin(lua_State *L) {
                       lua_typename(L, t));
   n = fast_checkin(L);
   if (n == 1) return 0;
+  if (n == 0) return fp_lua(L, FP(LUA_CHECKIN), 3);
   top = lua_gettop(L);
-  if (n == 0) {                          /* nothing done */
-    lua_pushvalue(L, FP(LUA_CHECKIN));
-    lua_pushvalue(L, 1);
-    lua_pushvalue(L, 2);
-    lua_pushvalue(L, 3);
-    return fp_call(L, top, 3);
-  }
   /* released, events pending: checkin_rest(pool, h, rec, client, reuse, pending, name) */
   lua_pushvalue(L, FP(CHECKIN_REST));
   lua_pushvalue(L, 1);
@@ -746,8 +744,7 @@ static int lcp_direct_checkin(lua_State *L) {
   lua_pushvalue(L, 3);
   lua_pushvalue(L, top - 1);
   lua_rawgeti(L, FP(CO_KEY), lua_tointeger(L, top) + 1);
-  lua_callk(L, 7, 0, (lua_KContext)top, fp_return);
-  return 0;
+  return fp_call(L, top, 7);
 }
 #endif
 
