@@ -20,6 +20,7 @@ static void lcp_setfuncs(lua_State *L, const luaL_Reg *l, int nup) {
   lua_pop(L, nup);
 }
 #define lcp_newlib(L, l) (lua_newtable(L), lcp_setfuncs(L, l, 0))
+#define lcp_rawlen(L, i) ((int)lua_objlen(L, i))
 /* a userdata's private table: its environment on 5.1 */
 #define lcp_getuservalue(L, i) lua_getfenv(L, i)
 #define lcp_setuservalue(L, i) ((void)lua_setfenv(L, i))
@@ -28,6 +29,7 @@ static void lcp_setfuncs(lua_State *L, const luaL_Reg *l, int nup) {
 #define lcp_setuservalue(L, i) lua_setuservalue(L, i)
 #define lcp_setfuncs luaL_setfuncs
 #define lcp_newlib luaL_newlib
+#define lcp_rawlen(L, i) ((int)lua_rawlen(L, i))
 #endif
 
 #endif

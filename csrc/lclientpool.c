@@ -24,6 +24,8 @@
 #define POOL_MT "clientpool.Pool"
 #define LEASE_MT "clientpool.Lease"
 
+enum { UV_GUARDS = 1, UV_SPARE = 2 };   /* the pool's private table's arrays */
+
 typedef struct lcp_box {
   clientpool_t *p;     /* NULL once the pool is freed */
   int refs;
@@ -114,8 +116,18 @@ static int lcp_new(lua_State *L) {
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_setmetatable(L, -2);
   /* the pool's private table: holds the driver's notify function, and is
-   * shared by its sentinels so a collected lease can call it */
+   * shared by its sentinels so a collected lease can call it; [UV_GUARDS]
+   * the armed sentinels by lease slot + 1 (weak: a dropped lease's sentinel
+   * must be collectable), [UV_SPARE] released ones, kept for reuse */
   lua_newtable(L);
+  lua_newtable(L);
+  lua_newtable(L);
+  lua_pushliteral(L, "v");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_rawseti(L, -2, UV_GUARDS);
+  lua_newtable(L);
+  lua_rawseti(L, -2, UV_SPARE);
   lcp_setuservalue(L, -2);
   return 1;
 }
@@ -149,20 +161,59 @@ static int lcp_pool__tostring(lua_State *L) {
   return 1;
 }
 
-/* Pushes a leak sentinel for (lease, gen) of the pool at index 1: on Lua 5.1
- * and LuaJIT, where tables have no __gc, a lease table holds one so a lease
- * collected while held is reported to the engine. */
+/* Pushes a leak sentinel for (lease, gen) of the pool at index 1: a lease
+ * table holds one, so a lease collected while held is reported to the
+ * engine.  A released lease's sentinel is nobody's any more and is armed
+ * again for a later lease (recycle_sentinel): no finalizer runs per lease,
+ * and a lease table needs no __gc of its own. */
 static void push_sentinel(lua_State *L, int32_t lease, uint32_t gen) {
-  lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
-  lcp_guard *s = (lcp_guard *)lua_newuserdata(L, sizeof *s);
-  s->box = *u;
-  s->box->refs++;
+  lcp_guard *s;
+  int n;
+  lcp_getuservalue(L, 1);                      /* uv */
+  lua_rawgeti(L, -1, UV_SPARE);                /* uv spare */
+  n = lcp_rawlen(L, -1);
+  if (n > 0) {
+    lua_rawgeti(L, -1, n);                     /* uv spare s */
+    lua_pushnil(L);
+    lua_rawseti(L, -3, n);
+    s = (lcp_guard *)lua_touserdata(L, -1);
+  } else {
+    lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
+    s = (lcp_guard *)lua_newuserdata(L, sizeof *s);
+    s->box = *u;
+    s->box->refs++;
+    luaL_getmetatable(L, LEASE_MT);
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -3);
+    lcp_setuservalue(L, -2);
+  }
   s->lease = lease;
   s->gen = gen;
-  luaL_getmetatable(L, LEASE_MT);
-  lua_setmetatable(L, -2);
-  lcp_getuservalue(L, 1);
-  lcp_setuservalue(L, -2);
+  lua_rawgeti(L, -3, UV_GUARDS);               /* uv spare s guards */
+  lua_pushvalue(L, -2);
+  lua_rawseti(L, -2, lease + 1);
+  lua_pop(L, 1);
+  lua_replace(L, -3);                          /* s spare */
+  lua_pop(L, 1);
+}
+
+/* The lease (lease, gen) ended: its sentinel, if the driver dropped it (the
+ * lease table no longer refers to it), goes to the spares. */
+static void recycle_sentinel(lua_State *L, int32_t lease, uint32_t gen) {
+  lcp_guard *s;
+  lcp_getuservalue(L, 1);                      /* uv */
+  lua_rawgeti(L, -1, UV_GUARDS);               /* uv guards */
+  lua_rawgeti(L, -1, lease + 1);               /* uv guards s|nil */
+  s = (lcp_guard *)lua_touserdata(L, -1);
+  if (s && s->box && s->lease == lease && s->gen == gen) {
+    lua_pushnil(L);
+    lua_rawseti(L, -3, lease + 1);
+    lua_rawgeti(L, -3, UV_SPARE);              /* uv guards s spare */
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, lcp_rawlen(L, -2) + 1);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 3);
 }
 
 /* E:sentinel(lease, gen) -> a leak sentinel */
@@ -214,15 +265,20 @@ static int lcp_release_closes(lua_State *L) {
 static int lcp_regrant(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   clientpool_grant_t g;
-  clientpool_regrant(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3), opt_now(L, 4), &g);
+  int32_t lease = (int32_t)lua_tointeger(L, 2);
+  uint32_t gen = (uint32_t)lua_tointeger(L, 3);
+  clientpool_regrant(p, lease, gen, opt_now(L, 4), &g);
+  if (g.status != CLIENTPOOL_STALE) recycle_sentinel(L, lease, gen);
   return push_grant(L, &g, p, 0, lua_toboolean(L, 5));
 }
 
 /* E:release(lease, gen, reason [, now]) -> ok, pending */
 static int lcp_release(lua_State *L) {
   clientpool_t *p = lcp_self(L);
-  int rc = clientpool_release(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
-                              (int32_t)luaL_optinteger(L, 4, -1), opt_now(L, 5));
+  int32_t lease = (int32_t)lua_tointeger(L, 2);
+  uint32_t gen = (uint32_t)lua_tointeger(L, 3);
+  int rc = clientpool_release(p, lease, gen, (int32_t)luaL_optinteger(L, 4, -1), opt_now(L, 5));
+  if (rc == 0) recycle_sentinel(L, lease, gen);
   lua_pushboolean(L, rc == 0);
   lua_pushinteger(L, clientpool_pending(p));
   return 2;

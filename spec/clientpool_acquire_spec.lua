@@ -797,8 +797,8 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
       end
 
       -- in a fresh interpreter (see spec/gc_leak_check.lua for why)
-      local function gc_leak_check(capacity)
-        assert.equal("OK\nrc=0\n", H.run_fresh("spec/gc_leak_check.lua " .. capacity))
+      local function gc_leak_check(capacity, mode)
+        assert.equal("OK\nrc=0\n", H.run_fresh("spec/gc_leak_check.lua " .. capacity .. " " .. (mode or "")))
       end
 
       it("a lease collected while held counts as leaked: client destroyed, leak event, capacity back", function()
@@ -809,6 +809,11 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
       it("a shared lease (capacity > 1) collected while held counts as leaked too", function()
         if S.name ~= "loop (virtual clock)" then return end
         gc_leak_check(2)
+      end)
+
+      it("a lease collected while held is a leak though its sentinel was a released lease's", function()
+        if S.name ~= "loop (virtual clock)" then return end
+        gc_leak_check(1, "recycled")
       end)
 
       it("a released lease that is collected is not a leak", function()

@@ -2,9 +2,12 @@
 -- collected while held counts as leaked. A fresh process, because inside a
 -- long busted run a stale slot somewhere can keep one particular lease
 -- alive for a while, which made the in-process version flaky.
--- usage: gc_leak_check.lua [capacity] (capacity > 1: a shared lease, whose
--- co-holder bookkeeping must not keep it from the collector)
+-- usage: gc_leak_check.lua [capacity [recycled]] (capacity > 1: a shared
+-- lease, whose co-holder bookkeeping must not keep it from the collector;
+-- recycled: the leaked lease's sentinel is one a released lease had, and
+-- that released lease is still referenced)
 local capacity = tonumber(arg and arg[1]) or 1
+local recycled = arg and arg[2] == "recycled"
 local clientpool = require "clientpool"
 local loop = require("clientpool.loop").new { clock = "virtual" }
 
@@ -22,7 +25,15 @@ local function check(cond, what)
   if not cond then io.write("FAIL ", what, "\n"); os.exit(1) end
 end
 
+local kept
 loop.spawn(function()
+  if recycled then
+    for i = 1, 3 do
+      local l = assert(pool:acquire("k"))
+      l:release()
+      if i == 1 then kept = l end
+    end
+  end
   -- every lease the client can carry (one, or `capacity` shared ones) is dropped
   local co = coroutine.create(function()
     local id
@@ -48,6 +59,7 @@ loop.spawn(function()
   check(type(l) == "table", "capacity back: " .. tostring(code))
   check(l.client.id == 2, "a new client")
   l:release()
+  check(not recycled or kept ~= nil, "the released lease kept")
   io.write("OK\n")
 end)
 loop.run()
