@@ -166,10 +166,10 @@ static int lcp_pool__tostring(lua_State *L) {
  * engine.  A released lease's sentinel is nobody's any more and is armed
  * again for a later lease (recycle_sentinel): no finalizer runs per lease,
  * and a lease table needs no __gc of its own. */
-static void push_sentinel(lua_State *L, int32_t lease, uint32_t gen) {
+static void push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
   lcp_guard *s;
   int n;
-  lcp_getuservalue(L, 1);                      /* uv */
+  lcp_getuservalue(L, e);                      /* uv */
   lua_rawgeti(L, -1, UV_SPARE);                /* uv spare */
   n = lcp_rawlen(L, -1);
   if (n > 0) {
@@ -178,7 +178,7 @@ static void push_sentinel(lua_State *L, int32_t lease, uint32_t gen) {
     lua_rawseti(L, -3, n);
     s = (lcp_guard *)lua_touserdata(L, -1);
   } else {
-    lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
+    lcp_box **u = (lcp_box **)lua_touserdata(L, e);
     s = (lcp_guard *)lua_newuserdata(L, sizeof *s);
     s->box = *u;
     s->box->refs++;
@@ -199,9 +199,9 @@ static void push_sentinel(lua_State *L, int32_t lease, uint32_t gen) {
 
 /* The lease (lease, gen) ended: its sentinel, if the driver dropped it (the
  * lease table no longer refers to it), goes to the spares. */
-static void recycle_sentinel(lua_State *L, int32_t lease, uint32_t gen) {
+static void recycle_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
   lcp_guard *s;
-  lcp_getuservalue(L, 1);                      /* uv */
+  lcp_getuservalue(L, e);                      /* uv */
   lua_rawgeti(L, -1, UV_GUARDS);               /* uv guards */
   lua_rawgeti(L, -1, lease + 1);               /* uv guards s|nil */
   s = (lcp_guard *)lua_touserdata(L, -1);
@@ -219,7 +219,7 @@ static void recycle_sentinel(lua_State *L, int32_t lease, uint32_t gen) {
 /* E:sentinel(lease, gen) -> a leak sentinel */
 static int lcp_sentinel(lua_State *L) {
   lcp_self(L);
-  push_sentinel(L, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3));
+  push_sentinel(L, 1, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3));
   return 1;
 }
 
@@ -238,7 +238,7 @@ static int push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p
   n = 7;
   if (waited) { lua_pushnumber(L, g->waited); n++; }
   if (sentinel && (g->status == CLIENTPOOL_GRANT_IDLE || g->status == CLIENTPOOL_GRANT_CREATE)) {
-    push_sentinel(L, g->lease, g->lease_gen);
+    push_sentinel(L, 1, g->lease, g->lease_gen);
     n++;
   }
   return n;
@@ -268,7 +268,7 @@ static int lcp_regrant(lua_State *L) {
   int32_t lease = (int32_t)lua_tointeger(L, 2);
   uint32_t gen = (uint32_t)lua_tointeger(L, 3);
   clientpool_regrant(p, lease, gen, opt_now(L, 4), &g);
-  if (g.status != CLIENTPOOL_STALE) recycle_sentinel(L, lease, gen);
+  if (g.status != CLIENTPOOL_STALE) recycle_sentinel(L, 1, lease, gen);
   return push_grant(L, &g, p, 0, lua_toboolean(L, 5));
 }
 
@@ -278,7 +278,7 @@ static int lcp_release(lua_State *L) {
   int32_t lease = (int32_t)lua_tointeger(L, 2);
   uint32_t gen = (uint32_t)lua_tointeger(L, 3);
   int rc = clientpool_release(p, lease, gen, (int32_t)luaL_optinteger(L, 4, -1), opt_now(L, 5));
-  if (rc == 0) recycle_sentinel(L, lease, gen);
+  if (rc == 0) recycle_sentinel(L, 1, lease, gen);
   lua_pushboolean(L, rc == 0);
   lua_pushinteger(L, clientpool_pending(p));
   return 2;
@@ -589,9 +589,9 @@ static int lcp_sleep(lua_State *L) {
 }
 
 /* ---- the zero-allocation form's common case --------------------------
- * core.fastpath(engine, pool, kids, clients, parked, co_rec, co_key, on,
- *               default_name, hbase, validate, Pool.checkout, Pool.checkin,
- *               checkout_from, checkin_rest) -> checkout, checkin, direct
+ * core.fastpath(engine, pool, parts) -> { checkout, checkin, acquire, release,
+ *                                        direct }
+ * parts: the driver's tables and functions, named as in fp_parts below.
  *
  * On PUC Lua most of a checkout/checkin pair was the driver's Lua (table
  * reads, handle arithmetic), not the engine.  These two C closures do what
@@ -623,9 +623,17 @@ static int lcp_sleep(lua_State *L) {
  * check each call (waiters, drain, listeners, parked, validate) they read
  * from the same tables the Lua code does, so the two paths never disagree.
  */
-enum { FP_POOL = 1, FP_ENGINE, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
+/* The closures' upvalues: the engine, the pool and the parts table's
+ * fields named in fp_parts (same order), then strings they look up. */
+enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
        FP_DEFAULT, FP_HBASE, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
-       FP_CHECKIN_REST, FP_S_NWAITERS, FP_S_DRAIN, FP_S_ACQUIRE, FP_S_RELEASE, FP_N };
+       FP_CHECKIN_REST, FP_LUA_ACQUIRE, FP_ACQUIRE_FROM, FP_HELD, FP_LEASE_MT, FP_PUMP,
+       FP_S_NWAITERS, FP_S_DRAIN, FP_S_ACQUIRE, FP_S_RELEASE, FP_N };
+static const char *const fp_parts[] = {
+  "kids", "clients", "parked", "co_rec", "co_key", "on", "default", "hbase", "validate",
+  "checkout", "checkin", "checkout_from", "checkin_rest", "acquire", "acquire_from", "held",
+  "lease_mt", "pump", NULL
+};
 #define FP(i) lua_upvalueindex(FP_##i)
 #define HSLOTS 2097152   /* as init.lua: lease slots in a handle's low bits */
 
@@ -763,6 +771,7 @@ static int lcp_direct_checkout(lua_State *L) {
   if (t != LUA_TNIL && t != LUA_TSTRING && lua_rawequal(L, 1, FP(POOL)))
     return luaL_error(L, "clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got %s)",
                       lua_typename(L, t));
+  luaL_checkstack(L, 32, NULL);          /* (more than LUA_MINSTACK: results, then a call) */
   n = fast_checkout(L);
   if (n == 2) return 2;
   if (n == 0) return fp_lua(L, FP(LUA_CHECKOUT), 2);
@@ -787,6 +796,7 @@ static int lcp_direct_checkin(lua_State *L) {
   if (t != LUA_TNIL && t != LUA_TBOOLEAN)
     return luaL_error(L, "clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got %s)",
                       lua_typename(L, t));
+  luaL_checkstack(L, 32, NULL);
   n = fast_checkin(L);
   if (n == 1) return 0;
   if (n == 0) return fp_lua(L, FP(LUA_CHECKIN), 3);
@@ -804,33 +814,176 @@ static int lcp_direct_checkin(lua_State *L) {
 }
 #endif
 
+/* acquire(pool, key, opts): the lease form's common case, as checkout's:
+ * -> lease | nil, false, k, status, record, lease, gen, validate, idle,
+ * pending, sentinel (acquired: the driver's acquire_from goes on) | nothing.
+ * Only without opts (the driver checks them) and never for a pool with
+ * leak_threshold (each lease records a traceback there). */
+static int fast_acquire(lua_State *L) {
+  clientpool_t *p;
+  clientpool_grant_t g;
+  int32_t k, pending;
+  if (!lua_rawequal(L, 1, FP(POOL)) || !lua_isnoneornil(L, 3)) return 0;
+  luaL_checkstack(L, 24, NULL);          /* 11 results over 5 slots, and push_sentinel's */
+  lua_settop(L, 3);                                       /* 3: opts (nil) */
+  lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* 4: name */
+  lua_pushvalue(L, 4);
+  lua_rawget(L, FP(KIDS));                                /* 5: key id */
+  if (lua_isnil(L, 5) || (p = fp_engine(L)) == NULL) return 0;
+  lua_pushvalue(L, FP(S_NWAITERS));
+  lua_rawget(L, 1);
+  if (lua_tonumber(L, -1) > 0) return 0;
+  k = (int32_t)lua_tointeger(L, 5);
+  clientpool_acquire(p, k, clientpool_monotime(), &g);
+  pending = clientpool_pending(p);
+  if (g.status == CLIENTPOOL_GRANT_IDLE && pending == 0 &&
+      !(g.validate && lua_toboolean(L, FP(VALIDATE))) && fp_unset(L, FP(ON), FP(S_ACQUIRE))) {
+    int parked;
+    lua_rawgeti(L, FP(PARKED), g.record);
+    parked = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (!parked) {                       /* as the driver's new_lease */
+      lua_createtable(L, 0, 8);
+      lua_rawgeti(L, FP(CLIENTS), g.record);
+      lua_setfield(L, -2, "client");
+      lua_pushvalue(L, 1);
+      lua_setfield(L, -2, "_p");
+      lua_pushvalue(L, 4);
+      lua_setfield(L, -2, "_key");
+      lua_pushinteger(L, g.record);
+      lua_setfield(L, -2, "_r");
+      lua_pushinteger(L, g.lease);
+      lua_setfield(L, -2, "_l");
+      lua_pushinteger(L, (lua_Integer)g.lease_gen);
+      lua_setfield(L, -2, "_g");
+      push_sentinel(L, FP(ENGINE), g.lease, g.lease_gen);
+      lua_setfield(L, -2, "_s");
+      lua_pushvalue(L, FP(LEASE_MT));
+      lua_setmetatable(L, -2);
+      lua_pushvalue(L, -1);
+      lua_rawseti(L, FP(HELD), g.lease);
+      return 1;
+    }
+  }
+  lua_pushnil(L);
+  lua_pushboolean(L, 0);
+  lua_pushinteger(L, k);
+  lua_pushinteger(L, g.status);
+  lua_pushinteger(L, g.record);
+  lua_pushinteger(L, g.lease);
+  lua_pushinteger(L, (lua_Integer)g.lease_gen);
+  lua_pushboolean(L, g.validate);
+  lua_pushnumber(L, g.idle);
+  lua_pushinteger(L, pending);
+  if (g.status == CLIENTPOOL_GRANT_IDLE || g.status == CLIENTPOOL_GRANT_CREATE)
+    push_sentinel(L, FP(ENGINE), g.lease, g.lease_gen);
+  else
+    lua_pushnil(L);
+  return 11;
+}
+
+/* release(lease, reuse) -> true when done (Lease.release calls it after its
+ * own checks, for a lease of this pool); false when nothing was done. */
+static int lcp_fast_release(lua_State *L) {
+  clientpool_t *p;
+  int32_t l, rc;
+  uint32_t gen;
+  lua_settop(L, 2);
+  lua_getfield(L, 1, "_p");
+  lua_getfield(L, 1, "_l");
+  lua_getfield(L, 1, "_g");                               /* 3 _p, 4 _l, 5 _g */
+  if (!lua_rawequal(L, 3, FP(POOL)) || !lua_isnumber(L, 5) || (p = fp_engine(L)) == NULL ||
+      !fp_unset(L, FP(POOL), FP(S_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  l = (int32_t)lua_tointeger(L, 4);
+  gen = (uint32_t)lua_tointeger(L, 5);
+  /* as the driver's finish_lease: the lease lets go of its sentinel first */
+  lua_pushnil(L);
+  lua_setfield(L, 1, "_g");
+  lua_pushnil(L);
+  lua_setfield(L, 1, "_s");
+  lua_rawgeti(L, FP(HELD), l);
+  if (lua_rawequal(L, -1, 1)) {
+    lua_pushnil(L);
+    lua_rawseti(L, FP(HELD), l);
+  }
+  lua_pop(L, 1);
+  rc = clientpool_release(p, l, gen, lua_type(L, 2) == LUA_TBOOLEAN && !lua_toboolean(L, 2)
+                          ? CLIENTPOOL_BY_ERROR : -1, clientpool_monotime());
+  if (rc == 0) recycle_sentinel(L, FP(ENGINE), l, gen);
+  if (clientpool_pending(p) > 0) {       /* release never yields: a plain call */
+    lua_pushvalue(L, FP(PUMP));
+    lua_pushvalue(L, FP(POOL));
+    lua_call(L, 1, 0);
+  }
+  lua_pushnil(L);
+  lua_setfield(L, 1, "client");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+#if LUA_VERSION_NUM >= 503
+static int lcp_direct_acquire(lua_State *L) {
+  int n, top, base, t;
+  lua_settop(L, 3);
+  t = lua_type(L, 2);
+  if (t != LUA_TNIL && t != LUA_TSTRING && lua_rawequal(L, 1, FP(POOL)) && lua_isnil(L, 3))
+    return luaL_error(L, "clientpool: bad argument #1 to 'acquire' (key must be a string or nil, got %s)",
+                      lua_typename(L, t));
+  luaL_checkstack(L, 40, NULL);
+  n = fast_acquire(L);
+  if (n == 1) return 1;
+  if (n == 0) return fp_lua(L, FP(LUA_ACQUIRE), 3);
+  /* acquired: acquire_from(pool, key, opts, drain, k, name, status .. sentinel) */
+  top = base = lua_gettop(L);
+  lua_pushvalue(L, FP(ACQUIRE_FROM));
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushnil(L);
+  lua_pushnil(L);
+  lua_pushvalue(L, top - 8);
+  lua_pushvalue(L, 4);
+  for (n = top - 7; n <= top; n++) lua_pushvalue(L, n);
+  return fp_call(L, base, 14);
+}
+#endif
+
 static int lcp_fastpath(lua_State *L) {
   int i;
   luaL_checkudata(L, 1, POOL_MT);
   luaL_checktype(L, 2, LUA_TTABLE);
-  lua_settop(L, FP_CHECKIN_REST);
-  /* upvalue order: FP_POOL .. FP_CHECKIN_REST are the arguments (engine first) */
-  lua_pushvalue(L, 1);
-  lua_pushvalue(L, 2);
-  lua_replace(L, 1);
-  lua_replace(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  lua_settop(L, 3);
+  luaL_checkstack(L, 2 * FP_N + 4, NULL);   /* the upvalues, and a copy for each closure */
+  for (i = 0; fp_parts[i]; i++) lua_getfield(L, 3, fp_parts[i]);
+  lua_remove(L, 3);                      /* 1 engine, 2 pool, 3.. the parts */
   lua_pushliteral(L, "_nwaiters");
   lua_pushliteral(L, "_drain_hs");
   lua_pushliteral(L, "acquire");
   lua_pushliteral(L, "release");
-  for (i = 1; i < FP_N; i++) lua_pushvalue(L, i);
+  lua_createtable(L, 0, 5);
+  {
+    static const struct { const char *name; lua_CFunction fn; } made[] = {
 #if LUA_VERSION_NUM >= 503
-  lua_pushcclosure(L, lcp_direct_checkout, FP_N - 1);
-  for (i = 1; i < FP_N; i++) lua_pushvalue(L, i);
-  lua_pushcclosure(L, lcp_direct_checkin, FP_N - 1);
-  lua_pushboolean(L, 1);
+      {"checkout", lcp_direct_checkout}, {"checkin", lcp_direct_checkin},
+      {"acquire", lcp_direct_acquire},
 #else
-  lua_pushcclosure(L, fast_checkout, FP_N - 1);
-  for (i = 1; i < FP_N; i++) lua_pushvalue(L, i);
-  lua_pushcclosure(L, fast_checkin, FP_N - 1);
-  lua_pushboolean(L, 0);
+      {"checkout", fast_checkout}, {"checkin", fast_checkin}, {"acquire", fast_acquire},
 #endif
-  return 3;
+      {"release", lcp_fast_release}, {NULL, NULL}
+    };
+    for (i = 0; made[i].name; i++) {
+      int j;
+      for (j = 1; j < FP_N; j++) lua_pushvalue(L, j);
+      lua_pushcclosure(L, made[i].fn, FP_N - 1);
+      lua_setfield(L, -2, made[i].name);
+    }
+  }
+  lua_pushboolean(L, LUA_VERSION_NUM >= 503);
+  lua_setfield(L, -2, "direct");
+  return 1;
 }
 
 static const luaL_Reg pool_methods[] = {

@@ -369,10 +369,11 @@ end
 -- common case in C (init.lua's install_fastpath). The same random script
 -- runs on such a pool and on one with the fast path removed (the Lua path
 -- alone); every result, listener call and count must agree.
-describe("checkout/checkin: the C fast path agrees with the Lua path", function()
-  -- One script on a real-clock loop of its own: checkouts (some of them
-  -- waiting, in tasks), checkins for reuse or not, stale checkins, failing
-  -- validates (odd seeds), listeners added halfway.
+describe("checkout/checkin and acquire/release: the C fast path agrees with the Lua path", function()
+  -- One script on a real-clock loop of its own: checkouts and acquires
+  -- (some of them waiting, in tasks), checkins and releases for reuse or
+  -- not, stale checkins, repeated releases, failing validates (odd seeds),
+  -- listeners added halfway.
   local function script(seed, fast)
     local loop = require("clientpool.loop").new()
     local made, destroyed = 0, 0
@@ -391,14 +392,14 @@ describe("checkout/checkin: the C fast path agrees with the Lua path", function(
         return true
       end or nil,
     }
-    assert(rawget(pool, "checkout") ~= nil, "fast path installed")
-    if not fast then pool.checkout, pool.checkin = nil, nil end
+    assert(rawget(pool, "checkout") ~= nil and rawget(pool, "acquire") ~= nil, "fast path installed")
+    if not fast then pool.checkout, pool.checkin, pool.acquire, pool._frel = nil, nil, nil, nil end
     local rnd = seed
     local function r(n)
       rnd = (rnd * 1103515245 + 12345) % 2147483648
       return rnd % n + 1
     end
-    local held, old = {}, {}
+    local held, old, leases, released = {}, {}, {}, {}
     local keys = { nil, "a", "b" }
     local function checkout(step, key)
       local c, h, detail = pool:checkout(key)
@@ -409,9 +410,18 @@ describe("checkout/checkin: the C fast path agrees with the Lua path", function(
         say(step, "checkout", tostring(key), "->", h, type(detail))
       end
     end
+    local function acquire(step, key)
+      local lease, code, detail = pool:acquire(key)
+      if lease then
+        leases[#leases + 1] = lease
+        say(step, "acquire", tostring(key), lease.client.id, tostring(lease.client.key))
+      else
+        say(step, "acquire", tostring(key), "->", code, type(detail))
+      end
+    end
     loop.spawn(function()
       for step = 1, 300 do
-        local op = r(12)
+        local op = r(17)
         local now = pool:stats()
         if op <= 3 and now.leases < 3 and now.waiting == 0 then
           checkout(step, keys[r(3)])             -- does not wait
@@ -429,6 +439,21 @@ describe("checkout/checkin: the C fast path agrees with the Lua path", function(
           say(step, "stale checkin")
         elseif op == 11 then
           fails[r(made + 1)] = true          -- the next validate of that client fails
+        elseif op == 12 and now.leases < 3 and now.waiting == 0 then
+          acquire(step, keys[r(3)])              -- does not wait
+        elseif op == 13 then
+          local key = keys[r(3)]
+          loop.spawn(function() acquire(step, key) end)    -- may wait
+        elseif op <= 16 and #leases > 0 then
+          local lease = table.remove(leases, r(#leases))
+          local reuse = ({ nil, true, false })[r(3)]
+          local id = lease.client.id
+          lease:release(reuse)
+          released[#released + 1] = lease
+          say(step, "release", id, tostring(reuse), tostring(lease.client))
+        elseif op == 17 and #released > 0 then
+          released[r(#released)]:release()     -- again: a no-op
+          say(step, "release again")
         end
         if step == 150 then
           pool:on("acquire", function(key, c) say("on acquire", tostring(key), c.id) end)
@@ -439,9 +464,10 @@ describe("checkout/checkin: the C fast path agrees with the Lua path", function(
         local s = pool:stats()
         say("stats", s.live, s.idle, s.active, s.leases, s.waiting, s.opened, s.closed, s.reused)
       end
-      while #held > 0 or pool:stats().waiting > 0 do
+      while #held > 0 or #leases > 0 or pool:stats().waiting > 0 do
         for _, h in ipairs(held) do pool:checkin(h) end
-        held = {}
+        for _, lease in ipairs(leases) do lease:release() end
+        held, leases = {}, {}
         loop.sleep(0)
       end
       pool:close()
@@ -463,15 +489,18 @@ describe("checkout/checkin: the C fast path agrees with the Lua path", function(
   end)
 
   it("is installed only where its common case needs no Lua", function()
-    local function fast(o)
+    local function fast(o, field)
       o.create = function() return {} end
       o.backend, o.max_live = "core", 2
       local pool = clientpool.new(o)
-      local on = rawget(pool, "checkout") ~= nil
+      local on = rawget(pool, field or "checkout") ~= nil
       pool:close()
       return on
     end
     assert.is_true(fast {})
+    assert.is_true(fast({}, "acquire"))
+    assert.is_false(fast({ leak_threshold = 10 }, "acquire"))   -- a traceback per lease: Lua
+    assert.is_true(fast { leak_threshold = 10 })
     assert.is_false(fast { capacity = 2 })
     assert.is_false(fast { probe = true })
     assert.is_false(fast { park = function() end, unpark = function(c) return c end })

@@ -5,11 +5,13 @@
 -- usage: gc_leak_check.lua [capacity [recycled]] (capacity > 1: a shared
 -- lease, whose co-holder bookkeeping must not keep it from the collector;
 -- recycled: the leaked lease's sentinel is one a released lease had, and
--- that released lease is still referenced)
+-- that released lease is still referenced); a third argument "real" runs
+-- it on a real clock, where C API pools acquire and release in C
+-- (clientpool.core.fastpath)
 local capacity = tonumber(arg and arg[1]) or 1
 local recycled = arg and arg[2] == "recycled"
 local clientpool = require "clientpool"
-local loop = require("clientpool.loop").new { clock = "virtual" }
+local loop = require("clientpool.loop").new { clock = arg and arg[3] == "real" and "real" or "virtual" }
 
 local created, destroyed = 0, 0
 local alive = {}

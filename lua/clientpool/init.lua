@@ -369,6 +369,7 @@ Detail.__concat = function(a, b) return tostring(a) .. tostring(b) end
 
 local Pool = {}
 local install_fastpath   -- the C fast path of checkout/checkin (defined at the end)
+local acquire_from       -- Pool:acquire after the engine's answer (defined below it)
 Pool.__index = Pool
 local Lease = {}
 Lease.__index = Lease
@@ -736,7 +737,8 @@ local function new_lease(self, name, rec, l, g, client, sentinel, drain)
     while true do
       local info = debug.getinfo(level, "S")
       if info == nil then level = 2; break end
-      if info.source ~= THIS_SOURCE and info.what ~= "C" then break end
+      -- (Lua 5.1 shows a tail call as a frame of its own, what = "tail")
+      if info.source ~= THIS_SOURCE and info.what ~= "C" and info.what ~= "tail" then break end
       level = level + 1
     end
     lease._where = debug.traceback("acquired", level)
@@ -992,7 +994,12 @@ function Pool:acquire(key, opts)
     return nil, "closed"
   end
   if self._nwaiters > 0 then reap_if_full(self) end
-  local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
+  return acquire_from(self, key, opts, drain, k, name, e:acquire(k, now_of(self), NEED_SENTINEL))
+end
+
+-- acquire from the engine's answer. Shared by Pool:acquire and the C fast
+-- path (install_fastpath), which hands over whatever it does not finish.
+function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, idle, pending, sentinel)
   if pending > 0 then pump(self) end
   local waited
   if st == MUST_WAIT then
@@ -1503,6 +1510,8 @@ function Lease.release(lease, reuse)
   local g = lease._g
   if g == nil then return end                 -- idempotent
   local self = lease._p
+  local fast = self._frel                     -- the C fast path (install_fastpath)
+  if fast and fast(lease, reuse) then return end
   local rec, name = lease._r, lease._key
   local client = self._clients[rec]
   if reuse == false then
@@ -1751,13 +1760,32 @@ end
 function install_fastpath(self, mod)
   local c = self._c
   if not mod.fastpath or not self._mono or c.capacity > 1 or c.probe or self._park then return end
-  local checkout, checkin = Pool.checkout, Pool.checkin
-  local co, ci, direct = mod.fastpath(self._e, self, self._kids, self._clients, self._parked, self._co_rec,
-                                      self._co_key, self._on, DEFAULT, self._hbase, self._validate and true or false,
-                                      checkout, checkin, checkout_from, checkin_rest)
-  if direct then   -- Lua 5.3+: the C closures finish the job themselves
-    self.checkout, self.checkin = co, ci
+  local checkout, checkin, acquire = Pool.checkout, Pool.checkin, Pool.acquire
+  local fp = mod.fastpath(self._e, self, {
+    kids = self._kids, clients = self._clients, parked = self._parked, co_rec = self._co_rec,
+    co_key = self._co_key, on = self._on, default = DEFAULT, hbase = self._hbase,
+    validate = self._validate and true or false, checkout = checkout, checkin = checkin,
+    checkout_from = checkout_from, checkin_rest = checkin_rest, acquire = acquire,
+    acquire_from = acquire_from, held = self._held, lease_mt = Lease, pump = pump,
+  })
+  -- the lease form: not with leak_threshold (each lease records where it
+  -- was taken, in Lua)
+  local leases = not c.leak_threshold
+  if leases then self._frel = fp.release end
+  if fp.direct then   -- Lua 5.3+: the C closures finish the job themselves
+    self.checkout, self.checkin = fp.checkout, fp.checkin
+    if leases then self.acquire = fp.acquire end
     return
+  end
+  local co, ci, ac = fp.checkout, fp.checkin, fp.acquire
+  if leases then
+    self.acquire = function(s, key, opts)
+      local lease, got, k, st, rec, l, g, validate, idle, pending, sentinel = ac(s, key, opts)
+      if lease then return lease end
+      if got == nil then return acquire(s, key, opts) end
+      return acquire_from(s, key, opts, nil, k, key == nil and DEFAULT or key, st, rec, l, g, validate, idle,
+                          pending, sentinel)
+    end
   end
   self.checkout = function(s, key)
     local client, h, k, st, rec, l, g, validate, idle, pending = co(s, key)
