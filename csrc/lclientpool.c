@@ -224,8 +224,9 @@ static int lcp_sentinel(lua_State *L) {
 }
 
 /* Pushes a grant: status, record, lease, gen, validate, idle, pending
- * [, waited] [, sentinel]: the sentinel only for a grant and when asked for,
- * so a hot acquire stays one C call on every Lua. */
+ * [, waited] [, sentinel]: the sentinel only for a grant and when asked for
+ * (sentinel: the engine's stack index, or 0), so a hot acquire stays one C
+ * call on every Lua. */
 static int push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p, int waited, int sentinel) {
   int n;
   lua_pushinteger(L, g->status);
@@ -238,7 +239,7 @@ static int push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p
   n = 7;
   if (waited) { lua_pushnumber(L, g->waited); n++; }
   if (sentinel && (g->status == CLIENTPOOL_GRANT_IDLE || g->status == CLIENTPOOL_GRANT_CREATE)) {
-    push_sentinel(L, 1, g->lease, g->lease_gen);
+    push_sentinel(L, sentinel, g->lease, g->lease_gen);
     n++;
   }
   return n;
@@ -249,7 +250,7 @@ static int lcp_acquire(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   clientpool_grant_t g;
   clientpool_acquire(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3), &g);
-  return push_grant(L, &g, p, 0, lua_toboolean(L, 4));
+  return push_grant(L, &g, p, 0, lua_toboolean(L, 4) ? 1 : 0);
 }
 
 /* E:release_closes(lease, gen [, now]) -> boolean (nil for a stale lease) */
@@ -269,7 +270,7 @@ static int lcp_regrant(lua_State *L) {
   uint32_t gen = (uint32_t)lua_tointeger(L, 3);
   clientpool_regrant(p, lease, gen, opt_now(L, 4), &g);
   if (g.status != CLIENTPOOL_STALE) recycle_sentinel(L, 1, lease, gen);
-  return push_grant(L, &g, p, 0, lua_toboolean(L, 5));
+  return push_grant(L, &g, p, 0, lua_toboolean(L, 5) ? 1 : 0);
 }
 
 /* E:release(lease, gen, reason [, now]) -> ok, pending */
@@ -306,7 +307,7 @@ static int lcp_claim(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   clientpool_grant_t g;
   clientpool_claim(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3), opt_now(L, 4), &g);
-  return push_grant(L, &g, p, 1, lua_toboolean(L, 5));
+  return push_grant(L, &g, p, 1, lua_toboolean(L, 5) ? 1 : 0);
 }
 
 /* E:cancel(waiter, gen, status [, now [, sentinel]]) -> as claim */
@@ -315,7 +316,7 @@ static int lcp_cancel(lua_State *L) {
   clientpool_grant_t g;
   clientpool_cancel(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
                     (int32_t)lua_tointeger(L, 4), opt_now(L, 5), &g);
-  return push_grant(L, &g, p, 1, lua_toboolean(L, 6));
+  return push_grant(L, &g, p, 1, lua_toboolean(L, 6) ? 1 : 0);
 }
 
 static int push_rc(lua_State *L, int rc, clientpool_t *p) {
@@ -610,8 +611,11 @@ static int lcp_sleep(lua_State *L) {
  *                                                  drains the events
  *                            | (nothing)           nothing done
  *
- * On Lua 5.3 and 5.4 fastpath returns closures that finish the job
- * themselves: they raise checkout's and checkin's argument errors (at the
+ * acquire and release follow the same pattern for the lease form (below);
+ * acquire is always wrapped in Lua, as its option errors are Lua's.
+ *
+ * On Lua 5.3 and 5.4 fastpath returns checkout and checkin closures that
+ * finish the job themselves: they raise checkout's and checkin's argument errors (at the
  * caller's line, as the Lua code does) and call the Lua functions they are
  * given for the rest, with a continuation, so a checkout may still wait.
  * The pool installs those as its own checkout and checkin (a Lua wrapper
@@ -627,11 +631,11 @@ static int lcp_sleep(lua_State *L) {
  * fields named in fp_parts (same order), then strings they look up. */
 enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
        FP_DEFAULT, FP_HBASE, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
-       FP_CHECKIN_REST, FP_LUA_ACQUIRE, FP_ACQUIRE_FROM, FP_HELD, FP_LEASE_MT, FP_PUMP,
+       FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP,
        FP_S_NWAITERS, FP_S_DRAIN, FP_S_ACQUIRE, FP_S_RELEASE, FP_N };
 static const char *const fp_parts[] = {
   "kids", "clients", "parked", "co_rec", "co_key", "on", "default", "hbase", "validate",
-  "checkout", "checkin", "checkout_from", "checkin_rest", "acquire", "acquire_from", "held",
+  "checkout", "checkin", "checkout_from", "checkin_rest", "held",
   "lease_mt", "pump", NULL
 };
 #define FP(i) lua_upvalueindex(FP_##i)
@@ -652,50 +656,64 @@ static int fp_unset(lua_State *L, int t, int field) {
   return none;
 }
 
-static int fast_checkout(lua_State *L) {
+/* What checkout and acquire share.  The name of the key in argument 2 goes
+ * to index top + 1 (arguments above 2 are kept), its id to top + 2; then,
+ * unless a waiter may need reaping (Lua's reap_if_full), the engine's
+ * acquire.  Returns -1 when nothing was done (the driver does it all),
+ * else 1 when the grant is the common case (an idle client, unparked, no
+ * validate, no event pending, no acquire listener), 0 when the driver must
+ * go on from it (fp_push_grant). */
+static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k, clientpool_t **pp) {
   clientpool_t *p;
-  clientpool_grant_t g;
-  int32_t k, pending;
-  if (!lua_rawequal(L, 1, FP(POOL))) return 0;
-  lua_settop(L, 2);
-  lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* 3: name */
-  lua_pushvalue(L, 3);
-  lua_rawget(L, FP(KIDS));                                /* 4: key id */
-  if (lua_isnil(L, 4) || (p = fp_engine(L)) == NULL) return 0;
+  int parked;
+  if (!lua_rawequal(L, 1, FP(POOL))) return -1;
+  luaL_checkstack(L, 24, NULL);          /* 11 results over 5 slots, and push_sentinel's */
+  lua_settop(L, nargs);
+  lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* nargs + 1: name */
+  lua_pushvalue(L, -1);
+  lua_rawget(L, FP(KIDS));                                /* nargs + 2: key id */
+  if (lua_isnil(L, -1) || (p = fp_engine(L)) == NULL) return -1;
   lua_pushvalue(L, FP(S_NWAITERS));
   lua_rawget(L, 1);
-  if (lua_tonumber(L, -1) > 0) return 0;                 /* reap_if_full is Lua's */
-  k = (int32_t)lua_tointeger(L, 4);
-  clientpool_acquire(p, k, clientpool_monotime(), &g);
-  pending = clientpool_pending(p);
-  if (g.status == CLIENTPOOL_GRANT_IDLE && pending == 0 && g.lease < HSLOTS &&
-      !(g.validate && lua_toboolean(L, FP(VALIDATE))) && fp_unset(L, FP(ON), FP(S_ACQUIRE))) {
-    int parked;
-    lua_rawgeti(L, FP(PARKED), g.record);
-    parked = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    if (!parked) {
-      uint32_t base = (uint32_t)lua_tointeger(L, FP(HBASE));
-      lua_pushinteger(L, g.record);
-      lua_rawseti(L, FP(CO_REC), g.lease + 1);
-      lua_pushvalue(L, 3);
-      lua_rawseti(L, FP(CO_KEY), g.lease + 1);
-      lua_rawgeti(L, FP(CLIENTS), g.record);
-      lua_pushinteger(L, (lua_Integer)((int64_t)(uint32_t)(g.lease_gen + base) * HSLOTS + g.lease));
-      return 2;
-    }
-  }
+  if (lua_tonumber(L, -1) > 0) return -1;
+  lua_pop(L, 1);
+  *k = (int32_t)lua_tointeger(L, -1);
+  *pp = p;
+  clientpool_acquire(p, *k, clientpool_monotime(), g);
+  if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= HSLOTS ||
+      (g->validate && lua_toboolean(L, FP(VALIDATE))) || !fp_unset(L, FP(ON), FP(S_ACQUIRE)))
+    return 0;
+  lua_rawgeti(L, FP(PARKED), g->record);
+  parked = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return !parked;
+}
+
+/* The grant fp_acquire did not finish: nil, false, k, then push_grant's. */
+static int fp_push_grant(lua_State *L, int32_t k, const clientpool_grant_t *g, clientpool_t *p, int sentinel) {
   lua_pushnil(L);
   lua_pushboolean(L, 0);
   lua_pushinteger(L, k);
-  lua_pushinteger(L, g.status);
-  lua_pushinteger(L, g.record);
-  lua_pushinteger(L, g.lease);
-  lua_pushinteger(L, (lua_Integer)g.lease_gen);
-  lua_pushboolean(L, g.validate);
-  lua_pushnumber(L, g.idle);
-  lua_pushinteger(L, pending);
-  return 10;
+  return 3 + push_grant(L, g, p, 0, sentinel);
+}
+
+static int fast_checkout(lua_State *L) {
+  clientpool_grant_t g;
+  clientpool_t *p;
+  int32_t k;
+  int fast = fp_acquire(L, 2, &g, &k, &p);                /* 3: name */
+  if (fast < 0) return 0;
+  if (fast) {
+    uint32_t base = (uint32_t)lua_tointeger(L, FP(HBASE));
+    lua_pushinteger(L, g.record);
+    lua_rawseti(L, FP(CO_REC), g.lease + 1);
+    lua_pushvalue(L, 3);
+    lua_rawseti(L, FP(CO_KEY), g.lease + 1);
+    lua_rawgeti(L, FP(CLIENTS), g.record);
+    lua_pushinteger(L, (lua_Integer)((int64_t)(uint32_t)(g.lease_gen + base) * HSLOTS + g.lease));
+    return 2;
+  }
+  return fp_push_grant(L, k, &g, p, 0);
 }
 
 /* Argument 2 as a checkout handle (an integer in [0, 2^53)), or -1. */
@@ -820,66 +838,36 @@ static int lcp_direct_checkin(lua_State *L) {
  * Only without opts (the driver checks them) and never for a pool with
  * leak_threshold (each lease records a traceback there). */
 static int fast_acquire(lua_State *L) {
-  clientpool_t *p;
   clientpool_grant_t g;
-  int32_t k, pending;
-  if (!lua_rawequal(L, 1, FP(POOL)) || !lua_isnoneornil(L, 3)) return 0;
-  luaL_checkstack(L, 24, NULL);          /* 11 results over 5 slots, and push_sentinel's */
-  lua_settop(L, 3);                                       /* 3: opts (nil) */
-  lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* 4: name */
-  lua_pushvalue(L, 4);
-  lua_rawget(L, FP(KIDS));                                /* 5: key id */
-  if (lua_isnil(L, 5) || (p = fp_engine(L)) == NULL) return 0;
-  lua_pushvalue(L, FP(S_NWAITERS));
-  lua_rawget(L, 1);
-  if (lua_tonumber(L, -1) > 0) return 0;
-  k = (int32_t)lua_tointeger(L, 5);
-  clientpool_acquire(p, k, clientpool_monotime(), &g);
-  pending = clientpool_pending(p);
-  if (g.status == CLIENTPOOL_GRANT_IDLE && pending == 0 &&
-      !(g.validate && lua_toboolean(L, FP(VALIDATE))) && fp_unset(L, FP(ON), FP(S_ACQUIRE))) {
-    int parked;
-    lua_rawgeti(L, FP(PARKED), g.record);
-    parked = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    if (!parked) {                       /* as the driver's new_lease */
-      lua_createtable(L, 0, 8);
-      lua_rawgeti(L, FP(CLIENTS), g.record);
-      lua_setfield(L, -2, "client");
-      lua_pushvalue(L, 1);
-      lua_setfield(L, -2, "_p");
-      lua_pushvalue(L, 4);
-      lua_setfield(L, -2, "_key");
-      lua_pushinteger(L, g.record);
-      lua_setfield(L, -2, "_r");
-      lua_pushinteger(L, g.lease);
-      lua_setfield(L, -2, "_l");
-      lua_pushinteger(L, (lua_Integer)g.lease_gen);
-      lua_setfield(L, -2, "_g");
-      push_sentinel(L, FP(ENGINE), g.lease, g.lease_gen);
-      lua_setfield(L, -2, "_s");
-      lua_pushvalue(L, FP(LEASE_MT));
-      lua_setmetatable(L, -2);
-      lua_pushvalue(L, -1);
-      lua_rawseti(L, FP(HELD), g.lease);
-      return 1;
-    }
-  }
-  lua_pushnil(L);
-  lua_pushboolean(L, 0);
-  lua_pushinteger(L, k);
-  lua_pushinteger(L, g.status);
-  lua_pushinteger(L, g.record);
-  lua_pushinteger(L, g.lease);
-  lua_pushinteger(L, (lua_Integer)g.lease_gen);
-  lua_pushboolean(L, g.validate);
-  lua_pushnumber(L, g.idle);
-  lua_pushinteger(L, pending);
-  if (g.status == CLIENTPOOL_GRANT_IDLE || g.status == CLIENTPOOL_GRANT_CREATE)
+  clientpool_t *p;
+  int32_t k;
+  int fast;
+  if (!lua_isnoneornil(L, 3)) return 0;
+  fast = fp_acquire(L, 3, &g, &k, &p);                   /* 3: opts (nil), 4: name */
+  if (fast < 0) return 0;
+  if (fast) {                            /* as the driver's new_lease */
+    lua_createtable(L, 0, 8);
+    lua_rawgeti(L, FP(CLIENTS), g.record);
+    lua_setfield(L, -2, "client");
+    lua_pushvalue(L, 1);
+    lua_setfield(L, -2, "_p");
+    lua_pushvalue(L, 4);
+    lua_setfield(L, -2, "_key");
+    lua_pushinteger(L, g.record);
+    lua_setfield(L, -2, "_r");
+    lua_pushinteger(L, g.lease);
+    lua_setfield(L, -2, "_l");
+    lua_pushinteger(L, (lua_Integer)g.lease_gen);
+    lua_setfield(L, -2, "_g");
     push_sentinel(L, FP(ENGINE), g.lease, g.lease_gen);
-  else
-    lua_pushnil(L);
-  return 11;
+    lua_setfield(L, -2, "_s");
+    lua_pushvalue(L, FP(LEASE_MT));
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, FP(HELD), g.lease);
+    return 1;
+  }
+  return fp_push_grant(L, k, &g, p, FP(ENGINE));   /* (a sentinel for a grant) */
 }
 
 /* release(lease, reuse) -> true when done (Lease.release calls it after its
@@ -924,31 +912,6 @@ static int lcp_fast_release(lua_State *L) {
   return 1;
 }
 
-#if LUA_VERSION_NUM >= 503
-static int lcp_direct_acquire(lua_State *L) {
-  int n, top, base, t;
-  lua_settop(L, 3);
-  t = lua_type(L, 2);
-  if (t != LUA_TNIL && t != LUA_TSTRING && lua_rawequal(L, 1, FP(POOL)) && lua_isnil(L, 3))
-    return luaL_error(L, "clientpool: bad argument #1 to 'acquire' (key must be a string or nil, got %s)",
-                      lua_typename(L, t));
-  luaL_checkstack(L, 40, NULL);
-  n = fast_acquire(L);
-  if (n == 1) return 1;
-  if (n == 0) return fp_lua(L, FP(LUA_ACQUIRE), 3);
-  /* acquired: acquire_from(pool, key, opts, drain, k, name, status .. sentinel) */
-  top = base = lua_gettop(L);
-  lua_pushvalue(L, FP(ACQUIRE_FROM));
-  lua_pushvalue(L, 1);
-  lua_pushvalue(L, 2);
-  lua_pushnil(L);
-  lua_pushnil(L);
-  lua_pushvalue(L, top - 8);
-  lua_pushvalue(L, 4);
-  for (n = top - 7; n <= top; n++) lua_pushvalue(L, n);
-  return fp_call(L, base, 14);
-}
-#endif
 
 static int lcp_fastpath(lua_State *L) {
   int i;
@@ -968,11 +931,10 @@ static int lcp_fastpath(lua_State *L) {
     static const struct { const char *name; lua_CFunction fn; } made[] = {
 #if LUA_VERSION_NUM >= 503
       {"checkout", lcp_direct_checkout}, {"checkin", lcp_direct_checkin},
-      {"acquire", lcp_direct_acquire},
 #else
-      {"checkout", fast_checkout}, {"checkin", fast_checkin}, {"acquire", fast_acquire},
+      {"checkout", fast_checkout}, {"checkin", fast_checkin},
 #endif
-      {"release", lcp_fast_release}, {NULL, NULL}
+      {"acquire", fast_acquire}, {"release", lcp_fast_release}, {NULL, NULL}
     };
     for (i = 0; made[i].name; i++) {
       int j;

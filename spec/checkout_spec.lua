@@ -523,6 +523,17 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
     assert.is_false(ok)
     assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #1 to 'checkout' " ..
                            "%(key must be a string"), err)
+    ok, err = pcall(function() pool:acquire(123) end)
+    assert.is_false(ok)
+    assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #1 to 'acquire' " ..
+                           "%(key must be a string"), err)
+    ok, err = pcall(function() pool:acquire(nil, { timout = 1 }) end)
+    assert.is_false(ok)
+    assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #2 to 'acquire' " ..
+                           "%(unknown option 'timout'"), err)
+    ok, err = pcall(function() pool.acquire() end)
+    assert.is_false(ok)
+    assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: acquire needs the pool as self"), err)
     ok, err = pcall(function() pool:checkin(h, "yes") end)
     assert.is_false(ok)
     assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #2 to 'checkin' " ..

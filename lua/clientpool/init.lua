@@ -946,11 +946,12 @@ local function not_a_pool(self, name)
   error("clientpool: " .. name .. " needs the pool as self, got " .. type(self) ..
         " (call pool:" .. name .. "(...) with a colon)", 3)
 end
-function Pool:acquire(key, opts)
-  if getmetatable(self) ~= Pool then not_a_pool(self, "acquire") end
+-- Checks acquire's options, raising at the level of acquire's caller;
+-- returns the cancel token and the on_drain grace (nil: preserve).
+local function acquire_opts(self, opts)
   if opts ~= nil then
     if type(opts) ~= "table" then
-      error("clientpool: bad argument #2 to 'acquire' (options table expected, got " .. type(opts) .. ")", 2)
+      error("clientpool: bad argument #2 to 'acquire' (options table expected, got " .. type(opts) .. ")", 3)
     end
     -- a misspelt option (timout = 1) must not pass silently; a table seen
     -- once is not walked again (weak cache: no pairs() on the hot path)
@@ -959,7 +960,7 @@ function Pool:acquire(key, opts)
       for name in pairs(opts) do
         if not ACQUIRE_OPTS[name] then
           error("clientpool: bad argument #2 to 'acquire' (unknown option '" .. tostring(name) ..
-                "'; the options are timeout, cancel and on_drain)", 2)
+                "'; the options are timeout, cancel and on_drain)", 3)
         end
       end
       seen[opts] = true
@@ -967,13 +968,13 @@ function Pool:acquire(key, opts)
   end
   local token = opts and opts.cancel
   if token ~= nil and getmetatable(token) ~= Token then
-    error("clientpool: bad argument #2 to 'acquire' (opts.cancel must be a clientpool.token())", 2)
+    error("clientpool: bad argument #2 to 'acquire' (opts.cancel must be a clientpool.token())", 3)
   end
   if opts and opts.timeout ~= nil then
     local t = opts.timeout
     if type(t) ~= "number" or t ~= t or t < 0 or t == math_huge then
       error("clientpool: bad argument #2 to 'acquire' (opts.timeout must be a finite number >= 0, got "
-            .. tostring(t) .. ")", 2)
+            .. tostring(t) .. ")", 3)
     end
   end
   local drain
@@ -982,10 +983,16 @@ function Pool:acquire(key, opts)
     local grace = type(od) == "table" and od.cancel
     if type(grace) ~= "number" or grace ~= grace or grace < 0 or grace == math_huge then
       error("clientpool: bad argument #2 to 'acquire' (opts.on_drain must be \"preserve\" or " ..
-            "{ cancel = grace_s } with a finite grace >= 0)", 2)
+            "{ cancel = grace_s } with a finite grace >= 0)", 3)
     end
     drain = grace
   end
+  return token, drain
+end
+
+function Pool:acquire(key, opts)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "acquire") end
+  local token, drain = acquire_opts(self, opts)
   local e = self._e
   if token and token._cancelled then return nil, "cancelled" end
   local k, name, kerr = key_id(self, key, "acquire")
@@ -1765,28 +1772,42 @@ function install_fastpath(self, mod)
     kids = self._kids, clients = self._clients, parked = self._parked, co_rec = self._co_rec,
     co_key = self._co_key, on = self._on, default = DEFAULT, hbase = self._hbase,
     validate = self._validate and true or false, checkout = checkout, checkin = checkin,
-    checkout_from = checkout_from, checkin_rest = checkin_rest, acquire = acquire,
-    acquire_from = acquire_from, held = self._held, lease_mt = Lease, pump = pump,
+    checkout_from = checkout_from, checkin_rest = checkin_rest,
+    held = self._held, lease_mt = Lease, pump = pump,
   })
   -- the lease form: not with leak_threshold (each lease records where it
   -- was taken, in Lua)
-  local leases = not c.leak_threshold
-  if leases then self._frel = fp.release end
-  if fp.direct then   -- Lua 5.3+: the C closures finish the job themselves
-    self.checkout, self.checkin = fp.checkout, fp.checkin
-    if leases then self.acquire = fp.acquire end
-    return
-  end
-  local co, ci, ac = fp.checkout, fp.checkin, fp.acquire
-  if leases then
+  -- acquire stays a Lua function on every Lua: what it hands back to
+  -- Pool.acquire must raise its argument errors at the caller's line, which
+  -- a C caller (lua_callk) would hide; a lease pair is long enough that the
+  -- extra call is a few percent
+  if not c.leak_threshold then
+    local ac = fp.acquire
+    self._frel = fp.release
     self.acquire = function(s, key, opts)
-      local lease, got, k, st, rec, l, g, validate, idle, pending, sentinel = ac(s, key, opts)
-      if lease then return lease end
-      if got == nil then return acquire(s, key, opts) end
-      return acquire_from(s, key, opts, nil, k, key == nil and DEFAULT or key, st, rec, l, g, validate, idle,
-                          pending, sentinel)
+      if opts == nil then
+        local lease, got, k, st, rec, l, g, validate, idle, pending, sentinel = ac(s, key)
+        if lease then return lease end
+        if got == false then
+          return acquire_from(s, key, nil, nil, k, key == nil and DEFAULT or key, st, rec, l, g, validate,
+                              idle, pending, sentinel)
+        end
+      end
+      -- nothing done: Pool.acquire does it all, its errors raised here first
+      -- (on Lua 5.1 an error raised after a tail call has no position)
+      if getmetatable(s) ~= Pool then not_a_pool(s, "acquire") end
+      acquire_opts(s, opts)
+      if key ~= nil and type(key) ~= "string" then
+        error("clientpool: bad argument #1 to 'acquire' (key must be a string or nil, got " .. type(key) .. ")", 2)
+      end
+      return acquire(s, key, opts)
     end
   end
+  if fp.direct then   -- Lua 5.3+: the C closures finish the job themselves
+    self.checkout, self.checkin = fp.checkout, fp.checkin
+    return
+  end
+  local co, ci = fp.checkout, fp.checkin
   self.checkout = function(s, key)
     local client, h, k, st, rec, l, g, validate, idle, pending = co(s, key)
     if h then return client, h end
