@@ -600,7 +600,7 @@ static int floor_keeps(const clientpool_t *p, const record_t *x) {
 }
 
 static int idle_expired(const clientpool_t *p, const record_t *x, double now, int32_t *why) {
-  if (x->retire || retired_by_age(p, x)) { *why = CLIENTPOOL_BY_RETIRED; return 1; }
+  if ((x->retire & RETIRED) || retired_by_age(p, x)) { *why = CLIENTPOOL_BY_RETIRED; return 1; }
   if (lifetime_over(p, x, now)) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
   if (has(p->cfg.idle_timeout) && now - x->gl_since >= p->cfg.idle_timeout && !floor_keeps(p, x)) {
     *why = CLIENTPOOL_BY_IDLE; return 1;

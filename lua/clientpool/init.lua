@@ -63,7 +63,8 @@ local DEFAULT = "" -- the default key's name: hooks receive nil for it
 -- it to the engine if the lease is collected while held. The engine
 -- bindings re-arm a released lease's sentinel for a later lease, so no
 -- finalizer runs per lease (a __gc on the lease table itself, possible from
--- Lua 5.2 on, ran one for every lease and cost about 8% of a pair).
+-- Lua 5.2 on, ran one for every lease: a few percent of a pair, and a
+-- finalizable object per lease for the collector to track).
 local NEED_SENTINEL = true
 
 ---------------------------------------------------------------------------
@@ -1756,14 +1757,15 @@ function Pool:checkin(h, reuse)
   end
 end
 
--- The zero-allocation form's common case in C (clientpool.core's fastpath):
--- on PUC Lua, and LuaJIT with the JIT off, most of a checkout/checkin pair
--- was this file's Lua. Installed as the pool's own checkout and checkin
--- only where that case needs no Lua at all: the engine reads the real
--- clock, capacity 1, no probe, no park hook. (The FFI backend has no
--- fastpath: under the JIT the Lua path compiles.) Anything else the C
--- closures hand back to checkout_from, Pool.checkout/checkin or
--- checkin_rest, so both paths share one set of rules.
+-- The common case of checkout/checkin and acquire/release in C
+-- (clientpool.core's fastpath): on PUC Lua, and LuaJIT with the JIT off,
+-- most of a pair was this file's Lua. Installed as the pool's own methods
+-- (Lease.release calls self._frel) only where that case needs no Lua at
+-- all: the engine reads the real clock, capacity 1, no probe, no park hook.
+-- (The FFI backend has no fastpath: under the JIT the Lua path compiles.)
+-- Anything else the C closures hand back to checkout_from, acquire_from,
+-- Pool.checkout/checkin/acquire or checkin_rest, so both paths share one
+-- set of rules.
 function install_fastpath(self, mod)
   local c = self._c
   if not mod.fastpath or not self._mono or c.capacity > 1 or c.probe or self._park then return end
@@ -1776,11 +1778,10 @@ function install_fastpath(self, mod)
     held = self._held, lease_mt = Lease, pump = pump,
   })
   -- the lease form: not with leak_threshold (each lease records where it
-  -- was taken, in Lua)
-  -- acquire stays a Lua function on every Lua: what it hands back to
-  -- Pool.acquire must raise its argument errors at the caller's line, which
-  -- a C caller (lua_callk) would hide; a lease pair is long enough that the
-  -- extra call is a few percent
+  -- was taken, in Lua). acquire stays a Lua function on every Lua: what it
+  -- hands back to Pool.acquire must raise its argument errors at the
+  -- caller's line, which a C caller (lua_callk) would hide; a lease pair is
+  -- long enough that the extra call is a few percent
   if not c.leak_threshold then
     local ac = fp.acquire
     self._frel = fp.release
