@@ -631,12 +631,12 @@ static int lcp_sleep(lua_State *L) {
  * fields named in fp_parts (same order), then strings they look up. */
 enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
        FP_DEFAULT, FP_HBASE, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
-       FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP,
+       FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE,
        FP_S_NWAITERS, FP_S_DRAIN, FP_S_ACQUIRE, FP_S_RELEASE, FP_N };
 static const char *const fp_parts[] = {
   "kids", "clients", "parked", "co_rec", "co_key", "on", "default", "hbase", "validate",
   "checkout", "checkin", "checkout_from", "checkin_rest", "held",
-  "lease_mt", "pump", NULL
+  "lease_mt", "pump", "drain_wake", NULL
 };
 #define FP(i) lua_upvalueindex(FP_##i)
 #define HSLOTS 2097152   /* as init.lua: lease slots in a handle's low bits */
@@ -901,10 +901,15 @@ static int lcp_fast_release(lua_State *L) {
   rc = clientpool_release(p, l, gen, lua_type(L, 2) == LUA_TBOOLEAN && !lua_toboolean(L, 2)
                           ? CLIENTPOOL_BY_ERROR : -1, clientpool_monotime());
   if (rc == 0) recycle_sentinel(L, FP(ENGINE), l, gen);
-  if (clientpool_pending(p) > 0) {       /* release never yields: a plain call */
+  if (clientpool_pending(p) > 0) {       /* release never yields: plain calls */
     lua_pushvalue(L, FP(PUMP));
     lua_pushvalue(L, FP(POOL));
     lua_call(L, 1, 0);
+    if (!fp_unset(L, FP(POOL), FP(S_DRAIN))) {   /* a drain began meanwhile */
+      lua_pushvalue(L, FP(DRAIN_WAKE));
+      lua_pushvalue(L, FP(POOL));
+      lua_call(L, 1, 0);
+    }
   }
   lua_pushnil(L);
   lua_setfield(L, 1, "client");

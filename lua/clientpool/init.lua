@@ -756,6 +756,13 @@ local function new_lease(self, name, rec, l, g, client, sentinel, drain)
   return lease
 end
 
+-- A lease or checkout ended while a drain waits: it ends when none is left.
+local function drain_wake(self)
+  if self._e:stats(-1, self._scratch).leases == 0 then
+    for h in pairs(self._drain_hs) do self._sched.wake(h) end
+  end
+end
+
 -- Ends the engine side of a lease; reason nil = reuse.
 local function finish_lease(self, lease, reason)
   local l, g = lease._l, lease._g
@@ -766,9 +773,7 @@ local function finish_lease(self, lease, reason)
   if rl and rl[lease._r] then rl[lease._r][lease] = nil end
   local ok, pending = self._e:release(l, g, reason or -1, now_of(self))
   if pending > 0 then pump(self) end
-  if self._drain_hs and self._e:stats(-1, self._scratch).leases == 0 then
-    for h in pairs(self._drain_hs) do self._sched.wake(h) end
-  end
+  if self._drain_hs then drain_wake(self) end
   return ok
 end
 
@@ -1712,9 +1717,7 @@ local function checkin_rest(self, h, rec, client, reuse, pending, name)
   local rl = self._rec_leases
   if rl and rl[rec] then rl[rec][h] = nil end
   if pending > 0 then pump(self) end
-  if self._drain_hs and self._e:stats(-1, self._scratch).leases == 0 then
-    for dh in pairs(self._drain_hs) do self._sched.wake(dh) end
-  end
+  if self._drain_hs then drain_wake(self) end
   if self._on.release then emit(self, "release", hook_key(name), client, reuse ~= false) end
 end
 
@@ -1775,7 +1778,7 @@ function install_fastpath(self, mod)
     co_key = self._co_key, on = self._on, default = DEFAULT, hbase = self._hbase,
     validate = self._validate and true or false, checkout = checkout, checkin = checkin,
     checkout_from = checkout_from, checkin_rest = checkin_rest,
-    held = self._held, lease_mt = Lease, pump = pump,
+    held = self._held, lease_mt = Lease, pump = pump, drain_wake = drain_wake,
   })
   -- the lease form: not with leak_threshold (each lease records where it
   -- was taken, in Lua). acquire stays a Lua function on every Lua: what it
