@@ -534,6 +534,18 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
     ok, err = pcall(function() pool.acquire() end)
     assert.is_false(ok)
     assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: acquire needs the pool as self"), err)
+    -- the only client is out: a checkout or acquire outside a task would
+    -- wait, and says so at the caller's line (a known key, a new one, a lease)
+    local line
+    ok, err = pcall(function() line = debug.getinfo(1, "l").currentline; local x = pool:checkout(); return x end)
+    assert.is_false(ok)
+    assert.truthy(err:find("checkout_spec.lua:" .. line .. ": clientpool: acquire would wait", 1, true), err)
+    ok, err = pcall(function() line = debug.getinfo(1, "l").currentline; local x = pool:checkout("new"); return x end)
+    assert.is_false(ok)
+    assert.truthy(err:find("checkout_spec.lua:" .. line .. ": clientpool: acquire would wait", 1, true), err)
+    ok, err = pcall(function() line = debug.getinfo(1, "l").currentline; local x = pool:acquire(); return x end)
+    assert.is_false(ok)
+    assert.truthy(err:find("checkout_spec.lua:" .. line .. ": clientpool: acquire would wait", 1, true), err)
     ok, err = pcall(function() pool:checkin(h, "yes") end)
     assert.is_false(ok)
     assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #2 to 'checkin' " ..

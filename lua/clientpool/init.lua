@@ -725,6 +725,20 @@ local function key_id(self, key, fname)
 end
 
 
+-- The stack level, counted as error() and debug.traceback() count from the
+-- function that calls this one, of the first Lua frame outside this file:
+-- the user's code, past the pool's own frames, its C functions (the fast
+-- path) and tail calls (frames of their own on Lua 5.1). nil if none.
+local function outside_level()
+  local level = 3                       -- 1: here, 2: the caller
+  while true do
+    local info = debug.getinfo(level, "S")
+    if info == nil then return nil end
+    if info.source ~= THIS_SOURCE and info.what ~= "C" and info.what ~= "tail" then return level - 1 end
+    level = level + 1
+  end
+end
+
 -- sentinel: the leak guard that the engine call returned;
 -- drain: the acquisition's on_drain ("preserve" = nil, or a grace in seconds)
 local function new_lease(self, name, rec, l, g, client, sentinel, drain)
@@ -732,17 +746,9 @@ local function new_lease(self, name, rec, l, g, client, sentinel, drain)
                                _s = sentinel, _drain = drain }, Lease)
   self._held[l] = lease   -- weak: for cancel_active, drain and leak reports
   if self._c.leak_threshold then
-    -- the traceback starts at the caller's frame: the first Lua frame
-    -- outside this file (else, in a coroutine of the pool's own, here)
-    local level = 2
-    while true do
-      local info = debug.getinfo(level, "S")
-      if info == nil then level = 2; break end
-      -- (Lua 5.1 shows a tail call as a frame of its own, what = "tail")
-      if info.source ~= THIS_SOURCE and info.what ~= "C" and info.what ~= "tail" then break end
-      level = level + 1
-    end
-    lease._where = debug.traceback("acquired", level)
+    -- the traceback starts at the caller's frame (else, in a coroutine of
+    -- the pool's own, here)
+    lease._where = debug.traceback("acquired", outside_level() or 2)
   end
   local rl = self._rec_leases
   if rl then
@@ -883,7 +889,7 @@ local function wait_for(self, k, name, opts, bare)
     self._e:key_forget(k)
     pump(self)
     error("clientpool: acquire would wait, but " .. (why or "the caller cannot yield") ..
-          " (use try_acquire, or call acquire from a coroutine the scheduler runs)", 4)
+          " (use try_acquire, or call acquire from a coroutine the scheduler runs)", outside_level() or 0)
   end
   local timeout = opts and opts.timeout
   if timeout == nil then timeout = self._c.acquire_timeout end
