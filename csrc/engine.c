@@ -35,7 +35,8 @@ typedef struct record {
   int32_t key;
   int32_t nleases;
   int32_t hpos;          /* lifetime deadline entry (its time is the expiry), or NONE */
-  float idle_back;       /* idle: how far gl_since was renewed past the time it went idle */
+  float gl_ahead;        /* idle: how far the warm floor moved the idle-expiry clock past
+                          * idle_since (rounded up: expiry is never early) */
   uint8_t state;
   uint8_t retire;        /* RETIRED | LIFETIME_OVER: no new leases; destroyed at release */
   uint8_t doomed;        /* a co-holder lost it (reason + 1): destroyed when the last lease ends */
@@ -45,7 +46,7 @@ typedef struct record {
     struct {             /* R_IDLE */
       int32_t kprev, knext;  /* per-key idle stack; knext points down the stack */
       int32_t gprev, gnext;  /* pool-wide idle list, oldest first */
-      double gl_since;       /* idle-expiry clock (renewed for the warm floor) */
+      double idle_since;     /* when it went idle (exact: validate_after_idle reads it) */
     };
     int32_t opos;        /* R_LEASED: position in its key's open heap (capacity > 1), or NONE */
     int32_t res_lease;   /* R_CREATING: the reservation's lease (NONE for a refill) */
@@ -433,6 +434,16 @@ static int32_t rec_alloc(clientpool_t *p) {
   return r;
 }
 
+/* When an idle record's idle_timeout runs out: one expression for the
+ * timer, tick and take_idle, so they never disagree by a rounding, and
+ * never before now - (its idle-expiry clock) >= idle_timeout holds (the
+ * sum can round down by an ulp). */
+static double idle_deadline(const record_t *x, double idle_timeout) {
+  double since = x->idle_since + (double)x->gl_ahead, t = since + idle_timeout;
+  while (t - since < idle_timeout) t = nextafter(t, HUGE_VAL);
+  return t;
+}
+
 static void idle_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
@@ -449,8 +460,8 @@ static void idle_push(clientpool_t *p, int32_t r, double now) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
   x->state = R_IDLE;
-  x->gl_since = now;
-  x->idle_back = 0;
+  x->idle_since = now;
+  x->gl_ahead = 0;
   x->kprev = NONE;
   x->knext = key->idle_top;
   if (key->idle_top != NONE) p->rec[key->idle_top].kprev = r;
@@ -467,16 +478,18 @@ static void idle_push(clientpool_t *p, int32_t r, double now) {
  * real idle time). */
 static void glist_renew(clientpool_t *p, int32_t r, double now) {
   record_t *x = &p->rec[r];
-  /* (a float suffices: its rounding is relative to the renewed span) */
-  x->idle_back = (float)(now - x->gl_since + x->idle_back);
-  if (x->gnext == NONE) { x->gl_since = now; return; }
+  /* a float suffices: each renewal rounds once (up), relative to the span
+   * from idle_since, and nothing accumulates */
+  float f = (float)(now - x->idle_since);
+  if ((double)f < now - x->idle_since) f = nextafterf(f, HUGE_VALF);
+  x->gl_ahead = f;
+  if (x->gnext == NONE) return;
   if (x->gprev != NONE) p->rec[x->gprev].gnext = x->gnext; else p->g_oldest = x->gnext;
   p->rec[x->gnext].gprev = x->gprev;
   x->gnext = NONE;
   x->gprev = p->g_newest;
   p->rec[p->g_newest].gnext = r;
   p->g_newest = r;
-  x->gl_since = now;
 }
 
 static void rec_free(clientpool_t *p, int32_t r) {
@@ -602,7 +615,7 @@ static int floor_keeps(const clientpool_t *p, const record_t *x) {
 static int idle_expired(const clientpool_t *p, const record_t *x, double now, int32_t *why) {
   if ((x->retire & RETIRED) || retired_by_age(p, x)) { *why = CLIENTPOOL_BY_RETIRED; return 1; }
   if (lifetime_over(p, x, now)) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
-  if (has(p->cfg.idle_timeout) && now - x->gl_since >= p->cfg.idle_timeout && !floor_keeps(p, x)) {
+  if (has(p->cfg.idle_timeout) && now >= idle_deadline(x, p->cfg.idle_timeout) && !floor_keeps(p, x)) {
     *why = CLIENTPOOL_BY_IDLE; return 1;
   }
   return 0;
@@ -667,7 +680,7 @@ static void fill_idle(clientpool_t *p, int32_t r, int32_t l, double now, clientp
   g->lease = l;
   g->lease_gen = p->lea[l].gen;
   g->key = x->key;
-  g->idle = now - x->gl_since + x->idle_back;
+  g->idle = now - x->idle_since;
   g->validate = !has(p->cfg.validate_after_idle) || g->idle >= p->cfg.validate_after_idle;
   g->shared = 0;
 }
@@ -740,7 +753,7 @@ static void rec_init(clientpool_t *p, int32_t r, int32_t k, double now) {
   x->nleases = 0;
   x->retire = x->doomed = x->refill = 0;
   x->hpos = x->res_lease = NONE;
-  x->idle_back = 0;
+  x->gl_ahead = 0;
   x->created = now;                   /* (made strictly increasing at clientpool_created) */
 }
 
@@ -920,7 +933,7 @@ double clientpool_next_deadline(const clientpool_t *p) {
   double d = -1;
   if (p->hlen > 0) d = p->heap[0].t;
   if (has(p->cfg.idle_timeout) && p->g_oldest != NONE) {
-    double t = p->rec[p->g_oldest].gl_since + p->cfg.idle_timeout;
+    double t = idle_deadline(&p->rec[p->g_oldest], p->cfg.idle_timeout);
     if (d < 0 || t < d) d = t;
   }
   return d;
@@ -1440,7 +1453,7 @@ void clientpool_tick(clientpool_t *p, double now) {
   p->armed = -1;
   for (;;) {
     if (has(p->cfg.idle_timeout) && p->g_oldest != NONE &&
-        now >= p->rec[p->g_oldest].gl_since + p->cfg.idle_timeout) {
+        now >= idle_deadline(&p->rec[p->g_oldest], p->cfg.idle_timeout)) {
       int32_t r = p->g_oldest;
       if (floor_keeps(p, &p->rec[r])) glist_renew(p, r, now);
       else destroy(p, r, CLIENTPOOL_BY_IDLE);

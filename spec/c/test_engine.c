@@ -3591,6 +3591,62 @@ static void t_check_catches_corruption(void) {
 /* ===================================================================== */
 
 typedef struct { const char *name; void (*fn)(void); } test_t;
+/* The warm floor renews an idle record's expiry clock each idle_timeout;
+ * the idle time validate_after_idle reads must stay exact however many
+ * renewals (a float offset re-rounded at every renewal drifted by about
+ * 1e-3 relative: validate was skipped for a client idle long enough). */
+static void t_floor_renewals_keep_idle_time(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, kk, r, i;
+  clientpool_grant_t g;
+  double t = 0;
+  c.min_idle = c.max_idle = c.max_live = 1;
+  c.idle_timeout = 0.7;
+  c.validate_after_idle = 0.7 * 3000 + 0.3;   /* the idle time at the acquire below */
+  p = POOL(c);
+  k = UKEY(p);
+  CHECK_EQ(KEY_PIN(p, k, 2), 0);
+  clientpool_floor(p, 1, 0);
+  r = clientpool_refill(p, 0, &kk);
+  CHECK(r >= 0 && kk == k);
+  CHECK_EQ(CREATED(p, r, 1, 0), 0);
+  for (i = 1; i <= 3000; i++) {
+    t = 0.7 * i;
+    TICK(p, t);
+  }
+  CHECK_EQ(KSTATS(p, k).idle, 1);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  t += 0.3;
+  CHECK_STATUS(ACQUIRE(p, k, t, &g), CLIENTPOOL_GRANT_IDLE);
+  CHECK(g.record == r);
+  CHECK(g.idle == t);               /* went idle at 0: exactly now */
+  CHECK_EQ(g.validate, 1);
+}
+
+/* idle_timeout is a lower bound in the caller's own arithmetic too: 0.7 +
+ * 0.1 rounds below 0.8, and a deadline of that sum closed the client after
+ * 0.0999999999999999778 s of idle. */
+static void t_idle_expiry_never_early_by_rounding(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  double d;
+  c.idle_timeout = 0.1;
+  p = POOL(c);
+  k = UKEY(p);
+  h = NEW_LEASE(p, k, 0.7);
+  RELEASE(p, h, 0.7);
+  d = clientpool_next_deadline(p);
+  CHECK(d - 0.7 >= 0.1);
+  TICK(p, nextafter(d, -HUGE_VAL));
+  CHECK_EQ(KSTATS(p, k).idle, 1);
+  TICK(p, d);
+  CHECK_EQ(KSTATS(p, -1).idle, 0);   /* (the pool: the key is forgotten) */
+}
+
 /* B4: an idle record costs at most 64 bytes of C heap (the record and its
  * share of the slot array's spare room), measured with glibc's mallinfo2
  * over 100k records made by the warm floor.  Under ASan the allocator is
@@ -3721,6 +3777,8 @@ static const test_t tests[] = {
   T(t_retire_upto),
   T(t_regrant_keeps_place),
   T(t_retired_refill_is_not_reused),
+  T(t_floor_renewals_keep_idle_time),
+  T(t_idle_expiry_never_early_by_rounding),
   T(t_floor_edges),
   T(t_queries_and_stale_handles),
   T(t_shared_fewest_leases_and_loss),
