@@ -615,7 +615,7 @@ static int lcp_sleep(lua_State *L) {
  * acquire is always wrapped in Lua, as its option errors are Lua's.
  *
  * On Lua 5.3 and 5.4 fastpath returns checkout and checkin closures that
- * finish the job themselves: they raise checkout's and checkin's argument errors (at the
+ * finish the job themselves: they raise their argument errors (at the
  * caller's line, as the Lua code does) and call the Lua functions they are
  * given for the rest, with a continuation, so a checkout may still wait.
  * The pool installs those as its own checkout and checkin (a Lua wrapper
@@ -623,7 +623,7 @@ static int lcp_sleep(lua_State *L) {
  * it returns the two above, for init.lua to wrap.
  *
  * init.lua installs them only for pools that read the real clock and have
- * capacity 1, no probe and no park hook (see its fastpath()); what they
+ * capacity 1, no probe and no park hook (its install_fastpath); what they
  * check each call (waiters, drain, listeners, parked, validate) they read
  * from the same tables the Lua code does, so the two paths never disagree.
  */
@@ -716,6 +716,11 @@ static int fast_checkout(lua_State *L) {
   return fp_push_grant(L, k, &g, p, 0);
 }
 
+/* The release reason for a reuse argument at index i: false retires. */
+static int32_t fp_reason(lua_State *L, int i) {
+  return lua_type(L, i) == LUA_TBOOLEAN && !lua_toboolean(L, i) ? CLIENTPOOL_BY_ERROR : -1;
+}
+
 /* Argument 2 as a checkout handle (an integer in [0, 2^53)), or -1. */
 static int64_t fp_handle(lua_State *L) {
   lua_Number d;
@@ -734,7 +739,7 @@ static int64_t fp_handle(lua_State *L) {
 static int fast_checkin(lua_State *L) {
   clientpool_t *p;
   int64_t h;
-  int32_t l, rec;
+  int32_t l, rec, pending;
   uint32_t gen;
   int reuse_type = lua_type(L, 3), rc;
   if (!lua_rawequal(L, 1, FP(POOL)) || (h = fp_handle(L)) < 0) return 0;   /* Lua raises */
@@ -746,16 +751,14 @@ static int fast_checkin(lua_State *L) {
   if (lua_isnil(L, -1)) { lua_pushboolean(L, 1); return 1; }   /* no checkout holds the slot */
   rec = (int32_t)lua_tointeger(L, -1);
   gen = (uint32_t)(h / HSLOTS) - (uint32_t)lua_tointeger(L, FP(HBASE));
-  rc = clientpool_release(p, l, gen,
-                          reuse_type == LUA_TBOOLEAN && !lua_toboolean(L, 3) ? CLIENTPOOL_BY_ERROR : -1,
-                          clientpool_monotime());
+  rc = clientpool_release(p, l, gen, fp_reason(L, 3), clientpool_monotime());
   if (rc != 0) { lua_pushboolean(L, 1); return 1; }          /* stale: not this holder's */
   lua_pushnil(L);
   lua_rawseti(L, FP(CO_REC), l + 1);
-  if (clientpool_pending(p) == 0) { lua_pushboolean(L, 1); return 1; }
+  if ((pending = clientpool_pending(p)) == 0) { lua_pushboolean(L, 1); return 1; }
   lua_pushboolean(L, 0);
   lua_pushinteger(L, rec);
-  lua_pushinteger(L, clientpool_pending(p));
+  lua_pushinteger(L, pending);
   lua_pushinteger(L, l);
   return 4;
 }
@@ -898,8 +901,7 @@ static int lcp_fast_release(lua_State *L) {
     lua_rawseti(L, FP(HELD), l);
   }
   lua_pop(L, 1);
-  rc = clientpool_release(p, l, gen, lua_type(L, 2) == LUA_TBOOLEAN && !lua_toboolean(L, 2)
-                          ? CLIENTPOOL_BY_ERROR : -1, clientpool_monotime());
+  rc = clientpool_release(p, l, gen, fp_reason(L, 2), clientpool_monotime());
   if (rc == 0) recycle_sentinel(L, FP(ENGINE), l, gen);
   if (clientpool_pending(p) > 0) {       /* release never yields: plain calls */
     lua_pushvalue(L, FP(PUMP));
@@ -916,7 +918,6 @@ static int lcp_fast_release(lua_State *L) {
   lua_pushboolean(L, 1);
   return 1;
 }
-
 
 static int lcp_fastpath(lua_State *L) {
   int i;

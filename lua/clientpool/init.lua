@@ -59,14 +59,6 @@ _M.codes = { timeout = "timeout", full = "full", closed = "closed", cancelled = 
 
 local DEFAULT = "" -- the default key's name: hooks receive nil for it
 
--- A lease carries a leak sentinel (a C userdata, or FFI cdata) that reports
--- it to the engine if the lease is collected while held. The engine
--- bindings re-arm a released lease's sentinel for a later lease, so no
--- finalizer runs per lease (a __gc on the lease table itself, possible from
--- Lua 5.2 on, ran one for every lease: a few percent of a pair, and a
--- finalizable object per lease for the collector to track).
-local NEED_SENTINEL = true
-
 ---------------------------------------------------------------------------
 -- Protected calls that let the function yield.
 ---------------------------------------------------------------------------
@@ -724,7 +716,6 @@ local function key_id(self, key, fname)
   return k, name
 end
 
-
 -- The stack level, counted as error() and debug.traceback() count from the
 -- function that calls this one, of the first Lua frame outside this file:
 -- the user's code, past the pool's own frames, its C functions (the fast
@@ -739,7 +730,11 @@ local function outside_level()
   end
 end
 
--- sentinel: the leak guard that the engine call returned;
+-- sentinel: the leak guard the engine call returned (a C userdata, or FFI
+-- cdata): it reports the lease to the engine if the lease is collected while
+-- held. The bindings re-arm a released lease's sentinel for a later lease,
+-- so no finalizer runs per lease (a __gc on the lease table itself, possible
+-- from Lua 5.2 on, ran one for every lease);
 -- drain: the acquisition's on_drain ("preserve" = nil, or a grace in seconds)
 local function new_lease(self, name, rec, l, g, client, sentinel, drain)
   local lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
@@ -912,7 +907,7 @@ local function wait_for(self, k, name, opts, bare)
   if token then token._waits[h] = sched end
   if pending > 0 then pump(self) end
   local st, rec, l, lg, validate, idle, waited, sentinel
-  local want = NEED_SENTINEL and not bare
+  local want = not bare
   while true do
     sched.wait(h, deadline)
     st, rec, l, lg, validate, idle, pending, waited, sentinel = e:claim(w, g, now_of(self), want)
@@ -1013,7 +1008,7 @@ function Pool:acquire(key, opts)
     return nil, "closed"
   end
   if self._nwaiters > 0 then reap_if_full(self) end
-  return acquire_from(self, key, opts, drain, k, name, e:acquire(k, now_of(self), NEED_SENTINEL))
+  return acquire_from(self, key, opts, drain, k, name, e:acquire(k, now_of(self), true))
 end
 
 -- acquire from the engine's answer. Shared by Pool:acquire and the C fast
@@ -1052,7 +1047,7 @@ function Pool:try_acquire(key)
       return nil, "closed"
     end
     if self._nwaiters > 0 then reap_if_full(self) end
-    local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), NEED_SENTINEL)
+    local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), true)
     if pending > 0 then pump(self) end
     if st == MUST_WAIT then
       e:key_forget(k)

@@ -411,6 +411,19 @@ static hold_t lease_new_at(clientpool_t *p, int32_t k, double now, const char *f
 }
 #define NEW_LEASE(p, k, now) lease_new_at((p), (k), (now), __FILE__, __LINE__)
 
+/* k made the warm key, the floor on, and the record its refill reserves
+ * created at `now` (idle from then on); returns the record */
+static int32_t warm_record_at(clientpool_t *p, int32_t k, double now, const char *file, int line) {
+  int32_t r, kk = -1;
+  if (w_key_pin(p, k, 2, file, line) != 0) fail_at(file, line, "key_pin(%d, 2) failed", (int)k);
+  clientpool_floor(p, 1, now);
+  r = clientpool_refill(p, now, &kk);
+  CHECK_AT(r >= 0 && kk == k, file, line);
+  if (w_created(p, r, 1, now, file, line) != 0) fail_at(file, line, "created(ok) failed");
+  return r;
+}
+#define WARM_RECORD(p, k, now) warm_record_at((p), (k), (now), __FILE__, __LINE__)
+
 /* an acquire that must hand out an idle record; *g (optional) gets the grant */
 static hold_t lease_idle_at(clientpool_t *p, int32_t k, double now, clientpool_grant_t *out,
                             const char *file, int line) {
@@ -3458,11 +3471,7 @@ static void t_oom_records_leases_deadlines(void) {
   c.max_live = 10; c.max_idle = 10; c.max_concurrency = 10; c.min_idle = 1;
   p = POOL(c);
   k = UKEY(p); x = PKEY(p);
-  CHECK_EQ(KEY_PIN(p, k, 2), 0);
-  clientpool_floor(p, 1, 0);
-  r = clientpool_refill(p, 0, &kk);
-  CHECK(r >= 0 && kk == k);
-  CHECK_EQ(CREATED(p, r, 1, 0), 0);
+  r = WARM_RECORD(p, k, 0);
   for (i = 0; i < 8; i++) held[i] = NEW_LEASE(p, x, 0);
   drain(p);
   wb_alloc_fail_all(1);
@@ -3598,7 +3607,7 @@ typedef struct { const char *name; void (*fn)(void); } test_t;
 static void t_floor_renewals_keep_idle_time(void) {
   clientpool_config_t c = cfg_base();
   clientpool_t *p;
-  int32_t k, kk, r, i;
+  int32_t k, r, i;
   clientpool_grant_t g;
   double t = 0;
   c.min_idle = c.max_idle = c.max_live = 1;
@@ -3606,11 +3615,7 @@ static void t_floor_renewals_keep_idle_time(void) {
   c.validate_after_idle = 0.7 * 3000 + 0.3;   /* the idle time at the acquire below */
   p = POOL(c);
   k = UKEY(p);
-  CHECK_EQ(KEY_PIN(p, k, 2), 0);
-  clientpool_floor(p, 1, 0);
-  r = clientpool_refill(p, 0, &kk);
-  CHECK(r >= 0 && kk == k);
-  CHECK_EQ(CREATED(p, r, 1, 0), 0);
+  r = WARM_RECORD(p, k, 0);
   for (i = 1; i <= 3000; i++) {
     t = 0.7 * i;
     TICK(p, t);
