@@ -18,6 +18,16 @@
 --       then, in DIR/diag.txt, ns per op of a plain pool's checkout and
 --       lease pairs (the accounting alone) and of the bare cycle with
 --       getreusedtimes().
+--   /b2?n=N&rounds=R
+--       B2 in nginx: contended handoff between TASKS light threads
+--       (ngx.thread.spawn) of one request sharing one client (max_live = 1):
+--       each takes it, gives it back and queues again, so every release
+--       hands it to the next waiter. Per handoff, against the same ring of
+--       light threads sharing one unit of an ngx.semaphore (wait, post).
+--       Each round times N handoffs of each form in turn; prints one TSV
+--       line per figure: name, median ratio, median ns, median semaphore ns.
+--       profile=DIR: then each form for a second under jit.profile, in
+--       DIR/jitp-b2-<form>.txt (B5_PROFILE=1 B5_ROUNDS=0 bench/nginx/run.sh).
 --   /b6/cp, /b6/size, /b6/backlog
 --       B6: one PING to redis per request, through clientpool.ngx (max_live
 --       per worker), through OpenResty's pool_size alone, and through
@@ -219,6 +229,103 @@ function M.b5()
   end
   ngx.say(string.format("# clientpool.ngx: live=%d idle=%d connects=%d reuses=%d lost=%d", s.live, s.idle,
     m.connects, m.reuses, m.lost))
+end
+
+---------------------------------------------------------------------------
+-- B2 in nginx
+---------------------------------------------------------------------------
+
+local B2_TASKS = 100
+
+-- Runs TASKS light threads of this request, each doing `per` rounds of
+-- take(), (the first holder yields once, so every other thread queues) and
+-- give(); waits for all of them. From the first give on, each give is a
+-- handoff to the longest waiter.
+local function b2_ring(per, take, give)
+  local first = true
+  local threads = {}
+  for i = 1, B2_TASKS do
+    threads[i] = ngx.thread.spawn(function()
+      for _ = 1, per do
+        local h = take()
+        if first then first = false; ngx.sleep(0) end
+        give(h)
+      end
+    end)
+  end
+  for i = 1, B2_TASKS do
+    local ok, err = ngx.thread.wait(threads[i])
+    if not ok then error("b2 thread: " .. tostring(err)) end
+  end
+end
+
+local b2forms = {}
+
+function b2forms.sema(per)
+  local sema = assert(require("ngx.semaphore").new(1))
+  b2_ring(per, function()
+    local ok, err = sema:wait(60)
+    if not ok then error("sema:wait: " .. tostring(err)) end
+  end, function() sema:post(1) end)
+end
+
+local function b2_pool(per, form)
+  local pool = clientpool.new { max_live = 1, max_waiting = B2_TASKS, acquire_timeout = 60,
+                                create = function() return {} end }
+  if form == "lease" then
+    b2_ring(per, function()
+      local lease, code, detail = pool:acquire()
+      if not lease then error("acquire: " .. tostring(code) .. " " .. tostring(detail)) end
+      return lease
+    end, function(lease) lease:release() end)
+  else
+    b2_ring(per, function()
+      local client, h = pool:checkout()
+      if not client then error("checkout: " .. tostring(h)) end
+      return h
+    end, function(h) pool:checkin(h) end)
+  end
+  local s = pool:stats()
+  if s.wait_count < per * B2_TASKS - B2_TASKS then error("not a handoff per pair: " .. s.wait_count) end
+  pool:close()
+end
+function b2forms.lease(per) return b2_pool(per, "lease") end
+function b2forms.checkout(per) return b2_pool(per, "checkout") end
+
+local B2_ORDER = { "sema", "lease", "checkout" }
+
+function M.b2()
+  local n = tonumber(ngx.var.arg_n) or 20000
+  local rounds = tonumber(ngx.var.arg_rounds) or 15
+  local per = math.ceil(n / B2_TASKS)
+  if ngx.var.arg_profile then require("jit.v").on(ngx.var.arg_profile .. "/jitv-b2.txt") end
+  for _, f in ipairs(B2_ORDER) do b2forms[f](math.max(1, math.floor(per / 10))) end   -- warm up
+  local ns, ratio = {}, {}
+  for _, f in ipairs(B2_ORDER) do ns[f], ratio[f] = {}, {} end
+  for r = 1, rounds do
+    collectgarbage("collect")
+    local this = {}
+    for i = 0, #B2_ORDER - 1 do
+      local f = B2_ORDER[(r + i - 1) % #B2_ORDER + 1]
+      local t0 = monotime()
+      b2forms[f](per)
+      this[f] = (monotime() - t0) / (per * B2_TASKS) * 1e9
+    end
+    for _, f in ipairs(B2_ORDER) do
+      ns[f][r] = this[f]
+      ratio[f][r] = this[f] / this.sema
+    end
+  end
+  local profile = ngx.var.arg_profile
+  if profile then
+    require("jit.v").off()
+    for _, f in ipairs(B2_ORDER) do
+      M.jit_profile("b2 " .. f, function() b2forms[f](1000) end, nil, profile .. "/jitp-b2-" .. f .. ".txt")
+    end
+  end
+  for _, f in ipairs({ "lease", "checkout" }) do
+    ngx.say(string.format("B2.ngx.%s\t%.4f\t%.1f\t%.1f", f, median(ratio[f]), median(ns[f]), median(ns.sema)))
+  end
 end
 
 ---------------------------------------------------------------------------
