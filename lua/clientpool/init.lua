@@ -876,6 +876,35 @@ local function on_grant(self, name, st, rec, l, g, validate, idle, waited, senti
   return lease, code, err
 end
 
+-- One wait of waiter w (generation g) on handle h, then its claim: the
+-- engine's claim results (status PENDING: not granted yet, wait again).
+-- want: a leak sentinel for the grant.
+local function wait_turn(self, h, w, g, deadline, token, want)
+  local e = self._e
+  self._sched.wait(h, deadline)
+  local st, rec, l, lg, validate, idle, pending, waited, sentinel = e:claim(w, g, now_of(self), want)
+  if st == PENDING then
+    if token and token._cancelled then
+      local _
+      _, pending = e:abandon(w, g, now_of(self))
+      st = CANCELLED
+    elseif deadline and clock(self) >= deadline then
+      return e:cancel(w, g, TIMEOUT, now_of(self), want)
+    end
+  end
+  return st, rec, l, lg, validate, idle, pending, waited, sentinel
+end
+
+-- The waits after the first (see wait_turn): a loop of its own, off the
+-- path of a handoff, which a LuaJIT trace through wait_for would abort on
+-- ("inner loop in root trace").
+local function wait_on(self, h, w, g, deadline, token, want)
+  while true do
+    local st, rec, l, lg, validate, idle, pending, waited, sentinel = wait_turn(self, h, w, g, deadline, token, want)
+    if st ~= PENDING then return st, rec, l, lg, validate, idle, pending, waited, sentinel end
+  end
+end
+
 -- bare: no leak sentinel (checkout)
 local function wait_for(self, k, name, opts, bare)
   local sched = self._sched
@@ -907,26 +936,18 @@ local function wait_for(self, k, name, opts, bare)
   if token then token._waits[h] = sched end
   if pending > 0 then pump(self) end
   local st, rec, l, lg, validate, idle, waited, sentinel
-  local want = not bare
-  while true do
-    sched.wait(h, deadline)
-    st, rec, l, lg, validate, idle, pending, waited, sentinel = e:claim(w, g, now_of(self), want)
-    if st == PENDING then
-      if token and token._cancelled then
-        local _
-        _, pending = e:abandon(w, g, now_of(self))
-        st = CANCELLED
-      elseif deadline and clock(self) >= deadline then
-        st, rec, l, lg, validate, idle, pending, waited, sentinel =
-          e:cancel(w, g, TIMEOUT, now_of(self), want)
-      end
-    end
-    if st ~= PENDING then break end
+  st, rec, l, lg, validate, idle, pending, waited, sentinel = wait_turn(self, h, w, g, deadline, token, not bare)
+  if st == PENDING then   -- woken early (spuriously): wait on
+    st, rec, l, lg, validate, idle, pending, waited, sentinel = wait_on(self, h, w, g, deadline, token, not bare)
   end
   self._waiters[w] = nil
   self._nwaiters = self._nwaiters - 1
   self._wgen[w] = nil
   if token then token._waits[h] = nil end
+  -- nothing wakes h any more: an adapter that recycles what a handle holds
+  -- (ngx: its semaphore) takes it back now rather than from the collector
+  local done = sched.done
+  if done then done(h) end
   if pending > 0 then pump(self) end
   if st == GRANT_IDLE or st == GRANT_CREATE then
     return true, st, rec, l, lg, validate, idle, waited, sentinel

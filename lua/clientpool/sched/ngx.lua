@@ -11,7 +11,8 @@
 -- * A handle waits on an ngx.semaphore. Semaphores are recycled through a free
 --   list: a handle gives its semaphore back when the garbage collector takes
 --   the handle (nothing refers to it any more, so nothing can wake it), when
---   done(handle) says so, or when its waiter is found gone. A wait/wake cycle
+--   done(handle) says so (the driver calls it when an acquire's wait ends),
+--   or when its waiter is found gone. A wait/wake cycle
 --   allocates no semaphore; current() allocates one small table.
 -- * wake() posts the semaphore and remembers it (`pending`), so a wake that
 --   comes before the wait, or while a wait times out, is not lost. It returns
@@ -206,31 +207,37 @@ end
 local watch, nwatch = {}, 0
 local watch_armed = false
 
+-- Takes h off the watch (its waiter resumed, or it was reported): the
+-- last entry moves into its place. Keeps the watch as long as the wakes
+-- still on their way, however many handoffs one event-loop turn runs.
+local function unwatch(h)
+  local i = h.wi
+  h.wi = false
+  local last = watch[nwatch]
+  watch[nwatch] = nil
+  nwatch = nwatch - 1
+  if last ~= h then
+    watch[i] = last
+    last.wi = i
+  end
+end
+
 -- Reports the watched handles whose waiter died between its wake and its
 -- resumption; drops the ones that resumed.
 local function run_watch()
-  local n = nwatch
   local i = 1
-  while i <= n do
+  while i <= nwatch do
     local h = watch[i]
-    local drop = true
-    if h.st ~= DEAD and h.pending and h.lost then
-      if gone(h) then
+    if h.st ~= DEAD and h.pending and h.lost and not gone(h) then
+      i = i + 1                     -- still on its way: checked again
+    else
+      unwatch(h)                    -- the last entry moved to i: look at it next
+      if h.st ~= DEAD and h.pending and h.lost then
         retire(h)
         report_lost(h)
-      else
-        drop = false
       end
     end
-    if drop then
-      watch[i] = watch[n]
-      watch[n] = nil
-      n = n - 1
-    else
-      i = i + 1
-    end
   end
-  nwatch = n
 end
 -- The first check runs at the next timer turn. A waiter still queued then
 -- (its posted event has not run: a zero timer armed from inside a timer
@@ -266,7 +273,7 @@ function M.current()
   if nwatch > 0 and not watch_armed then run_watch() end
   local i = take_slot()
   local h = { i = i, st = HELD, pending = false, tm = phase == "timer",
-              lost = nil, la = nil, lb = nil, lc = nil }
+              lost = nil, la = nil, lb = nil, lc = nil, wi = false }
   H[i] = h
   return h
 end
@@ -282,8 +289,48 @@ end
 local function consume(h)
   h.pending = false
   h.lost = nil
+  if h.wi then unwatch(h) end
   S[h.i]:wait(0)
   return true
+end
+
+-- One semaphore wait of h, at most a slice (TIMER_SLICE in a timer,
+-- MAX_WAIT elsewhere) and never past the deadline. Returns true (woken),
+-- nil, err (the deadline passed, or the semaphore failed) or false: the
+-- slice ended, wait again.
+local function wait_slice(h, s, deadline, tm)
+  local secs = tm and TIMER_SLICE or MAX_WAIT
+  if deadline then
+    local rem = deadline - monotime()
+    if rem <= 0 then return nil, "timeout" end
+    -- whole milliseconds, rounded up: a wait never ends before the deadline
+    if rem < secs then secs = math_ceil(rem * 1000) / 1000 end
+  end
+  h.st = WAITING
+  local ok, err = s:wait(secs)
+  h.st = HELD
+  if ok then
+    h.pending = false
+    h.lost = nil
+    if h.wi then unwatch(h) end
+    return true
+  end
+  if err ~= "timeout" then return nil, err end
+  -- a post that came as the wait timed out is still there: take it
+  if h.pending then return consume(h) end
+  if tm and worker_exiting() then error(EXITING, 0) end
+  return false
+end
+
+-- The rest of a wait whose first slice ended. A loop of its own, out of
+-- M.wait: LuaJIT gives up a trace that meets a loop it did not start at
+-- ("inner loop in root trace"), so a loop on the path of every wait would
+-- leave the driver's handoff to the interpreter.
+local function wait_on(h, s, deadline, tm)
+  while true do
+    local ok, err = wait_slice(h, s, deadline, tm)
+    if ok ~= false then return ok, err end
+  end
 end
 
 --- Suspends until wake(h) or the absolute deadline (now() seconds; nil =
@@ -299,27 +346,9 @@ function M.wait(h, deadline)
   local tm = h.tm
   if tm and worker_exiting() then error(EXITING, 0) end
   local s = S[h.i]
-  while true do
-    local secs = tm and TIMER_SLICE or MAX_WAIT
-    if deadline then
-      local rem = deadline - monotime()
-      if rem <= 0 then return nil, "timeout" end
-      -- whole milliseconds, rounded up: a wait never ends before the deadline
-      if rem < secs then secs = math_ceil(rem * 1000) / 1000 end
-    end
-    h.st = WAITING
-    local ok, err = s:wait(secs)
-    h.st = HELD
-    if ok then
-      h.pending = false
-      h.lost = nil
-      return true
-    end
-    if err ~= "timeout" then return nil, err end
-    -- a post that came as the wait timed out is still there: take it
-    if h.pending then return consume(h) end
-    if tm and worker_exiting() then error(EXITING, 0) end
-  end
+  local ok, err = wait_slice(h, s, deadline, tm)
+  if ok == false then return wait_on(h, s, deadline, tm) end
+  return ok, err
 end
 
 --- Wakes the waiter of h (at once if it waits, at its next wait otherwise).
@@ -343,6 +372,7 @@ function M.wake(h, lost, a, b, c)
     h.lost, h.la, h.lb, h.lc = lost, a, b, c
     nwatch = nwatch + 1
     watch[nwatch] = h
+    h.wi = nwatch
     arm_watch()
   end
   return true

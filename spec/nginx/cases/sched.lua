@@ -164,6 +164,77 @@ describe("semaphores", function()
     assert.is_true(sched.stats().semaphores - s0 <= 1)
   end)
 
+  -- TASKS light threads hand one client (max_live = 1) round, ROUNDS times
+  -- each, with the collector stopped: what a handoff leaves behind shows.
+  -- probe(), if given, runs in each thread after each release.
+  local function ring(tasks, rounds, probe_fn)
+    local clientpool = require "clientpool"
+    local pool = clientpool.new { max_live = 1, max_waiting = tasks, create = function() return {} end }
+    local first = true
+    local threads = {}
+    collectgarbage("stop")
+    local ok, err = pcall(function()
+      for i = 1, tasks do
+        threads[i] = ngx.thread.spawn(function()
+          for _ = 1, rounds do
+            local lease = assert(pool:acquire())
+            if first then first = false; ngx.sleep(0) end
+            lease:release()
+            if probe_fn then probe_fn() end
+          end
+        end)
+      end
+      for i = 1, tasks do assert(ngx.thread.wait(threads[i])) end
+    end)
+    collectgarbage("restart")
+    assert(ok, err)
+    local waits = pool:stats().wait_count
+    pool:close()
+    return waits
+  end
+
+  it("a pool gives a waiter's semaphore back when its wait ends, not at a collection", function()
+    collectgarbage()
+    sched._sweep()
+    local before = sched.stats().semaphores
+    local waits = ring(50, 20)
+    assert.is_true(waits >= 900, "waits: " .. waits)
+    local made = sched.stats().semaphores - before
+    -- at most one per waiting thread (and a spare); one per wait without done()
+    assert.is_true(made <= 55, "made " .. made .. " semaphores for " .. waits .. " waits")
+  end)
+
+  it("the lost-wake watch holds only the wakes still on their way", function()
+    local most = 0
+    local waits = ring(50, 20, function()
+      local w = sched.stats().watching
+      if w > most then most = w end
+    end)
+    assert.is_true(waits >= 900, "waits: " .. waits)
+    -- the handoffs of one event-loop turn: one wake on its way at a time
+    assert.is_true(most <= 2, "watching " .. most .. " handles after " .. waits .. " handoffs")
+  end)
+
+  -- Not a timing test: what LuaJIT's recorder gave up on, from jit.v.
+  it("a handoff's traces do not abort on a loop in the adapter's wait or the driver's", function()
+    local file = H.conf.run .. "/jitv-handoff.txt"
+    os.remove(file)
+    local v = require "jit.v"
+    jit.flush()
+    v.on(file)
+    local ok, err = pcall(ring, 50, 40)
+    v.off()
+    assert(ok, err)
+    local bad = {}
+    for line in io.lines(file) do
+      if line:find("inner loop in root trace at ngx.lua", 1, true) or
+         line:find("inner loop in root trace at init.lua", 1, true) then
+        bad[#bad + 1] = line
+      end
+    end
+    assert.are.same({}, bad)
+  end)
+
   it("a killed waiter's semaphore is taken back by a sweep", function()
     local threads = {}
     for i = 1, 20 do
