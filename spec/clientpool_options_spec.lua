@@ -162,6 +162,12 @@ local CASES = {
   { "scheduler: a table whose now is not a function",
     opts { scheduler = (function() local a = adapter_without(); a.now = 0; return a end)() },
     { "scheduler", "now" } },
+  { "scheduler: a table whose optional done is not a function",
+    opts { scheduler = (function() local a = adapter_without(); a.done = true; return a end)() },
+    { "scheduler", "done", "must be a function when given" } },
+  { "scheduler: a table whose optional background is not a function",
+    opts { scheduler = (function() local a = adapter_without(); a.background = {}; return a end)() },
+    { "scheduler", "background" } },
 }
 
 -- Durations: 0, negative, NaN, inf, -inf and a string, for each of them.

@@ -269,6 +269,8 @@ end
 ---------------------------------------------------------------------------
 
 local ADAPTER_FIELDS = { "now", "current", "wait", "wake", "spawn", "sleep" }
+-- Optional; the driver calls each one it finds (docs/decisions.md, "Schedulers").
+local ADAPTER_OPTIONAL = { "background", "done", "alive", "yieldable", "exiting", "log" }
 
 local function resolve_scheduler(s)
   if s == nil then
@@ -296,6 +298,13 @@ local function resolve_scheduler(s)
   for _, f in ipairs(ADAPTER_FIELDS) do
     if type(s[f]) ~= "function" then
       error("clientpool: option 'scheduler': the adapter lacks function '" .. f .. "'", 3)
+    end
+  end
+  for _, f in ipairs(ADAPTER_OPTIONAL) do
+    local v = s[f]
+    if v ~= nil and type(v) ~= "function" then
+      error("clientpool: option 'scheduler': the adapter's '" .. f .. "' must be a function when given, got " ..
+            type(v), 3)
     end
   end
   return s
