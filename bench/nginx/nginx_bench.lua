@@ -24,6 +24,8 @@
 --       each takes it, gives it back and queues again, so every release
 --       hands it to the next waiter. Per handoff, against the same ring of
 --       light threads sharing one unit of an ngx.semaphore (wait, post).
+--       A reference form runs the ring on the ngx scheduler adapter alone
+--       (no pool): its share of a handoff.
 --       Each round times N handoffs of each form in turn; prints one TSV
 --       line per figure: name, median ratio, median ns, median semaphore ns.
 --       profile=DIR: then each form for a second under jit.profile, in
@@ -292,7 +294,36 @@ end
 function b2forms.lease(per) return b2_pool(per, "lease") end
 function b2forms.checkout(per) return b2_pool(per, "checkout") end
 
-local B2_ORDER = { "sema", "lease", "checkout" }
+-- (reference) the ngx scheduler adapter alone, no pool: a ring of TASKS
+-- light threads, each waiting on a handle of its own and waking the next
+-- (current, wait, wake and done per handoff, as the pool's wait uses them)
+function b2forms.sched(per)
+  local sched = require "clientpool.sched.ngx"
+  local handles, threads = {}, {}
+  for i = 1, B2_TASKS do
+    threads[i] = ngx.thread.spawn(function()
+      for _ = 1, per do
+        local h = sched.current()
+        handles[i] = h
+        local ok, err = sched.wait(h, nil)
+        if not ok then error("sched.wait: " .. tostring(err)) end
+        sched.done(h)
+        local nxt = handles[i % B2_TASKS + 1]
+        handles[i % B2_TASKS + 1] = nil
+        if nxt then sched.wake(nxt) end   -- (none after the next one's last round)
+      end
+    end)
+  end
+  local h1 = handles[1]
+  handles[1] = nil
+  sched.wake(h1)
+  for i = 1, B2_TASKS do
+    local ok, err = ngx.thread.wait(threads[i])
+    if not ok then error("b2 thread: " .. tostring(err)) end
+  end
+end
+
+local B2_ORDER = { "sema", "lease", "checkout", "sched" }
 
 function M.b2()
   local n = tonumber(ngx.var.arg_n) or 20000
@@ -324,7 +355,7 @@ function M.b2()
       M.jit_profile("b2 " .. f, function() b2forms[f](1000) end, nil, profile .. "/jitp-b2-" .. f .. ".txt")
     end
   end
-  for _, f in ipairs({ "lease", "checkout" }) do
+  for _, f in ipairs({ "lease", "checkout", "sched" }) do
     ngx.say(string.format("B2.ngx.%s\t%.4f\t%.1f\t%.1f", f, median(ratio[f]), median(ns[f]), median(ns.sema)))
   end
 end

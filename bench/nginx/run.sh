@@ -249,8 +249,9 @@ echo "| figure | | ratio | ns/handoff | semaphore ns/handoff |"
 echo "|---|---|---:|---:|---:|"
 awk -F'\t' '
   /^B2\.ngx\./ {
-    what = $1 ~ /checkout/ ? "checkout/checkin" : "acquire/release"
-    printf "| %s | handoff, %s via the ngx scheduler / ngx.semaphore wait+post | %.2fx | %.0f ns | %.0f ns |\n", $1, what, $2, $3, $4
+    if ($1 ~ /sched/) d = "(reference) the ngx scheduler adapter alone (current, wait, wake, done), no pool / ngx.semaphore wait+post"
+    else d = "handoff, " ($1 ~ /checkout/ ? "checkout/checkin" : "acquire/release") " via the ngx scheduler / ngx.semaphore wait+post"
+    printf "| %s | %s | %.2fx | %.0f ns | %.0f ns |\n", $1, d, $2, $3, $4
   }' "$tsv"
 echo
 echo "B5: per operation, medians of $B5_ROUNDS rounds of $B5_N (PING rows: 9 rounds of $B5_PING_N); ratio to the bare cycle of the same round"
