@@ -954,6 +954,42 @@ describe("clientpool waiting on " .. S.name, function()
       end)
     end)
 
+    -- A cancel token's wake carries no lost-wake callback; the grant's does.
+    -- Whichever comes first, the grant must come back when the waiter dies.
+    for _, order in ipairs { "cancel, then grant", "grant, then cancel" } do
+      it_close("a waiter woken by its cancel token and a grant (" .. order .. "), closed before it ran, " ..
+               "never swallows the grant", function()
+        run(S, function(sched)
+          local f = H.factory(sched)
+          local pool = new_pool(sched, f, { max_live = 1 })
+          local held = assert(pool:acquire("k"))
+          local tok = clientpool.token()
+          local w1 = waiter(sched, pool, "k", { cancel = tok })
+          local w2 = waiter(sched, pool, "k")
+          sched.sleep(T(0.5))
+          local client = held.client
+          if order == "cancel, then grant" then
+            tok:cancel()
+            held:release()
+          else
+            held:release()
+            tok:cancel()
+          end
+          kill(w1.co, "close")
+          sched.sleep(0)
+          sched.sleep(0)
+          assert.is_false(w1.done)
+          assert.is_true(w2.done)
+          assert.is_table(w2.lease, tostring(w2.code))
+          assert.equal(client, w2.lease.client)
+          w2.lease:release()
+          local s = assert_settled(pool)
+          assert.equal(1, s.live)
+          assert.equal(1, f.created)
+        end)
+      end)
+    end
+
     it_close("a grant for a closed waiting coroutine with no one behind stays idle", function()
       run(S, function(sched)
         local pool = new_pool(sched, H.factory(sched), { max_live = 1 })

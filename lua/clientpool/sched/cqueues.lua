@@ -192,8 +192,9 @@ new = function(bound)
       e.woke = true
       if e.waiting then e.cond:signal() end
     end
-    -- the waker's give-back, should h die before this wake reaches it
-    e.lost, e.la, e.lb, e.lc = lost, la, lb, lc
+    -- the waker's give-back, should h die before this wake reaches it; a
+    -- wake without one (a cancel token's) keeps the grant's
+    if lost then e.lost, e.la, e.lb, e.lc = lost, la, lb, lc end
     return true
   end
 

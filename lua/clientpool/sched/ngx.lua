@@ -351,6 +351,18 @@ function M.wait(h, deadline)
   return ok, err
 end
 
+-- Puts h (a waiting handle whose post is on its way) on the lost-wake
+-- watch with the callback lost(a, b, c).
+local function watch_lost(h, lost, a, b, c)
+  h.lost, h.la, h.lb, h.lc = lost, a, b, c
+  if not h.wi then
+    nwatch = nwatch + 1
+    watch[nwatch] = h
+    h.wi = nwatch
+  end
+  arm_watch()
+end
+
 --- Wakes the waiter of h (at once if it waits, at its next wait otherwise).
 -- Returns false when the waiter is gone (killed, or its request ended). With
 -- lost, lost(a, b, c) is called later if the waiter dies before it resumes.
@@ -360,7 +372,12 @@ function M.wake(h, lost, a, b, c)
     wakes_refused = wakes_refused + 1
     return false
   end
-  if h.pending then return true end
+  if h.pending then
+    -- posted already, by a wake without a callback (a cancel token's): the
+    -- grant's callback still counts, should the waiter die before it runs
+    if lost and st == WAITING and not h.lost then watch_lost(h, lost, a, b, c) end
+    return true
+  end
   if st == WAITING and S[h.i]:count() >= 0 then
     retire(h)
     wakes_refused = wakes_refused + 1
@@ -368,13 +385,7 @@ function M.wake(h, lost, a, b, c)
   end
   h.pending = true
   S[h.i]:post(1)
-  if lost and st == WAITING then
-    h.lost, h.la, h.lb, h.lc = lost, a, b, c
-    nwatch = nwatch + 1
-    watch[nwatch] = h
-    h.wi = nwatch
-    arm_watch()
-  end
+  if lost and st == WAITING then watch_lost(h, lost, a, b, c) end
   return true
 end
 

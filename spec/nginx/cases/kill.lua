@@ -72,6 +72,35 @@ describe("a light thread killed while it waits", function()
     b:release()
   end)
 
+  -- A cancel token's wake carries no lost-wake callback; the grant's does.
+  for _, order in ipairs { "cancel, then grant", "grant, then cancel" } do
+    it("woken by its cancel token and a grant (" .. order .. "), killed before it ran, gives the grant back",
+       function()
+      local pool = app.plain_pool("kill-tok-" .. order:sub(1, 1), { max_live = 1 })
+      local a = assert(pool:acquire())
+      local res = {}
+      local tok = require("clientpool").token()
+      local t = ngx.thread.spawn(function()
+        local l, code = pool:acquire(nil, { timeout = 5, cancel = tok })
+        res[1] = l and "lease" or code
+        if l then l:release() end
+      end)
+      ngx.sleep(0.01)
+      if order == "cancel, then grant" then
+        tok:cancel()
+        a:release()
+      else
+        a:release()
+        tok:cancel()
+      end
+      assert.truthy(ngx.thread.kill(t))
+      assert.is_nil(res[1])
+      assert.truthy(H.wait_until(function() return pool:stats().leases == 0 end, 2),
+        "the grant was swallowed: leases=" .. pool:stats().leases)
+      assert.are.same({ live = 1, idle = 1, leases = 0, waiting = 0 }, counts(pool))
+    end)
+  end
+
   it("keeps the queue moving when half of many waiters are killed", function()
     local pool, f = app.plain_pool("kill3", { max_live = 2, acquire_timeout = 5 })
     local a, b = assert(pool:acquire()), assert(pool:acquire())
