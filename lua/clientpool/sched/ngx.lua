@@ -294,6 +294,15 @@ local function consume(h)
   return true
 end
 
+-- Ends a wait in a timer of an exiting worker with EXITING. The handle dies
+-- first: the waiter's frames are gone once the error passes, so a later
+-- wake must return false (the driver then gives the grant back) rather
+-- than post to nobody.
+local function exit_wait(h)
+  retire(h)
+  error(EXITING, 0)
+end
+
 -- One semaphore wait of h, at most a slice (TIMER_SLICE in a timer,
 -- MAX_WAIT elsewhere) and never past the deadline. Returns true (woken),
 -- nil, err (the deadline passed, or the semaphore failed) or false: the
@@ -318,7 +327,7 @@ local function wait_slice(h, s, deadline, tm)
   if err ~= "timeout" then return nil, err end
   -- a post that came as the wait timed out is still there: take it
   if h.pending then return consume(h) end
-  if tm and worker_exiting() then error(EXITING, 0) end
+  if tm and worker_exiting() then exit_wait(h) end
   return false
 end
 
@@ -344,7 +353,7 @@ function M.wait(h, deadline)
   -- In a timer, nginx keeps an exiting worker alive while a wait lasts: such
   -- waits go in slices of at most TIMER_SLICE and end with EXITING.
   local tm = h.tm
-  if tm and worker_exiting() then error(EXITING, 0) end
+  if tm and worker_exiting() then exit_wait(h) end
   local s = S[h.i]
   local ok, err = wait_slice(h, s, deadline, tm)
   if ok == false then return wait_on(h, s, deadline, tm) end

@@ -47,4 +47,20 @@ it("closes a connection released after the reload instead of parking it", functi
     res = ok and "returned" or err
   end)
   assert.are.equal(sched.EXITING, H.wait_until(function() return res end, 3))
+  -- an acquire that would wait in a timer ends with that error too, and the
+  -- grant a release makes for it later is not lost with it
+  local pool2 = clientpool.new { max_live = 1, create = function() return {} end, scheduler = "ngx" }
+  local held2 = assert(pool2:acquire())
+  local res2
+  ngx.timer.at(0, function()
+    local ok, err = pcall(pool2.acquire, pool2, nil, { timeout = 30 })
+    res2 = ok and "returned" or tostring(err)
+  end)
+  assert.truthy(H.wait_until(function() return res2 end, 3))
+  assert.truthy(res2:find(sched.EXITING, 1, true), res2)
+  held2:release()
+  local s2 = pool2:stats()
+  assert.are.same({ leases = 0, waiting = 0, idle = 1 }, { leases = s2.leases, waiting = s2.waiting, idle = s2.idle })
+  local again = assert(pool2:try_acquire())
+  again:release()
 end, 30)
