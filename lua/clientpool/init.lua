@@ -932,7 +932,7 @@ local function wait_for(self, k, name, opts, bare)
   local deadline = timeout and start + timeout
   local e = self._e
   if self._nwaiters > 0 then reap_if_full(self) end
-  local w, g, pending = e:wait(k, deadline or -1, now_of(self))
+  local w, g, pending = e:wait(k, deadline or -1, start)   -- the same clock: one read, not two
   if not w then
     pump(self)
     if g == FULL then
