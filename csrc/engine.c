@@ -328,12 +328,15 @@ static int key_empty(const clientpool_t *p, int32_t k) {
          key->wrefs == 0;
 }
 
+/* A forgotten key's id is reused only once the driver has read its
+ * EV_KEY_FREE (clientpool_next_event): a finalizer (a leaked lease) can free
+ * a key while the driver still maps a name to its id, and until the driver
+ * drains the event that id must not name another key (calls with it are
+ * STALE instead). */
 static int key_maybe_free(clientpool_t *p, int32_t k) {
   key_t_ *key = &p->keys[k];
   if (!key->used || key->pinned || k == p->hold_key || !key_empty(p, k)) return 0;
   key->used = 0;
-  key->next_free = p->key_free;
-  p->key_free = k;
   p->keys_used--;
   push_event(p, CLIENTPOOL_EV_KEY_FREE, k, 0, 0, 0);
   return 1;
@@ -500,6 +503,17 @@ static void rec_free(clientpool_t *p, int32_t r) {
   p->rec_free = r;
 }
 
+/* A destroyed record: free, but its slot is reused only once the driver has
+ * read its EV_DESTROY (clientpool_next_event), for the reason given at
+ * key_maybe_free: until then the driver still keeps the client under that
+ * record id, and a new client there would be the one its destroy closes. */
+static void rec_bury(clientpool_t *p, int32_t r) {
+  record_t *x = &p->rec[r];
+  x->state = R_FREE;
+  x->gen++;
+  x->next_free = NONE;
+}
+
 /* ---- open records (capacity > 1): per-key heap by fewest leases ------ */
 
 static void oset(clientpool_t *p, key_t_ *key, int32_t i, int32_t r) {
@@ -590,7 +604,7 @@ static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
   BOTH(p, k, closed, 1);
   BOTH(p, k, closed_by[reason], 1);
   push_event(p, CLIENTPOOL_EV_DESTROY, r, reason, k, 0);
-  rec_free(p, r);
+  rec_bury(p, r);
   key_refresh(p, k);
   floor_check(p, k);
   key_maybe_free(p, k);
@@ -1512,6 +1526,14 @@ int clientpool_next_event(clientpool_t *p, clientpool_event_t *ev) {
   *ev = p->ev[p->evhead];
   p->evhead = (p->evhead + 1) % p->evcap;
   p->evlen--;
+  /* the driver knows now: the id may be reused (rec_bury, key_maybe_free) */
+  if (ev->type == CLIENTPOOL_EV_DESTROY) {
+    p->rec[ev->a].next_free = p->rec_free;
+    p->rec_free = ev->a;
+  } else if (ev->type == CLIENTPOOL_EV_KEY_FREE) {
+    p->keys[ev->a].next_free = p->key_free;
+    p->key_free = ev->a;
+  }
   return ev->type;
 }
 

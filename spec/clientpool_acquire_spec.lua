@@ -817,6 +817,16 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
         gc_leak_check(1, "recycled real")   -- the C fast path's release (C API backend)
       end)
 
+      it("a call for a key right after a lease of it was collected gets that key's client, no other's", function()
+        if S.name ~= "loop (virtual clock)" then return end
+        for _, form in ipairs { "acquire", "checkout", "try_acquire" } do
+          for _, clock in ipairs { "", "real" } do   -- real: the C fast path on the C API backend
+            assert.equal("OK\nrc=0\n", H.run_fresh("spec/gc_leak_key_check.lua " .. form .. " " .. clock),
+                         form .. " " .. clock)
+          end
+        end
+      end)
+
       it("a released lease that is collected is not a leak", function()
         run(function(sched)
           local pool, f = mkpool(sched, { max_live = 1 })

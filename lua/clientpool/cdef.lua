@@ -90,7 +90,11 @@ enum {
   CLIENTPOOL_BY_COUNT = 9
 };
 
-/* Event types returned by clientpool_next_event. */
+/* Event types returned by clientpool_next_event.  The slot of a destroyed
+ * record and the id of a forgotten key are reused only after their
+ * EV_DESTROY / EV_KEY_FREE has been read: a driver that drains events later
+ * (after a finalizer's clientpool_leak) never sees its ids renamed; until
+ * then calls with the forgotten key id return STALE. */
 enum {
   CLIENTPOOL_EV_NONE = 0,
   CLIENTPOOL_EV_WAKE = 1,      /* a = waiter slot, b = its gen: it has a result */

@@ -35,7 +35,7 @@ local monotime = core.monotime
 
 local GRANT_IDLE, GRANT_CREATE = core.GRANT_IDLE, core.GRANT_CREATE
 local MUST_WAIT, PENDING, FULL, CLOSED = core.MUST_WAIT, core.PENDING, core.FULL, core.CLOSED
-local PAUSED = core.PAUSED
+local PAUSED, STALE = core.PAUSED, core.STALE
 local TIMEOUT, CANCELLED = core.TIMEOUT, core.CANCELLED
 local EV_WAKE, EV_DESTROY, EV_TIMER = core.EV_WAKE, core.EV_DESTROY, core.EV_TIMER
 local EV_KEY_FREE, EV_LEAK = core.EV_KEY_FREE, core.EV_LEAK
@@ -715,6 +715,9 @@ local function key_id(self, key, fname)
   elseif type(name) ~= "string" then
     error("clientpool: bad argument #1 to '" .. fname .. "' (key must be a string or nil, got " .. type(key) .. ")", 3)
   end
+  -- a finalizer (a collected lease) may have forgotten keys meanwhile: their
+  -- EV_KEY_FREE events take the names off _kids before a name is looked up
+  if self._kicked then pump(self) end
   local k = self._kids[name]
   if k then return k, name end
   local err
@@ -723,6 +726,17 @@ local function key_id(self, key, fname)
   self._kids[name] = k
   self._knames[k] = name
   return k, name
+end
+
+-- The engine answered STALE for key id k of name: a finalizer forgot the
+-- key after name was looked up. Its EV_KEY_FREE drops the name (pump); the
+-- caller then looks the name up again.
+local function stale_key(self, k, name)
+  pump(self)
+  if self._kids[name] == k then
+    self._kids[name] = nil
+    self._knames[k] = nil
+  end
 end
 
 -- The stack level, counted as error() and debug.traceback() count from the
@@ -934,6 +948,11 @@ local function wait_for(self, k, name, opts, bare)
   if self._nwaiters > 0 then reap_if_full(self) end
   local w, g, pending = e:wait(k, deadline or -1, start)   -- the same clock: one read, not two
   if not w then
+    if sched.done then sched.done(h) end
+    if g == STALE then
+      stale_key(self, k, name)
+      return nil, STALE         -- the caller acquires again (see stale_key)
+    end
     pump(self)
     if g == FULL then
       return nil, "full", snapshot(self, "full", name)
@@ -1052,7 +1071,13 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
   if st == MUST_WAIT then
     local ok
     ok, st, rec, l, g, validate, idle, waited, sentinel = wait_for(self, k, name, opts)
-    if not ok then return nil, st, rec end
+    if not ok then
+      if st == STALE then return self:acquire(key, opts) end
+      return nil, st, rec
+    end
+  elseif st == STALE then
+    stale_key(self, k, name)
+    return self:acquire(key, opts)
   elseif st == FULL then
     return nil, "full", snapshot(self, "full", name)
   elseif st == PAUSED then
@@ -1092,6 +1117,9 @@ function Pool:try_acquire(key)
       return nil, "paused", self._kpaused[name] or self._paused or "probe"
     elseif st == CLOSED then
       return nil, "closed"
+    elseif st == STALE then
+      stale_key(self, k, name)
+      return self:try_acquire(key)
     end
     -- where the host cannot yield at all (OpenResty's log, set, filter and
     -- init_worker phases, which also refuse its coroutine API), no hook can
@@ -1655,7 +1683,13 @@ local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
     if st == MUST_WAIT then
       local ok
       ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
-      if not ok then return nil, st, rec end
+      if not ok then
+        if st == STALE then return checkout_grant(self, key, nil, name) end
+        return nil, st, rec
+      end
+    elseif st == STALE then
+      stale_key(self, k, name)
+      return checkout_grant(self, key, nil, name)
     end
   end
   if st == FULL then
@@ -1699,7 +1733,13 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
     -- is one frame shallower (memory per waiter)
     local ok
     ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
-    if not ok then return nil, st, rec end
+    if not ok then
+      if st ~= STALE then return nil, st, rec end
+      st, k = nil, nil            -- looked up and acquired again (checkout_grant)
+    end
+  elseif st == STALE then
+    stale_key(self, k, name)
+    st, k = nil, nil
   end
   if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) then
     client = self._clients[rec]

@@ -1829,6 +1829,39 @@ static void t_leak(void) {
   CHECK_EQ(clientpool_pending(p), 0);
 }
 
+/* A finalizer's leak destroys a record and forgets its key while the driver
+ * still maps both: neither the record slot nor the key id is reused before
+ * the driver has read the EV_DESTROY and EV_KEY_FREE that announce them
+ * (until then the key id is STALE, not another key's). */
+static void t_ids_reused_only_after_their_event(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t kx = UKEY(p), ky, k2;
+  hold_t hx, hy;
+  clientpool_grant_t g;
+  hx = NEW_LEASE(p, kx, 0);
+  drain(p);
+  CHECK_EQ(LEAK(p, hx, 1), 0);          /* kx empty: forgotten; hx's record destroyed */
+  CHECK_STATUS(ACQUIRE(p, kx, 2, &g), CLIENTPOOL_STALE);
+  ky = KEY_OPEN(p);
+  CHECK(ky >= 0 && ky != kx);
+  CHECK_STATUS(ACQUIRE(p, ky, 2, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK(g.record != hx.record);
+  CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  hy = hold_of(&g);
+  drain(p);                             /* the driver learns of both */
+  CHECK(find_ev(CLIENTPOOL_EV_DESTROY, hx.record, CLIENTPOOL_BY_LEAKED, kx) >= 0);
+  CHECK(find_ev(CLIENTPOOL_EV_KEY_FREE, kx, -1, -1) >= 0);
+  k2 = KEY_OPEN(p);                     /* now they are free to reuse (LIFO) */
+  CHECK_EQ(k2, kx);
+  CHECK_STATUS(ACQUIRE(p, k2, 3, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(g.record, hx.record);
+  CHECK_EQ(CREATED(p, g.record, 1, 3), 0);
+  RELEASE(p, hy, 4);
+  RELEASE(p, hold_of(&g), 4);
+  INVARIANTS(p);
+}
+
 static void t_leak_threshold_reports_once(void) {
   clientpool_config_t c = cfg_base();
   clientpool_t *p;
@@ -3754,6 +3787,7 @@ static const test_t tests[] = {
   T(t_release_reasons),
   /* 12 leak */
   T(t_leak),
+  T(t_ids_reused_only_after_their_event),
   T(t_leak_threshold_reports_once),
   /* 13 retire */
   T(t_retire),
