@@ -353,6 +353,26 @@ for _, S in ipairs(H.schedulers()) do
         end)
       end)
 
+      it("counts a refill whose park hook fails as a failed refill (no create/destroy churn)", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, {
+            min_idle = 1, restarts = 2,
+            park = function() error("park broken") end, unpark = function(stored) return stored end,
+          }, 0.5)
+          local r = start(sched, pool)
+          sched.sleep(10)
+          assert.equal(3, f.created)             -- restarts + 1, then spent
+          assert.is_true(H.check(pool).floor_spent)
+          assert(logged(f, "park hook failed"), "the park failure was not reported")
+          sched.sleep(100)
+          assert.equal(3, f.created)
+          local s = H.check(pool)
+          assert.equal(0, s.live)
+          assert.equal(3, s.closed_by.retired)
+          stop(sched, pool, r)
+        end)
+      end)
+
       it("while spent, acquire still creates lazily; a successful create resets the floor", function()
         run(function(sched)
           local pool, f = mkpool(sched, { min_idle = 1, restarts = 1 })
@@ -470,6 +490,24 @@ for _, S in ipairs(H.schedulers()) do
           assert.equal(0, s.live)
           assert.equal(0, s.idle)
           assert.equal(0, s.creating)
+          assert.equal(f.created, f.destroyed)
+        end)
+      end)
+
+      it("does not park the client of a refill that finishes after close", function()
+        run(function(sched)
+          local parked = 0
+          local pool, f = mkpool(sched, {
+            min_idle = 2,
+            park = function(c) parked = parked + 1; return c end, unpark = function(stored) return stored end,
+          }, 1)
+          local r = start(sched, pool)
+          sched.sleep(0.5)
+          assert.equal(2, H.check(pool).creating)
+          pool:close()
+          sched.sleep(2)
+          assert.is_true(r.done)
+          assert.equal(0, parked)                -- destroyed as created: nothing to park
           assert.equal(f.created, f.destroyed)
         end)
       end)

@@ -1445,6 +1445,17 @@ function Pool:_apply(d, lease)
   return d
 end
 
+-- A refill failed (create, or park of what it created): one strike more;
+-- past `restarts` in a row the floor is spent.
+local function refill_failed(self, why)
+  self._strikes = self._strikes + 1
+  if self._strikes > self._c.restarts then
+    self._spent = true
+    log(self, string_format("warm floor spent after %d failed refills in a row (last: %s); " ..
+      "acquire still creates lazily", self._strikes, why))
+  end
+end
+
 local function refill_task(self, rec, name)
   local ok, client, err = ycall(self._create, hook_key(name))
   local e = self._e
@@ -1452,30 +1463,31 @@ local function refill_task(self, rec, name)
   if ok and client ~= nil then
     self._clients[rec] = client
     local _, pending = e:created(rec, true, now_of(self))
+    -- its events first: a pool closed meanwhile destroys it at once, unparked
+    if pending > 0 then pump(self) end
     -- an idle record keeps what park returns (OpenResty: nothing)
+    local parked = true
     if self._park and self._clients[rec] == client then
       local pok, stored = pcall(self._park, client, hook_key(name))
       if pok then
         self._clients[rec] = stored
         self._parked[rec] = true
       else
+        parked = false
         log(self, "park hook failed: " .. tostring(stored))
         local _, p2 = e:retire(rec, now_of(self))
         if p2 > 0 then pump(self) end
+        -- a strike like a failed create: a park that always fails must not
+        -- make the floor create and destroy for good
+        refill_failed(self, "park hook failed: " .. tostring(stored))
       end
     end
-    self._strikes = 0
-    if pending > 0 then pump(self) end
+    if parked then self._strikes = 0 end
     emit(self, "create", hook_key(name), client)
   else
     local _, pending = e:created(rec, false, now_of(self))
     if pending > 0 then pump(self) end
-    self._strikes = self._strikes + 1
-    if self._strikes > self._c.restarts then
-      self._spent = true
-      log(self, string_format("warm floor spent after %d failed refills in a row (last: %s); " ..
-        "acquire still creates lazily", self._strikes, tostring(ok and (err or "create returned nil") or client)))
-    end
+    refill_failed(self, tostring(ok and (err or "create returned nil") or client))
   end
   if self._run_h then self._sched.wake(self._run_h) end
 end
