@@ -438,6 +438,47 @@ for _, S in ipairs(H.schedulers()) do
     end)
 
     ---------------------------------------------------------------------------
+    describe("keys held by pause, resume and retire", function()
+      local function nkeys(pool)
+        local n = 0
+        for _ in pairs(pool:stats().keys) do n = n + 1 end
+        return n
+      end
+
+      it("resume or retire of a key the pool does not know opens none (max_keys stays free)", function()
+        run(function(sched)
+          local pool = mkpool(sched, { max_keys = 1 })
+          pool:pause("429", "a")
+          pool:resume("a")
+          pool:resume("a")                    -- again: a manual resume after resume_after's
+          pool:resume("ghost")
+          pool:retire("ghost")
+          assert.equal(0, nkeys(pool))
+          local l, code = pool:try_acquire("b")
+          assert.is_table(l, tostring(code))
+          l:release()
+        end)
+      end)
+
+      it("paused and resumed keys leave nothing behind; an old resume_after never resumes a new pause", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          for i = 1, 200 do
+            pool:_pause("busy", "k" .. i, 1, "pause")   -- as { pause = ..., scope = "key", resume_after = 1 }
+            pool:resume("k" .. i)
+          end
+          assert.equal(0, nkeys(pool))
+          assert.is_nil(next(pool._pgen))
+          -- k1 paused again before its first resume_after fires: that timer
+          -- must not end this pause
+          pool:pause("again", "k1")
+          sched.sleep(2)
+          assert.equal("again", pool:stats().keys.k1.paused)
+          pool:resume("k1")
+        end)
+      end)
+    end)
+
     describe("resume_after", function()
       it("resumes by itself after that many seconds", function()
         run(function(sched)

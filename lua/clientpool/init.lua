@@ -686,7 +686,7 @@ function _M.new(opts)
     _paused = false, _kpaused = {}, _pause_gen = 0,
     _strikes = 0, _spent = false, _refilling = 0,
     _rec_leases = c.capacity > 1 and {} or nil,
-    _scratch = {}, _drain_hs = nil, _pgen = {},
+    _scratch = {}, _drain_hs = nil, _pgen = {}, _pgen_next = 0,
     _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
@@ -1305,6 +1305,19 @@ local function scope_key(self, key, fname, argn)
   return key_id(self, key, fname)
 end
 
+-- As scope_key, for calls that have nothing to do for a key the pool does
+-- not know (resume, retire): its id, or nil (never opens one: a key opened
+-- here would be held for good, against max_keys).
+local function known_key(self, key, fname, argn)
+  if key == nil then return -1, nil end
+  if type(key) ~= "string" then
+    error("clientpool: bad argument #" .. argn .. " to '" .. fname .. "' (key must be a string or nil, got "
+          .. type(key) .. ")", 3)
+  end
+  if self._kicked then pump(self) end   -- a finalizer may have forgotten keys (key_id)
+  return self._kids[key], key
+end
+
 -- Pauses the pool (name nil) or a key; resume_after schedules the resume.
 function Pool:_pause(reason, key, resume_after, fname)
   local e = self._e
@@ -1321,8 +1334,12 @@ function Pool:_pause(reason, key, resume_after, fname)
   else
     self._paused = reason
   end
+  -- the pause's generation, unique in the pool: its resume_after timer acts
+  -- only if this pause is still the scope's own (not resumed, not paused
+  -- again; a key forgotten and opened again gets new ones)
   local scope = name or false
-  local gen = (self._pgen[scope] or 0) + 1
+  local gen = self._pgen_next + 1
+  self._pgen_next = gen
   self._pgen[scope] = gen
   local _, pending = e:pause(k, now_of(self))
   if pending > 0 then pump(self) end
@@ -1354,8 +1371,11 @@ end
 function Pool:resume(key)
   if getmetatable(self) ~= Pool then not_a_pool(self, "resume") end
   local e = self._e
-  local k, name = scope_key(self, key, "resume", 1)
-  if not k then return end
+  local k, name = known_key(self, key, "resume", 1)
+  if not k then                  -- never paused: a paused key is pinned, so known
+    if name then self._kpaused[name] = nil; self._pgen[name] = nil end   -- (stale entries, if any)
+    return
+  end
   local scope = name or false
   local was
   if name then
@@ -1373,7 +1393,7 @@ function Pool:resume(key)
     local _, pending = e:resume(k, self._c.probe, now_of(self))
     if pending > 0 then pump(self) end
   end
-  self._pgen[scope] = (self._pgen[scope] or 0) + 1
+  self._pgen[scope] = nil       -- no resume_after timer of an earlier pause acts now
   pump(self)
   if was then emit(self, "resume", key) end
 end
@@ -1382,8 +1402,8 @@ end
 -- ones at once, leased ones at their release (failover, DNS changes).
 function Pool:retire(key)
   if getmetatable(self) ~= Pool then not_a_pool(self, "retire") end
-  local k = scope_key(self, key, "retire", 1)
-  if not k then return end
+  local k = known_key(self, key, "retire", 1)
+  if not k then return end       -- a key the pool does not know has no clients
   local _, pending = self._e:retire_before(k, -1, now_of(self))
   if pending > 0 then pump(self) end
 end
