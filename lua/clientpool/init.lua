@@ -230,6 +230,15 @@ local function validate_options(o)
     if c.max_keys and #o.keys > c.max_keys then
       fail("option 'keys' lists %d keys, more than max_keys (%d)", #o.keys, c.max_keys)
     end
+    -- the floor fills min_idle idle clients per warm key, up to max_live in
+    -- all; more than max_idle and every release would close one that the
+    -- floor then opens again (a floor capped by max_live = max_idle is fine)
+    local floor = math.min(c.min_idle * #o.keys, c.max_live)
+    if floor > c.max_idle then
+      fail("options 'min_idle' (%d) x %d warm keys ('keys') = %d idle clients, more than max_idle (%d): " ..
+           "every release would close a client the warm floor opens again", c.min_idle, #o.keys,
+           c.min_idle * #o.keys, c.max_idle)
+    end
     c.keys = o.keys
   end
   c.acquire_timeout = check_duration(o, "acquire_timeout")
