@@ -30,6 +30,7 @@ local type, error, pcall, select, setmetatable, tostring = type, error, pcall, s
 local pairs, ipairs, rawget, getmetatable = pairs, ipairs, rawget, getmetatable
 local math_floor, math_huge, string_format = math.floor, math.huge, string.format
 local co_create, co_resume, co_status, co_yield = coroutine.create, coroutine.resume, coroutine.status, coroutine.yield
+local co_running = coroutine.running
 local unpack = table.unpack or unpack
 local monotime = core.monotime
 
@@ -695,7 +696,7 @@ function _M.new(opts)
     _paused = false, _kpaused = {}, _pause_gen = 0,
     _strikes = 0, _spent = false, _refilling = 0,
     _rec_leases = c.capacity > 1 and {} or nil,
-    _scratch = {}, _drain_hs = nil, _pgen = {}, _pgen_next = 0,
+    _scratch = {}, _drain_hs = nil, _pgen = {}, _pgen_next = 0, _adopted = setmetatable({}, WEAK_KEYS),
     _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
@@ -1102,6 +1103,20 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
   return self:acquire(key, opts)
 end
 
+-- try_acquire's grant, in a coroutine of its own. Once a hook yielded, the
+-- caller went on (nil, "timeout") and the coroutine is adopted: its lease
+-- goes straight back to the pool, here, whoever resumes the coroutine (the
+-- adopting task, or the scheduler itself: a hook that made this coroutine
+-- ready at once, sleep(0), is resumed before that task runs).
+local function try_grant(self, name, st, rec, l, g, validate, idle, sentinel)
+  local lease, code, err = on_grant(self, name, st, rec, l, g, validate, idle, 0, sentinel)
+  if self._adopted[co_running()] then
+    if lease then lease:release() end
+    return
+  end
+  return lease, code, err
+end
+
 --- Never waits or yields: an idle client, or a new one if create need not
 -- yield; else nil, "timeout".
 function Pool:try_acquire(key)
@@ -1140,9 +1155,10 @@ function Pool:try_acquire(key)
     else
       -- run the grant in a coroutine of its own: if a hook yields, the work
       -- finishes in the background and this caller does not wait for it
-      local co = co_create(on_grant)
-      local ok, lease, code, err = co_resume(co, self, name, st, rec, l, g, validate, idle, 0, sentinel)
+      local co = co_create(try_grant)
+      local ok, lease, code, err = co_resume(co, self, name, st, rec, l, g, validate, idle, sentinel)
       if co_status(co) == "suspended" then
+        self._adopted[co] = true
         self:_adopt(co, lease, code, err)
         return nil, "timeout", snapshot(self, "timeout", name, 0)
       end
@@ -1164,8 +1180,7 @@ function Pool:_adopt(co, ...)
       if not r[1] then log(self, "background acquisition failed: " .. tostring(r[2])); return end
       r = pack(unpack(r, 2, r.n))
     end
-    local lease = r[1]
-    if lease and getmetatable(lease) == Lease then lease:release() end
+    -- (try_grant released the lease, if any)
   end)
 end
 
