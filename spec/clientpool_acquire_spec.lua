@@ -934,6 +934,34 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
         end)
       end)
 
+      it("leak_threshold reports a lease or checkout whose validate or create outlasted it, once it is held", function()
+        run(function(sched)
+          local pool = mkpool(sched, {
+            leak_threshold = T(2),
+            validate = function() sched.sleep(T(3)); return true end,
+          }, { latency = T(3) })
+          local got = {}
+          pool:on("leak", function(key, info) got[#got + 1] = { key = key, info = info, at = sched.now() } end)
+          local l = assert(pool:acquire("k"))         -- created in 3 (reported at 2: it was registered)
+          l:release()
+          got = {}
+          local t0 = sched.now()
+          local l2 = assert(pool:acquire("k"))        -- validate takes 3, past the threshold
+          local c, h = pool:checkout("c")             -- create takes 3, past the threshold
+          assert.is_table(c, tostring(h))
+          assert.equal(2, #got)
+          assert.equal(l2, got[1].info.lease)
+          near(t0 + 3, got[1].at, "the lease's report")
+          near(3, got[1].info.held, "held")
+          assert.equal("c", got[2].key)
+          assert.equal("checkout", got[2].info.where)
+          sched.sleep(T(20))
+          assert.equal(2, #got)                        -- once each
+          l2:release()
+          pool:checkin(h)
+        end)
+      end)
+
       it("leak_threshold without a leak listener logs the report", function()
         run(function(sched)
           local logs = {}

@@ -438,7 +438,7 @@ local function clock(self)
   return self._sched.now()
 end
 
-local pump
+local pump, report_held
 
 local function destroy_task(self, destroy, client, name)
   local ok, err = ycall(destroy, client, hook_key(name))
@@ -559,6 +559,44 @@ local function reap_if_full(self)
   if self._nwaiters >= self._c.max_waiting then reap_dead_waiters(self) end
 end
 
+-- Reports lease slot l (generation g), held since `since` past
+-- leak_threshold, if a lease or a checkout holds it; false if none does.
+report_held = function(self, l, g, since)
+  local lease = self._held[l]
+  if lease and lease._g == g then
+    local info = { leaked = false, held = clock(self) - since, where = lease._where, lease = lease }
+    if self._on.leak then
+      emit(self, "leak", hook_key(lease._key), info)
+    else
+      log(self, string_format("lease of key '%s' held %.3fs (leak_threshold), %s",
+        lease._key, info.held, tostring(lease._where)))
+    end
+    return true
+  elseif lease == nil and self._co_rec[l + 1] ~= nil then
+    -- a checkout (no lease object, no traceback)
+    local name = self._co_key[l + 1]
+    local info = { leaked = false, held = clock(self) - since, where = "checkout" }
+    if self._on.leak then
+      emit(self, "leak", hook_key(name), info)
+    else
+      log(self, string_format("checkout of key '%s' held %.3fs (leak_threshold)", name, info.held))
+    end
+    return true
+  end
+  return false
+end
+
+-- A lease or checkout of slot l (generation g) was just registered: the
+-- engine's leak_threshold report, if it came while its hooks still ran.
+local function report_early(self, l, g)
+  local early = self._early_leaks
+  local eg = early[l]
+  if eg == nil then return end
+  local since = early[-1 - l]
+  early[l], early[-1 - l] = nil, nil
+  if eg == g then report_held(self, l, g, since) end
+end
+
 -- Carries out one engine event (pump's body).
 local function handle_event(self, e, t, a, b, c, tt)
   do
@@ -606,24 +644,13 @@ local function handle_event(self, e, t, a, b, c, tt)
       -- destroyed when its last lease ends)
       emit(self, "leak", hook_key(self._knames[c]), { leaked = true })
     elseif t == EV_LEAK then
-      local lease = self._held[a]
-      if lease and lease._g == b then
-        local info = { leaked = false, held = clock(self) - tt, where = lease._where, lease = lease }
-        if self._on.leak then
-          emit(self, "leak", hook_key(lease._key), info)
-        else
-          log(self, string_format("lease of key '%s' held %.3fs (leak_threshold), %s",
-            lease._key, info.held, tostring(lease._where)))
-        end
-      elseif lease == nil and self._co_rec[a + 1] ~= nil then
-        -- a checkout (no lease object, no traceback)
-        local name = self._co_key[a + 1]
-        local info = { leaked = false, held = clock(self) - tt, where = "checkout" }
-        if self._on.leak then
-          emit(self, "leak", hook_key(name), info)
-        else
-          log(self, string_format("checkout of key '%s' held %.3fs (leak_threshold)", name, info.held))
-        end
+      if not report_held(self, a, b, tt) then
+        -- granted, but its create/validate/unpark still runs (the lease or
+        -- checkout is registered after them): reported when it is
+        local early = self._early_leaks
+        if not early then early = {}; self._early_leaks = early end
+        early[a] = b
+        early[-1 - a] = tt
       end
     end
   end
@@ -787,6 +814,7 @@ local function new_lease(self, name, rec, l, g, client, sentinel, drain)
     set[lease] = true
   end
   if drain and self._drain_started then self:_schedule_cancel(lease) end
+  if self._early_leaks then report_early(self, l, g) end
   return lease
 end
 
@@ -1813,6 +1841,7 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
   local h = ((g + self._hbase) % GENS) * HSLOTS + l
   self._co_rec[l + 1] = rec
   self._co_key[l + 1] = name
+  if self._early_leaks then report_early(self, l, g) end
   local rl = self._rec_leases
   if rl then
     local set = rl[rec]
