@@ -223,6 +223,14 @@ static int lcp_sentinel(lua_State *L) {
   return 1;
 }
 
+/* E:disarm(lease, gen): the lease's sentinel guards it no more (checkout
+ * takes one only while its hooks run: the handle holds the lease after). */
+static int lcp_disarm(lua_State *L) {
+  lcp_self(L);
+  recycle_sentinel(L, 1, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3));
+  return 0;
+}
+
 /* Pushes a grant: status, record, lease, gen, validate, idle, pending
  * [, waited] [, sentinel]: the sentinel only for a grant and when asked for
  * (sentinel: the engine's stack index, or 0), so a hot acquire stays one C
@@ -962,7 +970,7 @@ static const luaL_Reg pool_methods[] = {
   {"key_pin", lcp_key_pin}, {"key_forget", lcp_key_forget},
   {"next_event", lcp_next_event}, {"pending", lcp_pending},
   {"next_deadline", lcp_next_deadline}, {"is_closed", lcp_is_closed},
-  {"lease_age", lcp_lease_age}, {"stats", lcp_stats}, {"sentinel", lcp_sentinel},
+  {"lease_age", lcp_lease_age}, {"stats", lcp_stats}, {"sentinel", lcp_sentinel}, {"disarm", lcp_disarm},
   {"set_notify", lcp_set_notify}, {"retire_before", lcp_retire_before},
   {"retire_upto", lcp_retire_upto}, {"regrant", lcp_regrant},
   {"release_closes", lcp_release_closes},

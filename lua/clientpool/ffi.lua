@@ -236,6 +236,12 @@ local function recycle_sentinel(self, lease, gen)
   end
 end
 
+--- E:disarm(lease, gen): the lease's sentinel guards it no more (checkout
+-- takes one only while its hooks run: the handle holds the lease after).
+function Engine:disarm(lease, gen)
+  recycle_sentinel(self, lease, gen)
+end
+
 --- E:release(lease, gen, reason [, now]) -> ok, pending
 function Engine:release(lease, gen, reason, now)
   local p = self.p

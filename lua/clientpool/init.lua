@@ -1782,13 +1782,22 @@ local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
     return nil, "paused", self._kpaused[name] or self._paused or "probe"
   elseif st == CLOSED then
     return nil, "closed"
-  elseif st == GRANT_CREATE then
+  end
+  -- a leak sentinel while the hooks run (they may yield): if this coroutine
+  -- dies meanwhile, the collector gives the lease or reservation back, as
+  -- for acquire; the handle holds it once they are done
+  local sentinel = self._e:sentinel(l, g) -- luacheck: ignore sentinel (kept alive by this frame)
+  if st == GRANT_CREATE then
     local client, code, err = create_client(self, name, rec, nil)
     if client == nil then return nil, code, err end
+    self._e:disarm(l, g)
     return client, nil, rec, l, g, waited
   end
   local client, st2, rec2, l2, g2, v2, i2 = ready_idle(self, name, rec, l, g, validate, idle, false)
-  if client ~= nil then return client, nil, rec, l, g, waited end
+  if client ~= nil then
+    self._e:disarm(l, g)
+    return client, nil, rec, l, g, waited
+  end
   -- the idle record failed validate/unpark and is retired: this caller was
   -- granted again in its place (or, out of memory, looks again from scratch)
   if st2 == GRANT_IDLE or st2 == GRANT_CREATE or st2 == CLOSED then
