@@ -539,10 +539,10 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
     local line
     ok, err = pcall(function() line = debug.getinfo(1, "l").currentline; local x = pool:checkout(); return x end)
     assert.is_false(ok)
-    assert.truthy(err:find("checkout_spec.lua:" .. line .. ": clientpool: acquire would wait", 1, true), err)
+    assert.truthy(err:find("checkout_spec.lua:" .. line .. ": clientpool: checkout would wait", 1, true), err)
     ok, err = pcall(function() line = debug.getinfo(1, "l").currentline; local x = pool:checkout("new"); return x end)
     assert.is_false(ok)
-    assert.truthy(err:find("checkout_spec.lua:" .. line .. ": clientpool: acquire would wait", 1, true), err)
+    assert.truthy(err:find("checkout_spec.lua:" .. line .. ": clientpool: checkout would wait", 1, true), err)
     ok, err = pcall(function() line = debug.getinfo(1, "l").currentline; local x = pool:acquire(); return x end)
     assert.is_false(ok)
     assert.truthy(err:find("checkout_spec.lua:" .. line .. ": clientpool: acquire would wait", 1, true), err)

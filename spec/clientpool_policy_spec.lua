@@ -460,6 +460,23 @@ for _, S in ipairs(H.schedulers()) do
         end)
       end)
 
+      it("a pause from a destroy listener for the key's last client holds (the key was being forgotten)", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          pool:on("destroy", function(key, _, reason)
+            if reason == "error" then pool:pause("broken", key) end   -- a circuit breaker
+          end)
+          local l = assert(pool:acquire("x"))
+          l:release(false)                    -- x's only client closed: x empties
+          local l2, code, d = pool:acquire("x", { timeout = 1 })
+          assert.is_nil(l2)
+          assert.equal("timeout", code)
+          assert.equal("broken", d.paused)
+          pool:resume("x")
+          assert(pool:acquire("x")):release()
+        end)
+      end)
+
       it("paused and resumed keys leave nothing behind; an old resume_after never resumes a new pause", function()
         run(function(sched)
           local pool = mkpool(sched)

@@ -236,9 +236,9 @@ local function validate_options(o)
     -- floor then opens again (a floor capped by max_live = max_idle is fine)
     local floor = math.min(c.min_idle * #o.keys, c.max_live)
     if floor > c.max_idle then
-      fail("options 'min_idle' (%d) x %d warm keys ('keys') = %d idle clients, more than max_idle (%d): " ..
-           "every release would close a client the warm floor opens again", c.min_idle, #o.keys,
-           c.min_idle * #o.keys, c.max_idle)
+      fail("options 'min_idle' (%d) x %d warm keys ('keys'), up to max_live (%d): a floor of %d idle clients, " ..
+           "more than max_idle (%d): every release would close a client the warm floor opens again",
+           c.min_idle, #o.keys, c.max_live, floor, c.max_idle)
     end
     c.keys = o.keys
   end
@@ -975,8 +975,9 @@ local function wait_for(self, k, name, opts, bare)
   if h == nil then
     self._e:key_forget(k)
     pump(self)
-    error("clientpool: acquire would wait, but " .. (why or "the caller cannot yield") ..
-          " (use try_acquire, or call acquire from a coroutine the scheduler runs)", outside_level() or 0)
+    local what = bare and "checkout" or "acquire"
+    error("clientpool: " .. what .. " would wait, but " .. (why or "the caller cannot yield") ..
+          " (use try_acquire, or call " .. what .. " from a coroutine the scheduler runs)", outside_level() or 0)
   end
   local timeout = opts and opts.timeout
   if timeout == nil then timeout = self._c.acquire_timeout end
@@ -1354,6 +1355,10 @@ local function scope_key(self, key, fname, argn)
     error("clientpool: bad argument #" .. argn .. " to '" .. fname .. "' (key must be a string or nil, got "
           .. type(key) .. ")", 3)
   end
+  -- queued events first: called from a listener (a destroy listener that
+  -- pauses its key), the key may have been forgotten by an event not yet
+  -- carried out, and a pause of its old id would be lost
+  if self._e:pending() > 0 then pump(self) end
   return key_id(self, key, fname)
 end
 
@@ -1366,7 +1371,7 @@ local function known_key(self, key, fname, argn)
     error("clientpool: bad argument #" .. argn .. " to '" .. fname .. "' (key must be a string or nil, got "
           .. type(key) .. ")", 3)
   end
-  if self._kicked then pump(self) end   -- a finalizer may have forgotten keys (key_id)
+  if self._kicked or self._e:pending() > 0 then pump(self) end   -- see scope_key
   return self._kids[key], key
 end
 
