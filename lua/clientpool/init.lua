@@ -1349,12 +1349,18 @@ end
 -- The engine key of a scope (-1: the pool), raising at the caller of the
 -- method that called it; nil when the key cannot be opened (closed pool,
 -- max_keys keys exist): such a key has nothing to pause, resume or retire.
-local function scope_key(self, key, fname, argn)
-  if key == nil then return -1, nil end
+-- Raises for a scope key that is not a string, at the caller of the method
+-- that called scope_key or known_key.
+local function check_scope_key(key, fname, argn)
   if type(key) ~= "string" then
     error("clientpool: bad argument #" .. argn .. " to '" .. fname .. "' (key must be a string or nil, got "
-          .. type(key) .. ")", 3)
+          .. type(key) .. ")", 4)
   end
+end
+
+local function scope_key(self, key, fname, argn)
+  if key == nil then return -1, nil end
+  check_scope_key(key, fname, argn)
   -- queued events first: called from a listener (a destroy listener that
   -- pauses its key), the key may have been forgotten by an event not yet
   -- carried out, and a pause of its old id would be lost
@@ -1367,10 +1373,7 @@ end
 -- here would be held for good, against max_keys).
 local function known_key(self, key, fname, argn)
   if key == nil then return -1, nil end
-  if type(key) ~= "string" then
-    error("clientpool: bad argument #" .. argn .. " to '" .. fname .. "' (key must be a string or nil, got "
-          .. type(key) .. ")", 3)
-  end
+  check_scope_key(key, fname, argn)
   if self._kicked or self._e:pending() > 0 then pump(self) end   -- see scope_key
   return self._kids[key], key
 end
