@@ -333,6 +333,12 @@ static int key_empty(const clientpool_t *p, int32_t k) {
  * a key while the driver still maps a name to its id, and until the driver
  * drains the event that id must not name another key (calls with it are
  * STALE instead). */
+/* Puts key slot k on the free list (its id may name another key now). */
+static void key_reuse(clientpool_t *p, int32_t k) {
+  p->keys[k].next_free = p->key_free;
+  p->key_free = k;
+}
+
 static int key_maybe_free(clientpool_t *p, int32_t k) {
   key_t_ *key = &p->keys[k];
   if (!key->used || key->pinned || k == p->hold_key || !key_empty(p, k)) return 0;
@@ -361,8 +367,7 @@ int32_t clientpool_key_open(clientpool_t *p) {
     p->rheap[RH_CREATE] = rh;
     for (i = cap - 1; i >= p->nkeys; i--) {
       memset(&p->keys[i], 0, sizeof p->keys[i]);
-      p->keys[i].next_free = p->key_free;
-      p->key_free = i;
+      key_reuse(p, i);
     }
     p->nkeys = cap;
   }
@@ -418,6 +423,12 @@ int clientpool_key_forget(clientpool_t *p, int32_t k) {
 
 /* ---- records ---------------------------------------------------------- */
 
+/* Puts record slot r on the free list. */
+static void rec_reuse(clientpool_t *p, int32_t r) {
+  p->rec[r].next_free = p->rec_free;
+  p->rec_free = r;
+}
+
 static int32_t rec_alloc(clientpool_t *p) {
   int32_t r;
   if (p->rec_free == NONE) {
@@ -427,8 +438,7 @@ static int32_t rec_alloc(clientpool_t *p) {
     p->rec = q;
     for (i = cap - 1; i >= p->nrec; i--) {
       memset(&q[i], 0, sizeof q[i]);
-      q[i].next_free = p->rec_free;
-      p->rec_free = i;
+      rec_reuse(p, i);
     }
     p->nrec = cap;
   }
@@ -495,14 +505,6 @@ static void glist_renew(clientpool_t *p, int32_t r, double now) {
   p->g_newest = r;
 }
 
-static void rec_free(clientpool_t *p, int32_t r) {
-  record_t *x = &p->rec[r];
-  x->state = R_FREE;
-  x->gen++;
-  x->next_free = p->rec_free;
-  p->rec_free = r;
-}
-
 /* A destroyed record: free, but its slot is reused only once the driver has
  * read its EV_DESTROY (clientpool_next_event), for the reason given at
  * key_maybe_free: until then the driver still keeps the client under that
@@ -512,6 +514,12 @@ static void rec_bury(clientpool_t *p, int32_t r) {
   x->state = R_FREE;
   x->gen++;
   x->next_free = NONE;
+}
+
+/* A record the driver never mapped (a reservation given up): free at once. */
+static void rec_free(clientpool_t *p, int32_t r) {
+  rec_bury(p, r);
+  rec_reuse(p, r);
 }
 
 /* ---- open records (capacity > 1): per-key heap by fewest leases ------ */
@@ -1527,13 +1535,8 @@ int clientpool_next_event(clientpool_t *p, clientpool_event_t *ev) {
   p->evhead = (p->evhead + 1) % p->evcap;
   p->evlen--;
   /* the driver knows now: the id may be reused (rec_bury, key_maybe_free) */
-  if (ev->type == CLIENTPOOL_EV_DESTROY) {
-    p->rec[ev->a].next_free = p->rec_free;
-    p->rec_free = ev->a;
-  } else if (ev->type == CLIENTPOOL_EV_KEY_FREE) {
-    p->keys[ev->a].next_free = p->key_free;
-    p->key_free = ev->a;
-  }
+  if (ev->type == CLIENTPOOL_EV_DESTROY) rec_reuse(p, ev->a);
+  else if (ev->type == CLIENTPOOL_EV_KEY_FREE) key_reuse(p, ev->a);
   return ev->type;
 }
 

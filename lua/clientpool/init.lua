@@ -590,11 +590,10 @@ end
 -- engine's leak_threshold report, if it came while its hooks still ran.
 local function report_early(self, l, g)
   local early = self._early_leaks
-  local eg = early[l]
-  if eg == nil then return end
-  local since = early[-1 - l]
-  early[l], early[-1 - l] = nil, nil
-  if eg == g then report_held(self, l, g, since) end
+  local r = early[l]
+  if r == nil then return end
+  early[l] = nil
+  if r[1] == g then report_held(self, l, g, r[2]) end
 end
 
 -- Carries out one engine event (pump's body).
@@ -649,8 +648,7 @@ local function handle_event(self, e, t, a, b, c, tt)
         -- checkout is registered after them): reported when it is
         local early = self._early_leaks
         if not early then early = {}; self._early_leaks = early end
-        early[a] = b
-        early[-1 - a] = tt
+        early[a] = { b, tt }     -- generation, and since when it is held
       end
     end
   end
@@ -754,7 +752,10 @@ local function key_id(self, key, fname)
   end
   -- a finalizer (a collected lease) may have forgotten keys meanwhile: their
   -- EV_KEY_FREE events take the names off _kids before a name is looked up
-  if self._kicked then pump(self) end
+  if self._kicked then
+    self._kicked = false
+    pump(self)
+  end
   local k = self._kids[name]
   if k then return k, name end
   local err
@@ -979,6 +980,7 @@ local function wait_for(self, k, name, opts, bare)
     error("clientpool: " .. what .. " would wait, but " .. (why or "the caller cannot yield") ..
           " (use try_acquire, or call " .. what .. " from a coroutine the scheduler runs)", outside_level() or 0)
   end
+  local done = sched.done        -- (optional) h is over: see below
   local timeout = opts and opts.timeout
   if timeout == nil then timeout = self._c.acquire_timeout end
   local start = clock(self)
@@ -987,7 +989,7 @@ local function wait_for(self, k, name, opts, bare)
   if self._nwaiters > 0 then reap_if_full(self) end
   local w, g, pending = e:wait(k, deadline or -1, start)   -- the same clock: one read, not two
   if not w then
-    if sched.done then sched.done(h) end
+    if done then done(h) end
     if g == STALE then
       stale_key(self, k, name)
       return nil, STALE         -- the caller acquires again (see stale_key)
@@ -1016,7 +1018,6 @@ local function wait_for(self, k, name, opts, bare)
   if token then token._waits[h] = nil end
   -- nothing wakes h any more: an adapter that recycles what a handle holds
   -- (ngx: its semaphore) takes it back now rather than from the collector
-  local done = sched.done
   if done then done(h) end
   if pending > 0 then pump(self) end
   if st == GRANT_IDLE or st == GRANT_CREATE then
@@ -1349,22 +1350,22 @@ end
 -- The engine key of a scope (-1: the pool), raising at the caller of the
 -- method that called it; nil when the key cannot be opened (closed pool,
 -- max_keys keys exist): such a key has nothing to pause, resume or retire.
--- Raises for a scope key that is not a string, at the caller of the method
--- that called scope_key or known_key.
-local function check_scope_key(key, fname, argn)
+-- A scope key (not nil): raises for one that is not a string, at the caller
+-- of the method that called scope_key or known_key; then carries out the
+-- queued events: called from a listener (a destroy listener that pauses its
+-- key), the key may have been forgotten by an event not yet carried out,
+-- and a pause of its old id would be lost.
+local function scope_name(self, key, fname, argn)
   if type(key) ~= "string" then
     error("clientpool: bad argument #" .. argn .. " to '" .. fname .. "' (key must be a string or nil, got "
           .. type(key) .. ")", 4)
   end
+  if self._e:pending() > 0 then pump(self) end
 end
 
 local function scope_key(self, key, fname, argn)
   if key == nil then return -1, nil end
-  check_scope_key(key, fname, argn)
-  -- queued events first: called from a listener (a destroy listener that
-  -- pauses its key), the key may have been forgotten by an event not yet
-  -- carried out, and a pause of its old id would be lost
-  if self._e:pending() > 0 then pump(self) end
+  scope_name(self, key, fname, argn)
   return key_id(self, key, fname)
 end
 
@@ -1373,8 +1374,7 @@ end
 -- here would be held for good, against max_keys).
 local function known_key(self, key, fname, argn)
   if key == nil then return -1, nil end
-  check_scope_key(key, fname, argn)
-  if self._kicked or self._e:pending() > 0 then pump(self) end   -- see scope_key
+  scope_name(self, key, fname, argn)
   return self._kids[key], key
 end
 
