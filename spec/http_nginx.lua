@@ -22,7 +22,7 @@
 -- Locations on each: /<tag>/... answers "ok <uri>"; /<tag>/slow?s=S sleeps
 -- S seconds first and counts the requests in flight per connection (most
 -- at once: GET /inflight?c=<connection>); /<tag>/close answers with
--- Connection: close; /<tag>/echo answers the request body; /<tag>/chunked
+-- Connection: close; /<tag>/busy answers 429 with Retry-After: 2; /<tag>/echo answers the request body; /<tag>/chunked
 -- sends its body in pieces (chunked); /<tag>/big?n=N sends N bytes.
 local N = {}
 
@@ -70,6 +70,7 @@ local LOCATIONS = [[
         ngx.say("slow ", ngx.var.request_uri, " conn=", c)
       }
     }
+    location ~ ^/[A-Za-z0-9_]+/busy$ { add_header Retry-After 2 always; return 429 "busy\n"; }
     location ~ ^/[A-Za-z0-9_]+/close$ { keepalive_timeout 0; return 200 "bye $request_uri\n"; }
     location ~ ^/[A-Za-z0-9_]+/echo$ {
       client_body_buffer_size 1m;
@@ -169,10 +170,10 @@ http {
   return nil, "nginx does not answer"
 end
 
---- Stops the nginx by its pid (QUIT, KILL after 5 s) and removes its dir.
+--- Stops the nginx by its pid (TERM: fast shutdown; KILL after 5 s) and removes its dir.
 function N:stop()
   if self.pid then
-    sh("kill -QUIT " .. self.pid .. " 2>/dev/null")
+    sh("kill -TERM " .. self.pid .. " 2>/dev/null")
     for _ = 1, 100 do
       if not sh("kill -0 " .. self.pid .. " 2>/dev/null") then break end
       sh("sleep 0.05")

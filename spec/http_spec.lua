@@ -330,6 +330,28 @@ describe("clientpool.http", function()
       assert.equal(1, pool:stats().closed_by.error)
     end)
 
+    it("a policy sees every response: policy.http() pauses the origin on a 429 with Retry-After", function()
+      local e = env()
+      local t = tag()
+      local pool = e.pool { origin = url(srv.ports.keep, ""), max_live = 1, policy = clientpool.policy.http(),
+                            pause_mode = "fail" }
+      local busy, err, code, paused
+      e.run(function()
+        busy = assert(cphttp.request(pool, { path = t .. "/busy" }))
+        paused = pool:stats().paused
+        local _
+        _, err, code = cphttp.request(pool, { path = t .. "/next" })
+        pool:resume()
+        assert(cphttp.request(pool, { path = t .. "/after" }))
+      end)
+      assert.equal(429, busy.status)
+      assert.equal("2", busy.headers:get("retry-after"))
+      assert.equal("http 429", paused)     -- the default key is the pool's one upstream
+      assert.equal("paused", code)
+      assert.truthy(err:find("http 429", 1, true))
+      assert.equal(2, #srv:lines(t, 2))     -- the paused request never reached nginx
+    end)
+
     it("full URLs of several origins, and a lua-http request object", function()
       local e = env()
       local t = tag()

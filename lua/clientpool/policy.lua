@@ -53,6 +53,9 @@ end
 
 local function header(headers, name)
   if type(headers) ~= "table" then return nil end
+  -- a lua-http headers object (clientpool.http responses): lower-case names
+  local get = headers.get
+  if type(get) == "function" then return get(headers, string_lower(name)) end
   local v = headers[name]
   if v ~= nil then return v end
   local lname = string_lower(name)
@@ -68,7 +71,8 @@ Http.__index = Http
 --- An HTTP policy: the statuses it pauses on (default 429 and 503), with
 -- Retry-After honoured as resume_after. The outcome is a status number, or
 -- a table { status = n, headers = { ["Retry-After"] = ... } } (lua-resty-http
--- responses have this shape). scope = "key" (default) pauses only the key
+-- responses have this shape; headers may also be a lua-http http.headers
+-- object, as in clientpool.http responses). scope = "key" (default) pauses only the key
 -- (the origin); "pool" pauses the whole pool.
 function _M.http(opts)
   opts = opts or {}
