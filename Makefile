@@ -19,7 +19,7 @@
 #                        new inputs to the seed corpus
 #   make coverage        branch coverage of csrc/engine.c from the C tests and
 #                        the lua5.4 specs (gcc --coverage, build/cov)
-#   make demo | bench | bench-nginx | lint | install | clean | cdef
+#   make demo | bench | bench-nginx | bench-http | lint | install | clean | cdef
 #
 # Single steps of `make test`: all test-c test-c-asan fuzz-ci test-busted-<interp>
 # test-busted-luajit-ffi test-busted-asan test-valgrind-<interp> test-nginx
@@ -88,7 +88,7 @@ LINT_DIRS = $(wildcard lua spec examples bench)
 
 .PHONY: all module test deps check-memory demo bench lint install clean cdef \
         test-c test-c-asan test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
-        test-busted-luajit-ffi test-nginx bench-nginx
+        test-busted-luajit-ffi test-nginx bench-nginx bench-http
 
 all: $(foreach i,$(INTERPS),build/$(i)/clientpool/core.so)
 
@@ -309,6 +309,13 @@ bench: all build/bench/engine_pair
 # build/bench/nginx.tsv). Not part of `make test`.
 bench-nginx: build/luajit/clientpool/core.so
 	@bench/nginx/run.sh
+
+# clientpool.http against lua-http's own request:go() (a connection per
+# request): TCP connections nginx saw and requests/s, in a private nginx
+# (bench/http_pool.lua). lua-http loads on LuaJIT and Lua 5.1 only.
+BENCH_HTTP_LUA ?= luajit
+bench-http: build/$(BENCH_HTTP_LUA)/clientpool/core.so
+	$(call lua_env,build/$(BENCH_HTTP_LUA)) LUA_PATH='./?.lua;$(LPATH);;' $(BENCH_HTTP_LUA) bench/http_pool.lua $(BENCH_HTTP_ARGS)
 
 install: module
 	install -d '$(DESTDIR)$(LUA_CMODDIR)/clientpool'

@@ -23,6 +23,10 @@ PACKAGES=(
   lua-cqueues lua-luv lua-socket lua-copas
   # upstreams used by integration specs
   redis-server redis-tools curl wrk
+  # clientpool.http (lua-http on cqueues, Lua 5.1/LuaJIT) and its specs'
+  # TLS certificate (made at test time); clientpool.metrics: promtool and a
+  # Prometheus server scraping a test endpoint
+  lua-http openssl prometheus
   # packaging
   luarocks
   # C tooling; llvm-14 gives llvm-symbolizer for readable ASan reports
