@@ -4,6 +4,8 @@
 #
 # Expects: $run (the run dir), $nginx_bin, $redis_bin, and a die function.
 #   free_port                 a free loopback port (bind port 0, read it back)
+#   lua_conf NAME KEY=VALUE... writes $run/NAME.lua: return { KEY = VALUE, ... }
+#                             (values are Lua expressions: numbers here)
 #   redis_start PORT          redis-server, no persistence, daemonized
 #                             ($run/redis.pid, $run/redis.log); waits for PONG
 #   redis_stop                TERM by pid, KILL after 5 s
@@ -12,9 +14,39 @@
 #   nginx_start PORT          nginx -p $run -c $run/nginx.conf; waits until
 #                             http://127.0.0.1:PORT/ping answers
 #   nginx_stop                TERM by the master's pid, KILL (workers too) after 5 s
-#   nginx_conf_head WORKERS   the first lines of an nginx.conf for $run (modules,
-#                             pid, error log, events, temp paths: close the
-#                             http block yourself)
+#   need_tools [NAME...]      dies unless nginx with the Lua module, redis-server,
+#                             redis-cli, curl, lua5.1 with LuaSocket, the LuaJIT
+#                             build of clientpool and each NAME are there
+#   nginx_preamble DIR WORKERS LOGLEVEL CONNECTIONS
+#                             an nginx.conf's main context for DIR (modules,
+#                             pid, error log, events)
+#   nginx_temp_paths DIR      nginx's temp path lines for DIR/tmp (an http block's)
+#   nginx_conf WORKERS PORT LUA_DIR < LOCATIONS
+#                             writes $run/nginx.conf: one server on
+#                             127.0.0.1:PORT with /ping and the location
+#                             lines read from stdin, Lua modules from LUA_DIR,
+#                             lua/ and build/luajit ($root: the repository)
+
+lua_conf() {
+  local name=$1 kv
+  shift
+  {
+    echo "-- written by ${0#$root/}"
+    echo "return {"
+    for kv in "$@"; do echo "  ${kv%%=*} = ${kv#*=},"; done
+    echo "}"
+  } >"$run/$name.lua"
+}
+
+need_tools() {
+  local mods=${NGINX_MODULES:-/usr/lib/nginx/modules} t
+  command -v "$nginx_bin" >/dev/null || die "no nginx ($nginx_bin): scripts/deps.sh installs it"
+  command -v "$redis_bin" >/dev/null || die "no redis-server ($redis_bin): scripts/deps.sh installs it"
+  for t in curl redis-cli lua5.1 "$@"; do command -v "$t" >/dev/null || die "no $t: scripts/deps.sh installs it"; done
+  lua5.1 -e 'require "socket"' 2>/dev/null || die "no LuaSocket for lua5.1 (lua-socket)"
+  [ -f "$mods/ngx_http_lua_module.so" ] || die "no $mods/ngx_http_lua_module.so (libnginx-mod-http-lua)"
+  [ -f "$root/build/luajit/clientpool/core.so" ] || die "build/luajit/clientpool/core.so missing: run make"
+}
 
 free_port() {
   lua5.1 -e 'local s = assert(require("socket").bind("127.0.0.1", 0)); local _, p = s:getsockname(); print(p); s:close()'
@@ -81,24 +113,44 @@ nginx_stop() {
   rm -f "$run/nginx.pid"
 }
 
-nginx_conf_head() {
-  local mods=${NGINX_MODULES:-/usr/lib/nginx/modules}
+nginx_temp_paths() {
+  local dir=$1
+  printf '  %s_temp_path %s;\n' client_body "$dir/tmp/body" proxy "$dir/tmp/proxy" fastcgi "$dir/tmp/fastcgi" \
+    uwsgi "$dir/tmp/uwsgi" scgi "$dir/tmp/scgi"
+}
+
+nginx_preamble() {
+  local dir=$1 workers=$2 level=$3 conns=$4 mods=${NGINX_MODULES:-/usr/lib/nginx/modules}
   cat <<EOF
 load_module $mods/ndk_http_module.so;
 load_module $mods/ngx_http_lua_module.so;
+worker_processes $workers;
+pid $dir/nginx.pid;
+error_log $dir/error.log $level;
+events { worker_connections $conns; }
+EOF
+}
 
-worker_processes $1;
-pid $run/nginx.pid;
-error_log $run/error.log warn;
-
-events { worker_connections 4096; }
+nginx_conf() {
+  local workers=$1 port=$2 luadir=$3
+  {
+    echo "# written by ${0#$root/}"
+    nginx_preamble "$run" "$workers" warn 4096
+    cat <<EOF
 
 http {
   access_log off;
-  client_body_temp_path $run/tmp/body;
-  proxy_temp_path $run/tmp/proxy;
-  fastcgi_temp_path $run/tmp/fastcgi;
-  uwsgi_temp_path $run/tmp/uwsgi;
-  scgi_temp_path $run/tmp/scgi;
+$(nginx_temp_paths "$run")
+
+  lua_package_path "$luadir/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
+  lua_package_cpath "$root/build/luajit/?.so;;";
+
+  server {
+    listen 127.0.0.1:$port;
+    location = /ping { return 200 "pong\n"; }
 EOF
+    sed 's/^/    /'
+    echo "  }"
+    echo "}"
+  } >"$run/nginx.conf"
 }

@@ -36,7 +36,6 @@ root=$(cd "$here/../.." && pwd)
 run=$root/build/bench/nginx
 nginx_bin=${NGINX:-nginx}
 redis_bin=${REDIS_SERVER:-redis-server}
-mods=${NGINX_MODULES:-/usr/lib/nginx/modules}
 B5_N=${B5_N:-20000}
 B5_ROUNDS=${B5_ROUNDS:-15}
 B5_PING_N=$((B5_N / 40 > 50 ? B5_N / 40 : 50))
@@ -51,17 +50,11 @@ WORKERS=2
 note() { echo "bench-nginx: $*" >&2; }
 die() { note "$*"; exit 1; }
 
-command -v "$nginx_bin" >/dev/null || die "no nginx ($nginx_bin): install nginx libnginx-mod-http-lua lua-resty-core"
-command -v "$redis_bin" >/dev/null || die "no redis-server ($redis_bin)"
-for t in curl redis-cli wrk lua5.1; do command -v $t >/dev/null || die "no $t"; done
-lua5.1 -e 'require "socket"' 2>/dev/null || die "no LuaSocket for lua5.1 (lua-socket)"
-[ -f "$mods/ngx_http_lua_module.so" ] || die "no $mods/ngx_http_lua_module.so (libnginx-mod-http-lua)"
-[ -f "$root/build/luajit/clientpool/core.so" ] || die "build/luajit/clientpool/core.so missing: run make"
+. "$root/scripts/servers.sh"
+need_tools wrk
 
 rm -rf "$run"
 mkdir -p "$run/tmp" "$run/logs" || die "cannot make $run"
-
-. "$root/scripts/servers.sh"
 
 port=$(free_port); redis_port=$(free_port)
 while [ "$redis_port" = "$port" ]; do redis_port=$(free_port); done
@@ -82,32 +75,15 @@ redis_start "$redis_port"
 rcli() { redis-cli -p "$redis_port" "$@" 2>/dev/null; }
 
 # ---------------------------------------------------------------- nginx
-cat >"$run/bench_conf.lua" <<EOF
--- written by bench/nginx/run.sh
-return { redis_port = $redis_port, pool_size = $POOL_SIZE, backlog = $BACKLOG }
+lua_conf bench_conf redis_port="$redis_port" pool_size="$POOL_SIZE" backlog="$BACKLOG"
+
+nginx_conf $WORKERS "$port" "$here" <<'EOF'
+location = /b2 { content_by_lua_block { require("nginx_bench").b2() } }
+location = /b5 { content_by_lua_block { require("nginx_bench").b5() } }
+location = /b6/cp { content_by_lua_block { require("nginx_bench").b6_cp() } }
+location = /b6/size { content_by_lua_block { require("nginx_bench").b6_size() } }
+location = /b6/backlog { content_by_lua_block { require("nginx_bench").b6_backlog() } }
 EOF
-
-{
-echo "# written by bench/nginx/run.sh"
-nginx_conf_head $WORKERS
-cat <<EOF
-
-  lua_package_path "$here/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
-  lua_package_cpath "$root/build/luajit/?.so;;";
-
-  server {
-    listen 127.0.0.1:$port;
-
-    location = /ping { return 200 "pong\n"; }
-    location = /b2 { content_by_lua_block { require("nginx_bench").b2() } }
-    location = /b5 { content_by_lua_block { require("nginx_bench").b5() } }
-    location = /b6/cp { content_by_lua_block { require("nginx_bench").b6_cp() } }
-    location = /b6/size { content_by_lua_block { require("nginx_bench").b6_size() } }
-    location = /b6/backlog { content_by_lua_block { require("nginx_bench").b6_backlog() } }
-  }
-}
-EOF
-} >"$run/nginx.conf"
 
 tsv=$root/build/bench/nginx.tsv
 : >"$tsv"

@@ -25,7 +25,6 @@ root=$(cd "$here/../.." && pwd)
 run=$root/build/demo
 nginx_bin=${NGINX:-nginx}
 redis_bin=${REDIS_SERVER:-redis-server}
-mods=${NGINX_MODULES:-/usr/lib/nginx/modules}
 SECS=${DEMO_SECS:-6}
 CONNS=${DEMO_CONNECTIONS:-100}
 PER_WORKER=${DEMO_PER_WORKER:-8}
@@ -36,18 +35,13 @@ SAMPLE_EVERY=0.01
 note() { echo "demo: $*" >&2; }
 die() { note "$*"; exit 1; }
 
-command -v "$nginx_bin" >/dev/null || die "no nginx ($nginx_bin): run scripts/deps.sh"
-command -v "$redis_bin" >/dev/null || die "no redis-server ($redis_bin): run scripts/deps.sh"
-for t in curl redis-cli wrk lua5.1; do command -v $t >/dev/null || die "no $t: run scripts/deps.sh"; done
-lua5.1 -e 'require "socket"' 2>/dev/null || die "no LuaSocket for lua5.1 (lua-socket)"
-[ -f "$mods/ngx_http_lua_module.so" ] || die "no $mods/ngx_http_lua_module.so (libnginx-mod-http-lua)"
+. "$root/scripts/servers.sh"
+need_tools wrk
 [ -f /usr/share/lua/5.1/nginx/redis.lua ] || [ -f /usr/share/lua/5.1/resty/redis.lua ] ||
-  die "no lua-resty-redis (lua-nginx-redis)"
-[ -f "$root/build/luajit/clientpool/core.so" ] || die "build/luajit/clientpool/core.so missing: run make"
+  die "no lua-resty-redis (lua-nginx-redis): scripts/deps.sh installs it"
 
 rm -rf "$run"
 mkdir -p "$run/tmp" || die "cannot make $run"
-. "$root/scripts/servers.sh"
 
 port=$(free_port); redis_port=$(free_port)
 while [ "$redis_port" = "$port" ]; do redis_port=$(free_port); done
@@ -68,29 +62,13 @@ trap 'echo; note "interrupted: stopping what it started"; exit 130' INT TERM
 redis_start "$redis_port"
 redis-cli -p "$redis_port" set demo:greeting "hello from redis" >/dev/null
 
-cat >"$run/demo_conf.lua" <<EOF
--- written by examples/gateway/run.sh
-return { redis_port = $redis_port, per_worker = $PER_WORKER, backlog = $BACKLOG }
+lua_conf demo_conf redis_port="$redis_port" per_worker="$PER_WORKER" backlog="$BACKLOG"
+
+nginx_conf $WORKERS "$port" "$here" <<'EOF'
+location = /cp { content_by_lua_block { require("gateway").cp() } }
+location = /size { content_by_lua_block { require("gateway").size() } }
+location = /backlog { content_by_lua_block { require("gateway").backlog() } }
 EOF
-
-{
-echo "# written by examples/gateway/run.sh"
-nginx_conf_head $WORKERS
-cat <<EOF
-
-  lua_package_path "$here/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
-  lua_package_cpath "$root/build/luajit/?.so;;";
-
-  server {
-    listen 127.0.0.1:$port;
-    location = /ping { return 200 "pong\n"; }
-    location = /cp { content_by_lua_block { require("gateway").cp() } }
-    location = /size { content_by_lua_block { require("gateway").size() } }
-    location = /backlog { content_by_lua_block { require("gateway").backlog() } }
-  }
-}
-EOF
-} >"$run/nginx.conf"
 
 echo "== clientpool demo: an nginx gateway ($WORKERS workers) reading redis through lua-resty-redis"
 echo "   $("$nginx_bin" -v 2>&1 | sed 's/.*: //'), redis $("$redis_bin" --version | sed 's/.* v=\([^ ]*\).*/\1/') on" \

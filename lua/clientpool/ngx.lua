@@ -1,4 +1,7 @@
---- clientpool.ngx: a ready-made manager for TCP and TLS upstreams in OpenResty.
+--- clientpool.ngx: ready-made managers for OpenResty: tcp{} (raw cosockets,
+-- TLS) and driver{} (lua-resty drivers: lua-resty-redis, lua-resty-mysql,
+-- lua-resty-http, pgmoon; presets in clientpool.ngx.drivers). User docs:
+-- docs/managers.md.
 --
 -- A cosocket belongs to the handler that made it, so it cannot sit in a pool
 -- across requests. The idle record keeps no socket: `park` hands the
@@ -16,10 +19,15 @@
 --   local key = cpngx.key { host = h, port = 443, ssl = true, server_name = h, ssl_verify = true }
 --   local lease = assert(pool:acquire(key))
 --
+--   -- a lua-resty driver: lease.client is the driver object of this request
+--   local pool = clientpool.new(cpngx.driver { preset = "redis", host = "127.0.0.1", port = 6379,
+--                                              password = pw, database = 1, max_live = 8 })
+--
 -- The nginx pool name of a key is a per-manager prefix plus the key, so two
--- identities (host, port, TLS, SNI, verify mode, client certificate, user
--- parts) never share a connection, and two managers never take each other's
--- parked connections. See docs/decisions.md ("OpenResty").
+-- identities (host, port, TLS, SNI, verify mode, client certificate, user,
+-- database, password, parts) never share a connection, and two managers
+-- never take each other's parked connections. See docs/decisions.md
+-- ("OpenResty").
 local ngx = ngx
 local type, error, pairs, ipairs, tostring, tonumber, pcall, setmetatable =
       type, error, pairs, ipairs, tostring, tonumber, pcall, setmetatable
@@ -868,15 +876,18 @@ local function driver_adapter(o, ctx)
   -- caller's): lease:release() then only books it. A refusal (subscribed
   -- state, a transaction, unread data) is returned as the driver says it;
   -- the connection stays with the lease and its release retires it.
-  local warned_ka, warned_close = false, false
+  -- Counts a habit; its first one is a line in the error log, naming the fix.
+  local warned = {}
+  local function habit(name, method, does)
+    stats[name] = stats[name] + 1
+    if warned[name] then return end
+    warned[name] = true
+    ngx.log(ngx.WARN, "clientpool.ngx: ", what, ": ", method, "() on a leased driver object ", does,
+            " (logged once per pool)")
+  end
   local function habit_keepalive(obj)
     if rawget(obj, F_STATE) ~= "leased" then return 1 end  -- parked or released already
-    stats.habit_keepalive = stats.habit_keepalive + 1
-    if not warned_ka then
-      warned_ka = true
-      ngx.log(ngx.WARN, "clientpool.ngx: ", what, ": ", KA, "() on a leased driver object parks it through ",
-              "the pool; lease:release() is enough (logged once per pool)")
-    end
+    habit("habit_keepalive", KA, "parks it through the pool; lease:release() is enough")
     if worker_exiting() then return 1 end     -- its release closes it
     local pok, ok, err = pcall(rawget(obj, F_KA), obj, idle_ms, pool_size)
     if not pok then ok, err = nil, ok end
@@ -895,12 +906,7 @@ local function driver_adapter(o, ctx)
   -- then retires the record (counted), with a line in the error log.
   local function habit_close(obj)
     if rawget(obj, F_STATE) ~= "leased" then return nil, "closed" end
-    stats.habit_close = stats.habit_close + 1
-    if not warned_close then
-      warned_close = true
-      ngx.log(ngx.WARN, "clientpool.ngx: ", what, ": ", CLOSE, "() on a leased driver object closes ",
-              "the connection; lease:release(false) retires it the pool's way (logged once per pool)")
-    end
+    habit("habit_close", CLOSE, "closes the connection; lease:release(false) retires it the pool's way")
     rawset(obj, F_STATE, "closed")
     rawset(obj, F_WHY, "the connection was closed by " .. CLOSE .. "() before its lease was released")
     return rawget(obj, F_CLOSE)(obj)

@@ -62,6 +62,7 @@ command -v redis-cli >/dev/null || die "no redis-cli (redis-tools)"
 
 rm -rf "$run"
 mkdir -p "$run/tmp" "$run/logs" || die "cannot make $run"
+. "$root/scripts/servers.sh"   # nginx_preamble, nginx_temp_paths
 
 # Free loopback ports: bind port 0 and read back what the kernel gave.
 free_port() {
@@ -196,20 +197,11 @@ floor_nginx() {
   [ -n "$floor_block" ] || { echo "    no <!-- spec:nginx-floor --> nginx block in README.md"; return 1; }
   cat >"$dir/nginx.conf" <<EOF2
 # written by spec/nginx/run.sh: README's warm floor in two workers
-load_module $mods/ndk_http_module.so;
-load_module $mods/ngx_http_lua_module.so;
+$(nginx_preamble "$dir" 2 info 64)
 $([ "$(id -u)" = 0 ] && echo "user root;")
-worker_processes 2;
 env CLIENTPOOL_BACKEND;
-pid $dir/nginx.pid;
-error_log $dir/error.log info;
-events { worker_connections 64; }
 http {
-  client_body_temp_path $dir/tmp/body;
-  proxy_temp_path $dir/tmp/proxy;
-  fastcgi_temp_path $dir/tmp/fastcgi;
-  uwsgi_temp_path $dir/tmp/uwsgi;
-  scgi_temp_path $dir/tmp/scgi;
+$(nginx_temp_paths "$dir")
   lua_package_path "$root/spec/nginx/floor/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
   lua_package_cpath "$root/build/luajit/?.so;;";
 
@@ -236,24 +228,13 @@ check "that nginx stops at once (QUIT), its floor connections go, no error in it
 
 cat >"$run/nginx.conf" <<EOF
 # written by spec/nginx/run.sh
-load_module $mods/ndk_http_module.so;
-load_module $mods/ngx_http_lua_module.so;
-
+$(nginx_preamble "$run" 1 info 1024)
 $([ "$(id -u)" = 0 ] && echo "user root;  # as root (CI): the exiting spec signals the master")
-worker_processes 1;
 env CLIENTPOOL_BACKEND;  # core or ffi (the default on LuaJIT)
-pid $run/nginx.pid;
-error_log $run/error.log info;
-
-events { worker_connections 1024; }
 
 http {
   access_log off;
-  client_body_temp_path $run/tmp/body;
-  proxy_temp_path $run/tmp/proxy;
-  fastcgi_temp_path $run/tmp/fastcgi;
-  uwsgi_temp_path $run/tmp/uwsgi;
-  scgi_temp_path $run/tmp/scgi;
+$(nginx_temp_paths "$run")
 
   lua_package_path "${EXTRA_LUA_PATH:-}$root/spec/nginx/?.lua;$root/spec/nginx/floor/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
   lua_package_cpath "$root/build/luajit/?.so;;";

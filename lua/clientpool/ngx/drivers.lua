@@ -47,6 +47,27 @@ local function merged(copts, t)
   return r
 end
 
+-- The login and address fields of a SQL driver's options: user, password,
+-- database, host and port (or `path_field` = the unix socket's path), ssl.
+local function sql_fields(c, path_field)
+  local t = { user = c.user, password = c.password, database = c.database }
+  if c.port then
+    t.host, t.port = c.host, c.port
+  else
+    t[path_field] = string_sub(c.host, 6)     -- "unix:/path" -> "/path"
+  end
+  if c.ssl then t.ssl, t.ssl_verify = true, c.ssl_verify == true end
+  return t
+end
+
+-- A check refusing server_name (drivers without an SNI option).
+local function no_sni(preset, driver)
+  return function(c)
+    if c.server_name then return nil, "preset '" .. preset .. "': " .. driver .. " takes no server_name (SNI)" end
+    return true
+  end
+end
+
 --- lua-resty-redis: red:connect(host, port, { pool, pool_size, ssl,
 -- server_name, ssl_verify }) (ssl: 0.28 and later), AUTH [user] password
 -- and SELECT database on each new connection (any version: the login is
@@ -100,20 +121,8 @@ end
 function M.mysql(o, fail, what)
   local p = {}
   if o.new == nil then p.new = load({ "resty.mysql" }, fail, what, "mysql") end
-  function p.check(c)
-    if c.server_name then return nil, "preset 'mysql': lua-resty-mysql takes no server_name (SNI)" end
-    return true
-  end
-  function p.args(c, copts)
-    local t = { user = c.user, password = c.password, database = c.database }
-    if c.port then
-      t.host, t.port = c.host, c.port
-    else
-      t.path = string_sub(c.host, 6)          -- "unix:/path" -> "/path"
-    end
-    if c.ssl then t.ssl, t.ssl_verify = true, c.ssl_verify == true end
-    return merged(copts, t)
-  end
+  p.check = no_sni("mysql", "lua-resty-mysql")
+  function p.args(c, copts) return merged(copts, sql_fields(c, "path")) end
   function p.connect(db, _, _, args) return db:connect(args) end
   return p
 end
@@ -154,21 +163,10 @@ end
 function M.pgmoon(o, fail, what)
   local p = { keepalive = "keepalive", close = "disconnect" }
   if o.new == nil then p.new = load({ "pgmoon" }, fail, what, "pgmoon") end
-  function p.check(c)
-    if c.server_name then return nil, "preset 'pgmoon': pgmoon takes no server_name (SNI)" end
-    return true
-  end
+  p.check = no_sni("pgmoon", "pgmoon")
   function p.args(c, copts)
-    local t = { user = c.user, password = c.password, database = c.database, socket_type = "nginx",
-                pool_name = copts.pool, pool_size = copts.pool_size }
-    if c.port then
-      t.host, t.port = c.host, c.port
-    else
-      t.socket_path = string_sub(c.host, 6)
-    end
-    if c.ssl then t.ssl, t.ssl_verify = true, c.ssl_verify == true end
-    local r = merged(copts, t)
-    r.pool, r.pool_size = nil, copts.pool_size   -- pgmoon's name for it is pool_name
+    local r = merged(copts, sql_fields(c, "socket_path"))
+    r.socket_type, r.pool_name, r.pool = "nginx", copts.pool, nil   -- pgmoon's name for it is pool_name
     return r
   end
   function p.new_args(_, _, args) return args end
