@@ -786,7 +786,7 @@ local function driver_adapter(o, ctx)
     local copts = {}
     if extra then for k, v in pairs(extra) do copts[k] = v end end
     copts.pool, copts.pool_size = e.name, pool_size
-    if not preset.connect and p.ssl then
+    if not make_args and p.ssl then
       -- lua-resty-redis's (0.28+) names, the common ones
       copts.ssl, copts.server_name, copts.ssl_verify = true, p.server_name, p.ssl_verify == true
     end

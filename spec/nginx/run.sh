@@ -15,7 +15,8 @@
 # written) runs in a second nginx with two workers, and redis must see
 # min_idle connections per worker, and none once that nginx stopped; the
 # main nginx's floor is checked the same way before its first request. The
-# exiting-worker case, which sends nginx a HUP, runs last. Ends with "N
+# exiting-worker case, which sends nginx a HUP, runs last; then make demo's
+# gateway for a second per configuration (examples/gateway/run.sh). Ends with "N
 # passed, M failed"; exit status 1 on any failure. The run dir stays for
 # inspection (error.log, redis.log).
 #
@@ -387,6 +388,25 @@ for c in "${cases[@]}"; do
     check "the exiting worker is gone within 5 s of the reload" old_worker_gone
   fi
 done
+
+# make demo's gateway, briefly (examples/gateway/run.sh, its own nginx and
+# redis): the clientpool row stays within its cap (4 workers x 8), no
+# request fails, the picture is written.
+demo_smoke() {
+  local row max errs
+  DEMO_SECS=1 "$root/examples/gateway/run.sh" >"$run/logs/demo.log" 2>&1 ||
+    { tail -20 "$run/logs/demo.log" | sed 's/^/    /'; return 1; }
+  row=$(grep '^| clientpool' "$run/logs/demo.log")
+  echo "    $row"
+  max=$(echo "$row" | awk -F'|' '{ gsub(/ /, "", $3); print $3 }')
+  errs=$(echo "$row" | awk -F'|' '{ gsub(/ /, "", $7); print $7 }')
+  [ -n "$max" ] && [ "$max" -ge 1 ] && [ "$max" -le 32 ] && [ "$errs" = 0 ] &&
+    grep -q '</svg>' "$root/build/demo/connections.svg"
+}
+if [ $# -eq 0 ]; then
+  check "make demo's gateway (1 s per configuration): clientpool within 32 connections, no errors, the SVG written" \
+    demo_smoke
+fi
 
 # nginx must not have crashed or logged alerts
 if grep -E '\[(alert|emerg)\]|exited on signal' "$run/error.log" >"$run/logs/alerts.log"; then

@@ -24,7 +24,8 @@
 -- (0.29), lua-resty-http (0.17) and pgmoon (1.17) are not in Debian: their
 -- presets follow their public documentation and sources and are untested
 -- here (docs/managers.md).
-local type, pairs, tostring, tonumber, pcall, require = type, pairs, tostring, tonumber, pcall, require
+local type, pairs, tostring, tonumber, pcall, require, getmetatable, rawget =
+      type, pairs, tostring, tonumber, pcall, require, getmetatable, rawget
 local string_sub = string.sub
 
 local M = {}
@@ -81,11 +82,14 @@ function M.redis(o, fail, what)
     -- Debian's lua-nginx-redis installs the driver as nginx/redis.lua
     p.new, mod = load({ "resty.redis", "nginx.redis" }, fail, what, "redis")
   end
+  -- before 0.28 the driver ignores ssl and would connect in clear
+  local function no_tls(version)
+    if (tonumber(version) or 0) >= 0.28 then return nil end
+    return "ssl needs lua-resty-redis 0.28 or later (its connect option ssl); this one is " .. tostring(version)
+  end
   function p.check(c)
-    if c.ssl and mod and (tonumber(mod._VERSION) or 0) < 0.28 then
-      return nil, "ssl needs lua-resty-redis 0.28 or later (its connect option ssl); this one is " ..
-                  tostring(mod._VERSION)
-    end
+    local err = c.ssl and mod and no_tls(mod._VERSION)
+    if err then return nil, err end
     if c.database ~= nil and not tostring(c.database):match("^%d+$") then
       return nil, "preset 'redis': 'database' must be an integer >= 0, got " .. tostring(c.database)
     end
@@ -93,6 +97,17 @@ function M.redis(o, fail, what)
       return nil, "preset 'redis': 'user' needs 'password' (AUTH user password)"
     end
     return true
+  end
+  function p.connect(red, c, copts)
+    if c.ssl then
+      -- a constructor given as new = ...: the version of the object's class
+      local mt = getmetatable(red)
+      local class = type(mt) == "table" and rawget(mt, "__index")
+      local err = no_tls(type(class) == "table" and rawget(class, "_VERSION"))
+      if err then return nil, err end
+    end
+    if c.port then return red:connect(c.host, c.port, copts) end
+    return red:connect(c.host, copts)
   end
   function p.setup(red, c)
     local ok, err

@@ -246,6 +246,17 @@ describe("cpngx.driver options", function()
       err_of { preset = "mysql", host = "h", port = 3306, max_live = 1 })
     assert.matches("driver%(%) fills in 'park' itself",
       err_of { preset = "redis", host = "h", port = 1, max_live = 1, park = print })
+    if (tonumber(redis._VERSION) or 0) < 0.28 then
+      -- Debian's 0.27 ignores ssl: refused rather than connect in clear, whichever way it is given
+      assert.matches("ssl needs lua-resty-redis 0.28 or later",
+        err_of { preset = "redis", host = "127.0.0.1", port = H.conf.redis_port, ssl = true, max_live = 1 }, 1, true)
+      local pool = clientpool.new((cpngx.driver { preset = "redis", new = redis.new, host = "127.0.0.1",
+                                                  port = H.conf.redis_port, ssl = true, max_live = 1 }))
+      local lease, code, cerr = pool:acquire()
+      assert.is_nil(lease)
+      assert.are.equal("create", code)
+      assert.matches("ssl needs lua-resty-redis 0.28 or later", cerr, 1, true)
+    end
     local ok, e = pcall(cpngx.tcp, { host = "h", port = 1, password = "x", max_live = 1 })
     assert.is_false(ok)
     assert.matches("tcp() does not log in", e, 1, true)
