@@ -718,7 +718,6 @@ local function has_method(obj, name)
   end
   return false
 end
-_M._has_method = has_method -- for clientpool.ngx.drivers
 
 local function driver_adapter(o, ctx)
   local what, stats = ctx.what, ctx.stats
@@ -871,11 +870,6 @@ local function driver_adapter(o, ctx)
   function ad.keepalive(obj, ms, n) return real(obj, KA, F_KA)(obj, ms, n) end
   function ad.close(obj) return real(obj, CLOSE, F_CLOSE)(obj) end
 
-  -- A leased object's set_keepalive() (a habit from the bare driver) parks
-  -- it the pool's way at once (the pool's timeout and size, not the
-  -- caller's): lease:release() then only books it. A refusal (subscribed
-  -- state, a transaction, unread data) is returned as the driver says it;
-  -- the connection stays with the lease and its release retires it.
   -- Counts a habit; its first one is a line in the error log, naming the fix.
   local warned = {}
   local function habit(name, method, does)
@@ -885,6 +879,12 @@ local function driver_adapter(o, ctx)
     ngx.log(ngx.WARN, "clientpool.ngx: ", what, ": ", method, "() on a leased driver object ", does,
             " (logged once per pool)")
   end
+  -- A leased object's set_keepalive() (a habit from the bare driver) parks
+  -- it the pool's way at once (the pool's timeout and size, not the
+  -- caller's): lease:release() then only books it. A refusal (subscribed
+  -- state, a transaction, unread data) is returned as the driver says it;
+  -- the connection stays with the lease and its release retires it.
+  -- docs/decisions.md ("Drivers") says why this is not an error.
   local function habit_keepalive(obj)
     if rawget(obj, F_STATE) ~= "leased" then return 1 end  -- parked or released already
     habit("habit_keepalive", KA, "parks it through the pool; lease:release() is enough")
