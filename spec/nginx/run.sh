@@ -15,7 +15,8 @@
 # written) runs in a second nginx with two workers, and redis must see
 # min_idle connections per worker, and none once that nginx stopped; the
 # main nginx's floor is checked the same way before its first request. The
-# exiting-worker case, which sends nginx a HUP, runs last. Ends with "N
+# exiting-worker case, which sends nginx a HUP, runs last; then make demo's
+# gateway for a second per configuration (examples/gateway/run.sh). Ends with "N
 # passed, M failed"; exit status 1 on any failure. The run dir stays for
 # inspection (error.log, redis.log).
 #
@@ -62,6 +63,7 @@ command -v redis-cli >/dev/null || die "no redis-cli (redis-tools)"
 
 rm -rf "$run"
 mkdir -p "$run/tmp" "$run/logs" || die "cannot make $run"
+. "$root/scripts/servers.sh"   # nginx_preamble, nginx_temp_paths
 
 # Free loopback ports: bind port 0 and read back what the kernel gave.
 free_port() {
@@ -196,20 +198,11 @@ floor_nginx() {
   [ -n "$floor_block" ] || { echo "    no <!-- spec:nginx-floor --> nginx block in README.md"; return 1; }
   cat >"$dir/nginx.conf" <<EOF2
 # written by spec/nginx/run.sh: README's warm floor in two workers
-load_module $mods/ndk_http_module.so;
-load_module $mods/ngx_http_lua_module.so;
+$(nginx_preamble "$dir" 2 info 64)
 $([ "$(id -u)" = 0 ] && echo "user root;")
-worker_processes 2;
 env CLIENTPOOL_BACKEND;
-pid $dir/nginx.pid;
-error_log $dir/error.log info;
-events { worker_connections 64; }
 http {
-  client_body_temp_path $dir/tmp/body;
-  proxy_temp_path $dir/tmp/proxy;
-  fastcgi_temp_path $dir/tmp/fastcgi;
-  uwsgi_temp_path $dir/tmp/uwsgi;
-  scgi_temp_path $dir/tmp/scgi;
+$(nginx_temp_paths "$dir")
   lua_package_path "$root/spec/nginx/floor/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
   lua_package_cpath "$root/build/luajit/?.so;;";
 
@@ -236,24 +229,13 @@ check "that nginx stops at once (QUIT), its floor connections go, no error in it
 
 cat >"$run/nginx.conf" <<EOF
 # written by spec/nginx/run.sh
-load_module $mods/ndk_http_module.so;
-load_module $mods/ngx_http_lua_module.so;
-
+$(nginx_preamble "$run" 1 info 1024)
 $([ "$(id -u)" = 0 ] && echo "user root;  # as root (CI): the exiting spec signals the master")
-worker_processes 1;
 env CLIENTPOOL_BACKEND;  # core or ffi (the default on LuaJIT)
-pid $run/nginx.pid;
-error_log $run/error.log info;
-
-events { worker_connections 1024; }
 
 http {
   access_log off;
-  client_body_temp_path $run/tmp/body;
-  proxy_temp_path $run/tmp/proxy;
-  fastcgi_temp_path $run/tmp/fastcgi;
-  uwsgi_temp_path $run/tmp/uwsgi;
-  scgi_temp_path $run/tmp/scgi;
+$(nginx_temp_paths "$run")
 
   lua_package_path "${EXTRA_LUA_PATH:-}$root/spec/nginx/?.lua;$root/spec/nginx/floor/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
   lua_package_cpath "$root/build/luajit/?.so;;";
@@ -406,6 +388,25 @@ for c in "${cases[@]}"; do
     check "the exiting worker is gone within 5 s of the reload" old_worker_gone
   fi
 done
+
+# make demo's gateway, briefly (examples/gateway/run.sh, its own nginx and
+# redis): the clientpool row stays within its cap (4 workers x 8), no
+# request fails, the picture is written.
+demo_smoke() {
+  local row max errs
+  DEMO_SECS=1 "$root/examples/gateway/run.sh" >"$run/logs/demo.log" 2>&1 ||
+    { tail -20 "$run/logs/demo.log" | sed 's/^/    /'; return 1; }
+  row=$(grep '^| clientpool' "$run/logs/demo.log")
+  echo "    $row"
+  max=$(echo "$row" | awk -F'|' '{ gsub(/ /, "", $3); print $3 }')
+  errs=$(echo "$row" | awk -F'|' '{ gsub(/ /, "", $7); print $7 }')
+  [ -n "$max" ] && [ "$max" -ge 1 ] && [ "$max" -le 32 ] && [ "$errs" = 0 ] &&
+    grep -q '</svg>' "$root/build/demo/connections.svg"
+}
+if [ $# -eq 0 ]; then
+  check "make demo's gateway (1 s per configuration): clientpool within 32 connections, no errors, the SVG written" \
+    demo_smoke
+fi
 
 # nginx must not have crashed or logged alerts
 if grep -E '\[(alert|emerg)\]|exited on signal' "$run/error.log" >"$run/logs/alerts.log"; then
