@@ -531,7 +531,50 @@ local function make_targets()
   end
 end
 
+-- GitHub's anchor of a heading: lowercase, punctuation dropped, spaces as
+-- hyphens; a repeated heading gets -1, -2, ...
+local function anchors_of(path)
+  local list, seen, fence = {}, {}, false
+  for line in (read(path) .. "\n"):gmatch("([^\n]*)\n") do
+    if line:match("^```") then
+      fence = not fence
+    elseif not fence then
+      local h = line:match("^#+%s+(.-)%s*$")
+      if h then
+        local a = h:lower():gsub("[^%w%s_%-]", ""):gsub("%s", "-")
+        local n = seen[a]
+        seen[a] = (n or 0) + 1
+        list[n and (a .. "-" .. n) or a] = true
+      end
+    end
+  end
+  return list
+end
+
 describe("documentation code blocks", function()
+  it("every relative link names a file that exists, and a heading of it", function()
+    for _, path in ipairs(FILES) do
+      local dir = path:match("^(.*)/") or "."
+      local prose, fence = {}, false
+      for line in (read(path) .. "\n"):gmatch("([^\n]*)\n") do
+        if line:match("^```") then fence = not fence elseif not fence then prose[#prose + 1] = line end
+      end
+      for target in table.concat(prose, "\n"):gmatch("%]%(([^)%s]+)%)") do
+        if not target:match("^%a+:") then        -- not http:, https:, mailto:
+          local file, anchor = target:match("^([^#]*)#?(.*)$")
+          local full = file == "" and path or (dir .. "/" .. file):gsub("^%./", ""):gsub("[^/]+/%.%./", "")
+          local f = io.open(full, "rb")
+          assert(f, path .. ": a link to " .. target .. ": no file " .. full)
+          f:close()
+          if anchor ~= "" then
+            assert(full:match("%.md$") and anchors_of(full)[anchor], path .. ": a link to " .. target ..
+                   ": " .. full .. " has no heading #" .. anchor)
+          end
+        end
+      end
+    end
+  end)
+
   it("every block declares a known language; every lua and nginx block is marked, once per name", function()
     local names = {}
     for _, b in ipairs(ALL) do
