@@ -440,7 +440,7 @@ function A.init_worker()
   step("acquire", function() pool:acquire(); return "returned" end)
   step("release", function() if held then held:release() end; return pool:stats().idle end)
   step("created", function() return f.created end)
-  -- the warm floor, as README's init_worker block starts it (the runner
+  -- the warm floor, as docs/hosts.md's init_worker block starts it (the runner
   -- counts its connections before the first request; cases/floor.lua)
   local floor = require "redis_pool"
   A.pools.floor = floor
