@@ -49,5 +49,6 @@ build = {
     ["clientpool.ngx"] = "lua/clientpool/ngx.lua",
     ["clientpool.http"] = "lua/clientpool/http.lua",
     ["clientpool.metrics"] = "lua/clientpool/metrics.lua",
+    ["clientpool.ngx.drivers"] = "lua/clientpool/ngx/drivers.lua",
   },
 }

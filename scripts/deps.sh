@@ -23,6 +23,8 @@ PACKAGES=(
   lua-cqueues lua-luv lua-socket lua-copas
   # upstreams used by integration specs
   redis-server redis-tools curl wrk
+  # real drivers: lua-resty-redis (installed as nginx/redis.lua)
+  lua-nginx-redis
   # clientpool.http (lua-http on cqueues, Lua 5.1/LuaJIT) and its specs'
   # TLS certificate (made at test time); clientpool.metrics: promtool and a
   # Prometheus server scraping a test endpoint

@@ -1,6 +1,6 @@
 -- clientpool: protocol policies, pause/resume, pause_mode, probe,
 -- resume_after, the ready-made http and redis policies, and pool:retire()
--- (DESIGN.md sections 2 and 3 "Protocol policy"; issue 4 "Protocol policy").
+-- (docs/api.md "Policies, pause and resume"; issue 4 "Protocol policy").
 --
 -- Every scenario runs as a task on each scheduler of H.schedulers(), on a
 -- virtual clock: time only moves when tasks sleep, so resume_after deadlines
