@@ -194,21 +194,6 @@ describe("clientpool.metrics", function()
       assert.truthy(tostring(e):find("needs OpenResty", 1, true))
     end)
 
-    it("docs/metrics.md's quick example runs as written and prints a valid exposition", function()
-      local code = require("spec.doc_blocks")("docs/metrics.md", "metrics-quick")
-      local out = {}
-      local env = setmetatable({ io = { write = function(...) for i = 1, select("#", ...) do
-        out[#out + 1] = select(i, ...) end end } }, { __index = _G })
-      local chunk = assert((loadstring or load)(code, "=docs/metrics.md"))
-      if setfenv then setfenv(chunk, env) else chunk = assert(load(code, "=docs/metrics.md", "t", env)) end
-      chunk()
-      local text = table.concat(out)
-      local doc = assert(P.parse(text))
-      assert.equal(2, P.value(doc, "clientpool_opened_total", { pool = "main" }))
-      assert.equal(3, P.value(doc, "clientpool_wait_duration_seconds_count", { pool = "main" }))
-      assert.is_true(P.promtool(text))
-    end)
-
     it("numbers: integers plainly, fractions in their shortest exact form, infinities as +Inf", function()
       assert.equal("3", metrics.format_number(3))
       assert.equal("0.0025", metrics.format_number(0.0025))

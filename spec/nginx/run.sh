@@ -319,15 +319,12 @@ check "that nginx stops at once (QUIT), no alert or crash in its error.log" quic
 # docs/metrics.md's nginx recipe, as written there, in a nginx of three
 # workers (reuseport spreads connections over them); its port is the one
 # picked here. spec/nginx/cases/metrics.lua reads its /metrics.
-metrics_block=$(awk '/<!-- spec:nginx-metrics -->/ { m = 1; next }
-                     m && /^```nginx/ { b = 1; next }
-                     b && /^```/ { exit }
-                     b { print }' "$root/docs/metrics.md")
+metrics_block=$(doc_block nginx-metrics)
 
 metrics_nginx() {
   local dir=$run/metrics pid
   mkdir -p "$dir/tmp" || return 1
-  [ -n "$metrics_block" ] || { echo "    no <!-- spec:nginx-metrics --> nginx block in docs/metrics.md"; return 1; }
+  [ -n "$metrics_block" ] || { echo "    no <!-- spec:nginx-metrics nginx --> block in docs/metrics.md"; return 1; }
   echo "$metrics_block" | grep -q 'listen 127.0.0.1:9145;' ||
     { echo "    the recipe no longer listens on 127.0.0.1:9145 (run.sh puts its own port there)"; return 1; }
   cat >"$dir/nginx.conf" <<EOF2
