@@ -6,8 +6,9 @@ package = "clientpool"
 version = "scm-1"
 
 source = {
-  -- `luarocks make` builds the working tree and never fetches this.
-  url = "git+file:///dev/null",
+  -- The project's repository; `luarocks make` builds the working tree and
+  -- never fetches it (`luarocks install` of this rockspec would clone it).
+  url = "git+https://github.com/clientpool/clientpool.git",
 }
 
 description = {
@@ -35,6 +36,19 @@ build = {
       incdirs = { "csrc" },
     },
     ["clientpool"] = "lua/clientpool/init.lua",
+    ["clientpool.base"] = "lua/clientpool/base.lua",
+    ["clientpool.options"] = "lua/clientpool/options.lua",
+    ["clientpool.token"] = "lua/clientpool/token.lua",
+    ["clientpool.events"] = "lua/clientpool/events.lua",
+    ["clientpool.keys"] = "lua/clientpool/keys.lua",
+    ["clientpool.leak"] = "lua/clientpool/leak.lua",
+    ["clientpool.stats"] = "lua/clientpool/stats.lua",
+    ["clientpool.floor"] = "lua/clientpool/floor.lua",
+    ["clientpool.lease"] = "lua/clientpool/lease.lua",
+    ["clientpool.admission"] = "lua/clientpool/admission.lua",
+    ["clientpool.drain"] = "lua/clientpool/drain.lua",
+    ["clientpool.acquire"] = "lua/clientpool/acquire.lua",
+    ["clientpool.checkout"] = "lua/clientpool/checkout.lua",
     ["clientpool.loop"] = "lua/clientpool/loop.lua",
     ["clientpool.ffi"] = "lua/clientpool/ffi.lua",
     ["clientpool.cdef"] = "lua/clientpool/cdef.lua",
