@@ -56,7 +56,7 @@ SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
 BASEFLAGS  = $(WARNFLAGS) -fPIC -Icsrc
 LIBS      := -lm
 
-CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c
+CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c csrc/lfastpath.c
 ENGINE_SRCS := csrc/engine.c csrc/clock.c
 CTEST_SRC   := spec/c/test_engine.c
 # The C tests link the engine through spec/c/whitebox.c: csrc/engine.c as

@@ -32,7 +32,7 @@ build = {
   type = "builtin",
   modules = {
     ["clientpool.core"] = {
-      sources = { "csrc/engine.c", "csrc/clock.c", "csrc/lclientpool.c" },
+      sources = { "csrc/engine.c", "csrc/clock.c", "csrc/lclientpool.c", "csrc/lfastpath.c" },
       incdirs = { "csrc" },
     },
     ["clientpool"] = "lua/clientpool/init.lua",

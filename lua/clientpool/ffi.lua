@@ -74,16 +74,16 @@ local sentinel_t = ffi.typeof("struct { int32_t lease; uint32_t gen; }")
 local Engine = {}
 local engine_mt = { __index = Engine }
 engine_mt.__tostring = function(self)
-  return "clientpool.Pool: " .. tostring(ffi_cast("void *", self.p)):match("0x%x+")
+  return "clientpool.Engine: " .. tostring(ffi_cast("void *", self.p)):match("0x%x+")
 end
 
 -- After free(): every method raises, as the C binding's do.
 local freed_mt = {
   __index = function(_, name)
     if name == "free" then return function() end end
-    return function() error("bad argument #1 to '" .. tostring(name) .. "' (clientpool.Pool is freed)", 2) end
+    return function() error("bad argument #1 to '" .. tostring(name) .. "' (clientpool.Engine is freed)", 2) end
   end,
-  __tostring = function() return "clientpool.Pool: (freed)" end,
+  __tostring = function() return "clientpool.Engine: (freed)" end,
 }
 
 local function opt_int(cfg, name, def)
