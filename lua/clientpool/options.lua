@@ -212,6 +212,8 @@ end
 local ADAPTER_FIELDS = { "now", "current", "wait", "wake", "spawn", "sleep" }
 -- Optional; the driver calls each one it finds (docs/decisions.md, "Schedulers").
 local ADAPTER_OPTIONAL = { "background", "done", "alive", "yieldable", "exiting", "log" }
+-- Modules of clientpool/sched/ that are building blocks, not adapters.
+local NOT_ADAPTERS = { core = true, hosted = true }
 
 function M.scheduler(s)
   if s == nil then
@@ -219,7 +221,12 @@ function M.scheduler(s)
     if type(ngx) == "table" and type(ngx.get_phase) == "function" then s = "ngx" else s = "loop" end
   end
   if type(s) == "string" then
-    local ok, mod = pcall(require, "clientpool.sched." .. s)
+    local ok, mod
+    if NOT_ADAPTERS[s] then
+      ok, mod = false, "module 'clientpool.sched." .. s .. "' not found"
+    else
+      ok, mod = pcall(require, "clientpool.sched." .. s)
+    end
     if not ok then
       local msg = tostring(mod)
       if msg:find("module 'clientpool.sched." .. s .. "' not found", 1, true) then
