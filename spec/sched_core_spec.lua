@@ -124,14 +124,14 @@ describe("clientpool.sched.core", function()
       assert.is_nil(why)
     end)
 
-    it("check_sleep and check_wait raise at the line of the caller's caller", function()
+    it("check_sleep and wait_start raise at the line of the caller's caller", function()
       local function sleep(s) core.check_sleep("x", s) end   -- (no tail call: a frame of its own)
       local line = debug.getinfo(1, "l").currentline + 1
       local ok, err = pcall(function() sleep(1) end)
       assert.is_false(ok)
       assert.truthy(tostring(err):find("sched_core_spec.lua:" .. line .. ": x: sleep outside a coroutine", 1, true),
                     tostring(err))
-      local msg = errmsg(coroutine.wrap(function() core.check_wait("x", "h", coroutine.running()) end))
+      local msg = errmsg(coroutine.wrap(function() core.wait_start("x", "h") end))
       assert.truthy(msg:find("x: wait: handle is not the running coroutine", 1, true), msg)
       msg = errmsg(coroutine.wrap(function() core.check_sleep("x", -1) end))
       assert.truthy(msg:find("x: sleep expects a finite number of seconds >= 0", 1, true), msg)

@@ -17,32 +17,28 @@
 -- path (a retry is a tail call), or LuaJIT aborts the trace and blacklists
 -- acquire (spec/jit_spec.lua).
 
-local base = require "clientpool.base"
-local events = require "clientpool.events"
-local keys = require "clientpool.keys"
-local stats = require "clientpool.stats"
-local floor = require "clientpool.floor"
-local lease_m = require "clientpool.lease"
-local token_m = require "clientpool.token"
-base.own_source()
-
 local type, error, pairs, tostring, getmetatable = type, error, pairs, tostring, getmetatable
 local math_huge = math.huge
 local co_create, co_resume, co_status, co_yield = coroutine.create, coroutine.resume, coroutine.status, coroutine.yield
 local co_running = coroutine.running
-local core = base.core
-local GRANT_IDLE, GRANT_CREATE = core.GRANT_IDLE, core.GRANT_CREATE
-local MUST_WAIT, PENDING, FULL, CLOSED = core.MUST_WAIT, core.PENDING, core.FULL, core.CLOSED
-local STALE, TIMEOUT, CANCELLED = core.STALE, core.TIMEOUT, core.CANCELLED
-local pack, unpack, ycall = base.pack, base.unpack, base.ycall
-local log, emit, hook_key, now_of, clock = base.log, base.emit, base.hook_key, base.now_of, base.clock
-local outside_level, not_a_pool = base.outside_level, base.not_a_pool
+
+local base = require "clientpool.base"
+base.own_source()
+local core, Pool = base.core, base.Pool
+local GRANT_IDLE, GRANT_CREATE, MUST_WAIT, PENDING = core.GRANT_IDLE, core.GRANT_CREATE, core.MUST_WAIT, core.PENDING
+local FULL, CLOSED, STALE, TIMEOUT, CANCELLED = core.FULL, core.CLOSED, core.STALE, core.TIMEOUT, core.CANCELLED
+local pack, unpack, ycall, log, emit = base.pack, base.unpack, base.ycall, base.log, base.emit
+local hook_key, now_of, clock, outside_level = base.hook_key, base.now_of, base.clock, base.outside_level
+local not_a_pool, check_key_arg = base.not_a_pool, base.check_key_arg
+local events = require "clientpool.events"
 local pump, reap_if_full = events.pump, events.reap_if_full
+local keys = require "clientpool.keys"
 local key_id, stale_key = keys.key_id, keys.stale_key
+local stats = require "clientpool.stats"
 local snapshot, REFUSED, refused, no_key = stats.snapshot, stats.REFUSED, stats.refused, stats.no_key
-local new_lease = lease_m.new_lease
-local Token = token_m.Token
-local Pool = base.Pool
+local floor = require "clientpool.floor"
+local new_lease = require("clientpool.lease").new_lease
+local Token = require("clientpool.token").Token
 
 local M = {}
 
@@ -429,9 +425,7 @@ function Pool:with(key, fn, ...)
   if type(fn) ~= "function" then
     error("clientpool: bad argument #2 to 'with' (function expected, got " .. type(fn) .. ")", 2)
   end
-  if key ~= nil and type(key) ~= "string" then
-    error("clientpool: bad argument #1 to 'with' (key must be a string or nil, got " .. type(key) .. ")", 2)
-  end
+  check_key_arg(key, 1, "with")
   local lease, code, detail = self:acquire(key)
   if not lease then return nil, code, detail end
   local r = pack(ycall(fn, lease.client, lease, ...))

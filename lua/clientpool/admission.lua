@@ -65,9 +65,7 @@ function Pool:pause(reason, key)
   if type(reason) ~= "string" then
     error("clientpool: bad argument #1 to 'pause' (reason must be a string, got " .. type(reason) .. ")", 2)
   end
-  if key ~= nil and type(key) ~= "string" then
-    error("clientpool: bad argument #2 to 'pause' (key must be a string or nil, got " .. type(key) .. ")", 2)
-  end
+  base.check_key_arg(key, 2, "pause")
   self:_pause(reason, key, nil, "pause")
 end
 

@@ -149,4 +149,13 @@ function B.not_a_pool(self, name)
         " (call pool:" .. name .. "(...) with a colon)", 3)
 end
 
+-- Raises for a key argument (number n of method fname) that is neither a
+-- string nor nil, at the level of the method's caller.
+function B.check_key_arg(key, n, fname)
+  if key ~= nil and type(key) ~= "string" then
+    error("clientpool: bad argument #" .. n .. " to '" .. fname .. "' (key must be a string or nil, got " ..
+          type(key) .. ")", 3)
+  end
+end
+
 return B

@@ -13,32 +13,29 @@
 -- under the JIT (spec/jit_spec.lua): no loop, no closure on that path; the
 -- slow paths (checkout_grant) retry by tail calls.
 
-local base = require "clientpool.base"
-local events = require "clientpool.events"
-local keys = require "clientpool.keys"
-local stats = require "clientpool.stats"
-local lease_m = require "clientpool.lease"
-local admission = require "clientpool.admission"
-local acquire = require "clientpool.acquire"
-local leak = require "clientpool.leak"
-base.own_source()
+local type, error, tostring, getmetatable = type, error, tostring, getmetatable
 
-local type, error, tostring, setmetatable, getmetatable = type, error, tostring, setmetatable, getmetatable
-local core = base.core
-local GRANT_IDLE, GRANT_CREATE = core.GRANT_IDLE, core.GRANT_CREATE
-local MUST_WAIT, CLOSED, STALE = core.MUST_WAIT, core.CLOSED, core.STALE
-local emit, hook_key, now_of, not_a_pool = base.emit, base.hook_key, base.now_of, base.not_a_pool
-local DEFAULT, WEAK_KEYS, BY = base.DEFAULT, base.WEAK_KEYS, base.BY
+local base = require "clientpool.base"
+base.own_source()
+local core, Pool, Lease = base.core, base.Pool, base.Lease
+local GRANT_IDLE, GRANT_CREATE, MUST_WAIT, CLOSED, STALE = core.GRANT_IDLE, core.GRANT_CREATE, core.MUST_WAIT,
+                                                           core.CLOSED, core.STALE
+local emit, hook_key, now_of, not_a_pool, DEFAULT, BY = base.emit, base.hook_key, base.now_of, base.not_a_pool,
+                                                        base.DEFAULT, base.BY
+local events = require "clientpool.events"
 local pump, reap_if_full, wake_drainers = events.pump, events.reap_if_full, events.wake_drainers
+local keys = require "clientpool.keys"
 local key_id, stale_key = keys.key_id, keys.stale_key
+local stats = require "clientpool.stats"
 local REFUSED, refused, no_key = stats.REFUSED, stats.refused, stats.no_key
-local park_first = lease_m.park_first
-local probe_passed = admission.probe_passed
+local lease_m = require "clientpool.lease"
+local park_first, hold = lease_m.park_first, lease_m.hold
+local probe_passed = require("clientpool.admission").probe_passed
+local report_early = require("clientpool.leak").report_early
+local acquire = require "clientpool.acquire"
 local grant, wait_for, ready_idle, create_client = acquire.grant, acquire.wait_for, acquire.ready_idle,
                                                    acquire.create_client
 local acquire_from, acquire_opts = acquire.acquire_from, acquire.acquire_opts
-local report_early = leak.report_early
-local Pool, Lease = base.Pool, base.Lease
 
 local M = {}
 
@@ -156,11 +153,7 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
   self._co_key[l + 1] = name
   if self._early_leaks then report_early(self, l, g) end
   local rl = self._rec_leases
-  if rl then
-    local set = rl[rec]
-    if not set then set = setmetatable({}, WEAK_KEYS); rl[rec] = set end
-    set[h] = true
-  end
+  if rl then hold(rl, rec, h) end
   if self._on.acquire then emit(self, "acquire", hook_key(name), client, waited) end
   return client, h
 end

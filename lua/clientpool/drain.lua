@@ -7,20 +7,15 @@
 -- drain() (close, then wait until every lease is back: events.lua's
 -- wake_drainers wakes it) and cancel_active().
 
-local base = require "clientpool.base"
-local events = require "clientpool.events"
-local lease_m = require "clientpool.lease"
-local stats = require "clientpool.stats"
-base.own_source()
-
 local type, error, pairs, tostring, getmetatable = type, error, pairs, tostring, getmetatable
 local math_huge = math.huge
-local now_of, clock, not_a_pool = base.now_of, base.clock, base.not_a_pool
-local DEFAULT = base.DEFAULT
-local pump = events.pump
-local fire_cancel = lease_m.fire_cancel
-local snapshot = stats.snapshot
-local Pool = base.Pool
+
+local base = require "clientpool.base"
+base.own_source()
+local now_of, clock, not_a_pool, DEFAULT, Pool = base.now_of, base.clock, base.not_a_pool, base.DEFAULT, base.Pool
+local pump = require("clientpool.events").pump
+local fire_cancel = require("clientpool.lease").fire_cancel
+local snapshot = require("clientpool.stats").snapshot
 
 --- Stops admission, wakes waiters with "closed", destroys idle clients;
 -- leases stay with their holders and their clients are destroyed at release.

@@ -205,10 +205,7 @@ pump = function(self)
 end
 M.pump = pump
 
-M.kick = kick
-M.arm = arm
-M.start_timer = start_timer
-M.reap_dead_waiters = reap_dead_waiters
-M.reap_if_full = reap_if_full
+M.kick, M.arm, M.start_timer = kick, arm, start_timer
+M.reap_dead_waiters, M.reap_if_full = reap_dead_waiters, reap_if_full
 
 return M

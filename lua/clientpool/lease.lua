@@ -66,6 +66,17 @@ events.on[base.core.EV_LOST] = function(self, _, a)
   end
 end
 
+-- Registers holder (a lease, or a checkout handle) among the co-holders of
+-- the shared record rec (capacity > 1; rl: the pool's _rec_leases). Weak
+-- keys: a co-holder set must not keep a dropped lease from the collector
+-- (its finalizer reports the leak).
+local function hold(rl, rec, holder)
+  local set = rl[rec]
+  if not set then set = setmetatable({}, WEAK_KEYS); rl[rec] = set end
+  set[holder] = true
+end
+M.hold = hold
+
 -- sentinel: the leak guard the engine call returned (a C userdata, or FFI
 -- cdata): it reports the lease to the engine if the lease is collected while
 -- held. The bindings re-arm a released lease's sentinel for a later lease,
@@ -82,13 +93,7 @@ local function new_lease(self, name, rec, l, g, client, sentinel, drain)
     lease._where = debug.traceback("acquired", outside_level() or 2)
   end
   local rl = self._rec_leases
-  if rl then
-    -- weak keys: a co-holder set must not keep a dropped lease from the
-    -- collector (its finalizer reports the leak)
-    local set = rl[rec]
-    if not set then set = setmetatable({}, WEAK_KEYS); rl[rec] = set end
-    set[lease] = true
-  end
+  if rl then hold(rl, rec, lease) end
   if drain and self._drain_started then self:_schedule_cancel(lease) end
   if self._early_leaks then report_early(self, l, g) end
   return lease

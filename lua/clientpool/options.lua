@@ -78,6 +78,17 @@ local function check_fn(o, name, required)
   return v
 end
 
+-- per_key.<name>: an integer >= min, no larger than the pool's own cap c[name].
+local function check_per_key(pk, name, min, c)
+  local v = pk[name]
+  if not is_int(v) or v < min then
+    fail("option 'per_key.%s' must be an integer >= %d, got %s", name, min, tostring(v))
+  end
+  if v > c[name] then
+    fail("option 'per_key.%s' (%d) must be <= %s (%d)", name, v, name, c[name])
+  end
+end
+
 function M.validate(o)
   if type(o) ~= "table" then fail("new() expects an options table, got %s", type(o)) end
   for k in pairs(o) do
@@ -121,24 +132,14 @@ function M.validate(o)
       if k ~= "max_live" and k ~= "max_idle" then fail("unknown option 'per_key.%s'", tostring(k)) end
     end
     if pk.max_live ~= nil then
-      if not is_int(pk.max_live) or pk.max_live < 1 then
-        fail("option 'per_key.max_live' must be an integer >= 1, got %s", tostring(pk.max_live))
-      end
-      if pk.max_live > c.max_live then
-        fail("option 'per_key.max_live' (%d) must be <= max_live (%d)", pk.max_live, c.max_live)
-      end
+      check_per_key(pk, "max_live", 1, c)
       if c.min_idle > pk.max_live then  -- the floor of a key could never be met
         fail("option 'min_idle' (%d) must be <= per_key.max_live (%d)", c.min_idle, pk.max_live)
       end
       c.key_max_live = pk.max_live
     end
     if pk.max_idle ~= nil then
-      if not is_int(pk.max_idle) or pk.max_idle < 0 then
-        fail("option 'per_key.max_idle' must be an integer >= 0, got %s", tostring(pk.max_idle))
-      end
-      if pk.max_idle > c.max_idle then
-        fail("option 'per_key.max_idle' (%d) must be <= max_idle (%d)", pk.max_idle, c.max_idle)
-      end
+      check_per_key(pk, "max_idle", 0, c)
       if c.key_max_live and pk.max_idle > c.key_max_live then
         fail("option 'per_key.max_idle' (%d) must be <= per_key.max_live (%d)", pk.max_idle, c.key_max_live)
       end

@@ -8,7 +8,7 @@
 -- background, sleep, stats; DESIGN.md section 4) and the internals I that
 -- the form driving it uses (drive for loop.run, turn and the counters for a
 -- host's pump). cqueues' adapter reuses the module helpers (lost_wake,
--- running_co, check_sleep, cannot_wait, log).
+-- running_co, cannot_wait, wait_start, check_sleep, log).
 --
 -- Internals, in short:
 -- * Each coroutine the instance has seen owns one reusable record (`entry`)
@@ -95,17 +95,21 @@ local function check_sleep(name, s)
 end
 M.check_sleep = check_sleep
 
---- wait's argument checks (h the handle, co the running coroutine),
--- raising at the level of wait's caller.
-local function check_wait(name, h, co, deadline)
+--- The start of wait(h, deadline): the running coroutine, or nil and why
+-- it cannot wait; raises for bad arguments at the level of wait's caller.
+local function wait_start(name, h, deadline)
+  local co = running_co()
+  local why = cannot_wait(co)
+  if why then return nil, why end
   if h ~= co then
     error(name .. ": wait: handle is not the running coroutine", 3)
   end
   if deadline ~= nil and (type(deadline) ~= "number" or deadline ~= deadline) then
     error(name .. ": wait: deadline must be a number or nil", 3)
   end
+  return co
 end
-M.check_wait = check_wait
+M.wait_start = wait_start
 
 --- A wake that never reached its coroutine (it died first, say closed with
 -- coroutine.close while ready): the waker's give-back runs, so a grant it
@@ -390,10 +394,8 @@ function M.new(opts)
   -- true at once. Returns nil, "not in a coroutine" where it cannot wait.
   -- Spurious returns (true) happen if someone else resumes the coroutine.
   function S.wait(h, deadline)
-    local co = running_co()
-    local why = cannot_wait(co)
-    if why then return nil, why end
-    check_wait(name, h, co, deadline)
+    local co, why = wait_start(name, h, deadline)
+    if not co then return nil, why end
     local e = entry_of(co)
     if e.state ~= IDLE then cancel(e) end
     if e.woke then

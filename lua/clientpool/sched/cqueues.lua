@@ -70,7 +70,7 @@ end
 
 -- (the scheduler core's helpers: one definition of waking and its checks)
 local running_co, cannot_wait = sched_core.running_co, sched_core.cannot_wait
-local check_wait, check_sleep, lost_wake = sched_core.check_wait, sched_core.check_sleep, sched_core.lost_wake
+local wait_start, check_sleep, lost_wake = sched_core.wait_start, sched_core.check_sleep, sched_core.lost_wake
 
 local new
 
@@ -132,10 +132,8 @@ new = function(bound)
   -- deadline (nil = none): true when woken (or resumed by someone else),
   -- nil, "timeout" at the deadline.
   function A.wait(h, deadline)
-    local co = running_co()
-    local why = cannot_wait(co)
-    if why then return nil, why end
-    check_wait(NAME, h, co, deadline)
+    local co, why = wait_start(NAME, h, deadline)
+    if not co then return nil, why end
     local e = entry_of(co)
     if e.woke then
       e.woke = false
