@@ -66,7 +66,7 @@
  * lease_fields (fp_pool_fields, fp_lease_fields: same order), then the
  * listener events they look up (public names: pool:on("acquire")). */
 enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
-       FP_DEFAULT, FP_HBASE, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
+       FP_DEFAULT, FP_LAYOUT, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
        FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE,
        FP_F_NWAITERS, FP_F_DRAIN,
        FP_L_CLIENT, FP_L_POOL, FP_L_KEY, FP_L_RECORD, FP_L_SLOT, FP_L_GEN, FP_L_SENTINEL,
@@ -80,24 +80,24 @@ static const char *const fp_pool_fields[] = { "nwaiters", "drain", NULL };
 static const char *const fp_lease_fields[] = { "client", "pool", "key", "record", "slot", "gen", "sentinel", NULL };
 #define FP(i) lua_upvalueindex(FP_##i)
 
-/* Lease slots in a handle's low part (parts.hslots). */
-static int64_t fp_hslots(lua_State *L) {
-  return (int64_t)lua_tointeger(L, FP(HSLOTS));
+/* The numbers of parts, read once at installation into a userdata that
+ * takes parts.hbase's upvalue: one lua_touserdata per call, not a number
+ * conversion per use. */
+typedef struct fp_layout {
+  int64_t hslots;      /* lease slots in a handle's low part (parts.hslots, a power of 2) */
+  int hbits;           /* log2(hslots): handles are split by shifts, not divisions */
+  uint32_t hbase;      /* the pool's handle base (parts.hbase) */
+  int validate;        /* the pool has a validate hook (parts.validate) */
+} fp_layout;
+
+static const fp_layout *fp_lay(lua_State *L) {
+  return (const fp_layout *)lua_touserdata(L, FP(LAYOUT));
 }
 
-/* t[name] = the value on top of the stack (popped), name the upvalue of a
- * field name: the lease table's fields, as the driver named them. */
-static void fp_set(lua_State *L, int t, int name) {
-  lua_pushvalue(L, name);
-  lua_insert(L, -2);
-  lua_settable(L, t);
-}
-
-/* Pushes t[name], name the upvalue of a field name. */
-static void fp_get(lua_State *L, int t, int name) {
-  lua_pushvalue(L, name);
-  lua_gettable(L, t);
-}
+/* Pushes a field name (an upvalue) as a key: t[key] = value then follows
+ * with lua_rawset (the lease tables have no __newindex: a raw set is what
+ * an assignment does), t[key] with lua_rawget. */
+#define fp_key(L, name) lua_pushvalue(L, name)
 
 static clientpool_t *fp_engine(lua_State *L) {
   lcp_box **u = (lcp_box **)lua_touserdata(L, FP(ENGINE));
@@ -123,6 +123,7 @@ static int fp_unset(lua_State *L, int t, int field) {
  * go on from it (fp_push_grant). */
 static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k, clientpool_t **pp) {
   clientpool_t *p;
+  const fp_layout *lay = fp_lay(L);
   int parked;
   if (!lua_rawequal(L, 1, FP(POOL))) return -1;
   luaL_checkstack(L, 24, NULL);          /* 11 results over 5 slots, and push_sentinel's */
@@ -138,8 +139,8 @@ static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k
   *k = (int32_t)lua_tointeger(L, -1);
   *pp = p;
   clientpool_acquire(p, *k, clientpool_monotime(), g);
-  if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= fp_hslots(L) ||
-      (g->validate && lua_toboolean(L, FP(VALIDATE))) || !fp_unset(L, FP(ON), FP(S_ACQUIRE)))
+  if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= lay->hslots ||
+      (g->validate && lay->validate) || !fp_unset(L, FP(ON), FP(S_ACQUIRE)))
     return 0;
   lua_rawgeti(L, FP(PARKED), g->record);
   parked = lua_toboolean(L, -1);
@@ -162,13 +163,13 @@ static int fast_checkout(lua_State *L) {
   int fast = fp_acquire(L, 2, &g, &k, &p);                /* 3: name */
   if (fast < 0) return 0;
   if (fast) {
-    uint32_t base = (uint32_t)lua_tointeger(L, FP(HBASE));
+    const fp_layout *lay = fp_lay(L);
     lua_pushinteger(L, g.record);
     lua_rawseti(L, FP(CO_REC), g.lease + 1);
     lua_pushvalue(L, 3);
     lua_rawseti(L, FP(CO_KEY), g.lease + 1);
     lua_rawgeti(L, FP(CLIENTS), g.record);
-    lua_pushinteger(L, (lua_Integer)((int64_t)(uint32_t)(g.lease_gen + base) * fp_hslots(L) + g.lease));
+    lua_pushinteger(L, (lua_Integer)(((int64_t)(uint32_t)(g.lease_gen + lay->hbase) << lay->hbits) + g.lease));
     return 2;
   }
   return fp_push_grant(L, k, &g, p, 0);
@@ -196,7 +197,8 @@ static int64_t fp_handle(lua_State *L) {
 
 static int fast_checkin(lua_State *L) {
   clientpool_t *p;
-  int64_t h, hslots;
+  const fp_layout *lay;
+  int64_t h;
   int32_t l, rec, pending;
   uint32_t gen;
   int reuse_type = lua_type(L, 3), rc;
@@ -204,12 +206,12 @@ static int fast_checkin(lua_State *L) {
   if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
   if (!fp_unset(L, 1, FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) return 0;
   if ((p = fp_engine(L)) == NULL) return 0;
-  hslots = fp_hslots(L);
-  l = (int32_t)(h % hslots);
+  lay = fp_lay(L);
+  l = (int32_t)(h & (lay->hslots - 1));
   lua_rawgeti(L, FP(CO_REC), l + 1);
   if (lua_isnil(L, -1)) { lua_pushboolean(L, 1); return 1; }   /* no checkout holds the slot */
   rec = (int32_t)lua_tointeger(L, -1);
-  gen = (uint32_t)(h / hslots) - (uint32_t)lua_tointeger(L, FP(HBASE));
+  gen = (uint32_t)(h >> lay->hbits) - lay->hbase;
   rc = clientpool_release(p, l, gen, fp_reason(L, 3), clientpool_monotime());
   if (rc != 0) { lua_pushboolean(L, 1); return 1; }          /* stale: not this holder's */
   lua_pushnil(L);
@@ -311,20 +313,27 @@ static int fast_acquire(lua_State *L) {
     int t;
     lua_createtable(L, 0, 8);
     t = lua_gettop(L);
+    fp_key(L, FP(L_CLIENT));
     lua_rawgeti(L, FP(CLIENTS), g.record);
-    fp_set(L, t, FP(L_CLIENT));
+    lua_rawset(L, t);
+    fp_key(L, FP(L_POOL));
     lua_pushvalue(L, 1);
-    fp_set(L, t, FP(L_POOL));
+    lua_rawset(L, t);
+    fp_key(L, FP(L_KEY));
     lua_pushvalue(L, 4);
-    fp_set(L, t, FP(L_KEY));
+    lua_rawset(L, t);
+    fp_key(L, FP(L_RECORD));
     lua_pushinteger(L, g.record);
-    fp_set(L, t, FP(L_RECORD));
+    lua_rawset(L, t);
+    fp_key(L, FP(L_SLOT));
     lua_pushinteger(L, g.lease);
-    fp_set(L, t, FP(L_SLOT));
+    lua_rawset(L, t);
+    fp_key(L, FP(L_GEN));
     lua_pushinteger(L, (lua_Integer)g.lease_gen);
-    fp_set(L, t, FP(L_GEN));
+    lua_rawset(L, t);
+    fp_key(L, FP(L_SENTINEL));
     lcp_push_sentinel(L, FP(ENGINE), g.lease, g.lease_gen);
-    fp_set(L, t, FP(L_SENTINEL));
+    lua_rawset(L, t);
     lua_pushvalue(L, FP(LEASE_MT));
     lua_setmetatable(L, -2);
     lua_pushvalue(L, -1);
@@ -341,9 +350,12 @@ static int lcp_fast_release(lua_State *L) {
   int32_t l, rc;
   uint32_t gen;
   lua_settop(L, 2);
-  fp_get(L, 1, FP(L_POOL));
-  fp_get(L, 1, FP(L_SLOT));
-  fp_get(L, 1, FP(L_GEN));                                /* 3 pool, 4 slot, 5 gen */
+  fp_key(L, FP(L_POOL));
+  lua_rawget(L, 1);
+  fp_key(L, FP(L_SLOT));
+  lua_rawget(L, 1);
+  fp_key(L, FP(L_GEN));
+  lua_rawget(L, 1);                                       /* 3 pool, 4 slot, 5 gen */
   if (!lua_rawequal(L, 3, FP(POOL)) || !lua_isnumber(L, 5) || (p = fp_engine(L)) == NULL ||
       !fp_unset(L, FP(POOL), FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) {
     lua_pushboolean(L, 0);
@@ -352,10 +364,12 @@ static int lcp_fast_release(lua_State *L) {
   l = (int32_t)lua_tointeger(L, 4);
   gen = (uint32_t)lua_tointeger(L, 5);
   /* as the driver's finish_lease: the lease lets go of its sentinel first */
+  fp_key(L, FP(L_GEN));
   lua_pushnil(L);
-  fp_set(L, 1, FP(L_GEN));
+  lua_rawset(L, 1);
+  fp_key(L, FP(L_SENTINEL));
   lua_pushnil(L);
-  fp_set(L, 1, FP(L_SENTINEL));
+  lua_rawset(L, 1);
   lua_rawgeti(L, FP(HELD), l);
   if (lua_rawequal(L, -1, 1)) {
     lua_pushnil(L);
@@ -374,8 +388,9 @@ static int lcp_fast_release(lua_State *L) {
       lua_call(L, 1, 0);
     }
   }
+  fp_key(L, FP(L_CLIENT));
   lua_pushnil(L);
-  fp_set(L, 1, FP(L_CLIENT));
+  lua_rawset(L, 1);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -396,8 +411,18 @@ int lcp_fastpath(lua_State *L) {
   lua_settop(L, 3);
   luaL_checkstack(L, 2 * FP_N + 4, NULL);   /* the upvalues, and a copy for each closure */
   for (i = 0; fp_parts[i]; i++) lua_getfield(L, 3, fp_parts[i]);
-  if (lua_type(L, FP_HSLOTS + 1) != LUA_TNUMBER)   /* (the parts start at index 4) */
-    return luaL_error(L, "clientpool.core.fastpath: parts.hslots must be a number");
+  if (lua_type(L, FP_HSLOTS + 1) != LUA_TNUMBER || lua_type(L, FP_LAYOUT + 1) != LUA_TNUMBER)
+    return luaL_error(L, "clientpool.core.fastpath: parts.hslots and parts.hbase must be numbers");
+  {                                      /* (the parts start at index 4) */
+    fp_layout *lay = (fp_layout *)lua_newuserdata(L, sizeof *lay);
+    lay->hslots = (int64_t)lua_tointeger(L, FP_HSLOTS + 1);
+    for (lay->hbits = 0; lay->hbits < 31 && ((int64_t)1 << lay->hbits) < lay->hslots; lay->hbits++) {}
+    if (((int64_t)1 << lay->hbits) != lay->hslots)
+      return luaL_error(L, "clientpool.core.fastpath: parts.hslots must be a power of 2 up to 2^31");
+    lay->hbase = (uint32_t)lua_tointeger(L, FP_LAYOUT + 1);
+    lay->validate = lua_toboolean(L, FP_VALIDATE + 1);
+    lua_replace(L, FP_LAYOUT + 1);       /* in parts.hbase's place */
+  }
   lua_getfield(L, 3, "pool_fields");
   lua_getfield(L, 3, "lease_fields");
   if (!lua_istable(L, -2) || !lua_istable(L, -1))
