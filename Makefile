@@ -21,7 +21,8 @@
 #                        the lua5.4 specs (gcc --coverage, build/cov)
 #   make demo | bench | bench-nginx | lint | install | clean | cdef
 #
-# Single steps of `make test`: all test-c test-c-asan fuzz-ci test-busted-<interp>
+# Single steps of `make test`: all test-c test-c-asan test-fleet test-fleet-asan
+# test-fleet-valgrind fuzz-ci test-busted-<interp>
 # test-busted-luajit-ffi test-busted-asan test-valgrind-<interp> test-nginx
 # check-rockspec test-rocks soak-valgrind lint.
 #
@@ -87,7 +88,8 @@ lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LP
 LINT_DIRS = $(wildcard lua spec examples bench)
 
 .PHONY: all module test deps check-memory demo bench lint install clean cdef \
-        test-c test-c-asan test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
+        test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind \
+        test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
         test-busted-luajit-ffi test-nginx bench-nginx
 
 all: $(foreach i,$(INTERPS),build/$(i)/clientpool/core.so)
@@ -143,6 +145,17 @@ build/ctest/test_engine-asan: $(CTEST_SRC) $(CTEST_LINK) $(ENGINE_SRCS) $(wildca
 	@mkdir -p $(@D)
 	$(CLANG) $(WARNFLAGS) $(SANFLAGS) -Icsrc -o $@ $(CTEST_SRC) $(CTEST_LINK) $(LIBS)
 
+# C fleet tests: forked processes on one shared segment; the test includes
+# csrc/fleet.c (its internals: the reclaim hook, the raw layout).
+FLEET_TEST_SRC := spec/c/test_fleet.c
+build/ctest/test_fleet: $(FLEET_TEST_SRC) csrc/fleet.c csrc/fleet.h
+	@mkdir -p $(@D)
+	$(CC) $(WARNFLAGS) -O2 -g -Icsrc -o $@ $(FLEET_TEST_SRC) $(LIBS)
+
+build/ctest/test_fleet-asan: $(FLEET_TEST_SRC) csrc/fleet.c csrc/fleet.h
+	@mkdir -p $(@D)
+	$(CLANG) $(WARNFLAGS) $(SANFLAGS) -Icsrc -o $@ $(FLEET_TEST_SRC) $(LIBS)
+
 -include $(wildcard build/obj/*/*.d)
 
 # ---------------------------------------------------------------- tests
@@ -150,7 +163,8 @@ build/ctest/test_engine-asan: $(CTEST_SRC) $(CTEST_LINK) $(ENGINE_SRCS) $(wildca
 deps:
 	@scripts/deps.sh
 
-TEST_STEPS := all test-c test-c-asan fuzz-ci $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
+TEST_STEPS := all test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind fuzz-ci \
+              $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
               test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.1 test-nginx check-rockspec \
               test-rocks soak-valgrind lint
 
@@ -164,6 +178,18 @@ test-c: build/ctest/test_engine
 
 test-c-asan: build/ctest/test_engine-asan
 	$(ASAN_ENV) build/ctest/test_engine-asan
+
+# The fleet's C tests (about 20 s), under ASan/UBSan, and under valgrind
+# memcheck (children follow the fork; a smaller hammer: FLEET_TEST_SCALE).
+test-fleet: build/ctest/test_fleet
+	build/ctest/test_fleet
+
+test-fleet-asan: build/ctest/test_fleet-asan
+	$(ASAN_ENV) FLEET_TEST_SCALE=50 build/ctest/test_fleet-asan
+
+test-fleet-valgrind: build/ctest/test_fleet
+	FLEET_TEST_SCALE=5 valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+	  build/ctest/test_fleet
 
 # On LuaJIT the suite runs twice: test-busted-luajit with the C API backend
 # (clientpool.core), test-busted-luajit-ffi with the FFI one (clientpool.ffi).
@@ -210,7 +236,7 @@ lint:
 	$(LUACHECK) $$([ -t 1 ] || echo --no-color) $(LINT_DIRS)
 
 check-memory:
-	@MAKE='$(MAKE)' scripts/run-steps.sh test-c-asan test-busted-asan
+	@MAKE='$(MAKE)' scripts/run-steps.sh test-c-asan test-fleet-asan test-busted-asan
 
 # The lua5.4 specs against build/asan-lua5.4 (ASan runtime preloaded).
 test-busted-asan: build/asan-lua5.4/clientpool/core.so
