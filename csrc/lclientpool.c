@@ -1042,5 +1042,6 @@ int luaopen_clientpool_core(lua_State *L) {
   }
   lua_pushliteral(L, "clientpool.core");
   lua_setfield(L, -2, "_NAME");
+  { int lcp_fleet_register(lua_State *L); lcp_fleet_register(L); }   /* clientpool.core.fleet (lfleet.c) */
   return 1;
 }

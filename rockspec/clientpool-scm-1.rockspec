@@ -31,7 +31,7 @@ build = {
   type = "builtin",
   modules = {
     ["clientpool.core"] = {
-      sources = { "csrc/engine.c", "csrc/clock.c", "csrc/lclientpool.c" },
+      sources = { "csrc/engine.c", "csrc/clock.c", "csrc/lclientpool.c", "csrc/fleet.c", "csrc/lfleet.c" },
       incdirs = { "csrc" },
     },
     ["clientpool"] = "lua/clientpool/init.lua",
@@ -46,5 +46,8 @@ build = {
     ["clientpool.sched.copas"] = "lua/clientpool/sched/copas.lua",
     ["clientpool.sched.ngx"] = "lua/clientpool/sched/ngx.lua",
     ["clientpool.ngx"] = "lua/clientpool/ngx.lua",
+    ["clientpool.fleet"] = "lua/clientpool/fleet.lua",
+    ["clientpool.fleet_ffi"] = "lua/clientpool/fleet_ffi.lua",
+    ["clientpool.fleet_cdef"] = "lua/clientpool/fleet_cdef.lua",
   },
 }
