@@ -314,10 +314,16 @@ build/bench/engine_pair: bench/c/engine_pair.c $(ENGINE_SRCS) $(wildcard csrc/*.
 	@mkdir -p $(@D)
 	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/engine_pair.c $(ENGINE_SRCS) $(LIBS)
 
-bench: all build/bench/engine_pair
+build/bench/fleet_pair: bench/c/fleet_pair.c $(ENGINE_SRCS) csrc/fleet.c $(wildcard csrc/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/fleet_pair.c $(ENGINE_SRCS) csrc/fleet.c $(LIBS)
+
+bench: all build/bench/engine_pair build/bench/fleet_pair
 	@mkdir -p build/bench
 	@echo "== the engine alone (C, no Lua; absolute figures, a diagnostic)"
 	@build/bench/engine_pair
+	@echo "== what the fleet adds to that pair (C; docs/fleet.md, a diagnostic for B7)"
+	@build/bench/fleet_pair
 	@set -e; for r in $(BENCH_RUNS); do \
 	  case $$r in luajit-joff) i=luajit; flags=-joff ;; *) i=$$r; flags= ;; esac; \
 	  env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LPATH);;' \

@@ -848,20 +848,11 @@ int clientpool_fleet_open(const char *name, size_t len, const clientpool_fleet_l
   created = rc == 1;
   bind_layout(f, &L, (int32_t)f->h->rows, (int32_t)f->h->keys_cap);
   if (!created && lim) {
-    if (lim->members > f->nrows || lim->max_keys > f->keys_cap) {
-      msg(err, errlen, "fleet was created with members = %d, max_keys = %d; members = %d, max_keys = %d "
-          "need a new segment (fleet.remove it while no process uses it)",
-          (int)f->nrows, (int)f->keys_cap, (int)lim->members, (int)lim->max_keys);
+    rc = clientpool_fleet_update(f, lim, err, errlen);
+    if (rc < 0) {
       clientpool_fleet_close(f);
-      return CLIENTPOOL_FLEET_EGEOMETRY;
+      return rc;
     }
-    if (admin_lock(f, FL_ADMIN_SPINS * 4) != 0) {
-      msg(err, errlen, "the fleet's admin lock is held by a live process: limits not updated");
-      clientpool_fleet_close(f);
-      return CLIENTPOOL_FLEET_EBUSY;
-    }
-    limits_store(f->h, lim);
-    admin_unlock(f);
   }
   if (!created && live_rows(f) == 0) reset_stale(f);
   *out = f;
@@ -1686,6 +1677,37 @@ int clientpool_fleet_limits(const clientpool_fleet_t *f, clientpool_fleet_limits
   o->members = LD(h->lim[L_MEMBERS]);
   o->attempts = LD(h->lim[L_ATTEMPTS]);
   return 0;
+}
+
+int clientpool_fleet_update(clientpool_fleet_t *f, const clientpool_fleet_limits_t *lim, char *err, size_t errlen) {
+  char why[160];
+  if (err && errlen) err[0] = 0;
+  if (!f || !f->base || !lim) return CLIENTPOOL_FLEET_EINVAL;
+  if (!limits_ok(lim, why, sizeof why)) {
+    msg(err, errlen, "%s", why);
+    return CLIENTPOOL_FLEET_EINVAL;
+  }
+  if (lim->members > f->nrows || lim->max_keys > f->keys_cap) {
+    msg(err, errlen, "fleet was created with members = %d, max_keys = %d; members = %d, max_keys = %d "
+        "need a new segment (fleet.remove it while no process uses it)",
+        (int)f->nrows, (int)f->keys_cap, (int)lim->members, (int)lim->max_keys);
+    return CLIENTPOOL_FLEET_EGEOMETRY;
+  }
+  if (admin_lock(f, FL_ADMIN_SPINS * 4) != 0) {
+    msg(err, errlen, "the fleet's admin lock is held by a live process: limits not updated");
+    return CLIENTPOOL_FLEET_EBUSY;
+  }
+  limits_store(f->h, lim);
+  admin_unlock(f);
+  ADD(f->h->seq, 1);                   /* a raised cap is room: waiters look again */
+  return 0;
+}
+
+int32_t clientpool_fleet_count(const clientpool_fleet_t *f, int32_t kind, int32_t key) {
+  if (!f || !f->base || (uint32_t)kind >= KINDS || key >= f->keys_cap) return CLIENTPOOL_FLEET_EINVAL;
+  if (key < 0) return LD(f->h->total[kind].v);
+  if (kind == LEASE || LD(f->keys[key].state) != 1) return kind == LEASE ? CLIENTPOOL_FLEET_EINVAL : 0;
+  return LD(f->keys[key].count[kind]);
 }
 
 int clientpool_fleet_stats(const clientpool_fleet_t *f, clientpool_fleet_stats_t *s) {

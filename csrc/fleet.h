@@ -295,6 +295,17 @@ uint64_t clientpool_fleet_gates_gen(const clientpool_fleet_t *f);
 /* The current limits.  0. */
 int clientpool_fleet_limits(const clientpool_fleet_t *f, clientpool_fleet_limits_t *out);
 
+/* Updates the limits (the rules of open; members and max_keys up to the
+ * segment's size), as attaching with limits does.  Units already held
+ * stay held: a lower cap admits nothing new until holdings are under it.
+ * 0, EINVAL or EGEOMETRY (message in err), EBUSY. */
+int clientpool_fleet_update(clientpool_fleet_t *f, const clientpool_fleet_limits_t *lim, char *err, size_t errlen);
+
+/* Units of `kind` held fleet-wide (key < 0) or on a key slot (LEASE: the
+ * fleet total only): one plain load, for decisions such as "is the
+ * fleet's idle floor of this key met".  EINVAL for a bad kind or slot. */
+int32_t clientpool_fleet_count(const clientpool_fleet_t *f, int32_t kind, int32_t key);
+
 /* Fleet-wide figures.  0. */
 int clientpool_fleet_stats(const clientpool_fleet_t *f, clientpool_fleet_stats_t *s);
 

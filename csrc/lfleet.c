@@ -92,6 +92,21 @@ static int32_t opt_i32(lua_State *L, int t, const char *field, int32_t dflt) {
   return v;
 }
 
+/* A limits table (fields of clientpool_fleet_limits_t; the defaults of
+ * clientpool.fleet_ffi's open) at index t. */
+static void read_limits(lua_State *L, int t, clientpool_fleet_limits_t *lim) {
+  luaL_checktype(L, t, LUA_TTABLE);
+  lim->max_live = opt_i32(L, t, "max_live", 0);
+  lim->max_idle = opt_i32(L, t, "max_idle", lim->max_live);
+  lim->min_idle = opt_i32(L, t, "min_idle", 0);
+  lim->max_concurrency = opt_i32(L, t, "max_concurrency", lim->max_live);
+  lim->key_max_live = opt_i32(L, t, "key_max_live", -1);
+  lim->key_max_idle = opt_i32(L, t, "key_max_idle", -1);
+  lim->max_keys = opt_i32(L, t, "max_keys", 256);
+  lim->members = opt_i32(L, t, "members", 64);
+  lim->attempts = opt_i32(L, t, "attempts", 3);
+}
+
 /* fleet.open(name [, limits]) -> handle, created | nil, err, message */
 static int lcp_fleet_open(lua_State *L) {
   size_t len;
@@ -102,16 +117,7 @@ static int lcp_fleet_open(lua_State *L) {
   char err[320];
   int rc;
   if (!lua_isnoneornil(L, 2)) {
-    luaL_checktype(L, 2, LUA_TTABLE);
-    lim.max_live = opt_i32(L, 2, "max_live", 0);
-    lim.max_idle = opt_i32(L, 2, "max_idle", lim.max_live);
-    lim.min_idle = opt_i32(L, 2, "min_idle", 0);
-    lim.max_concurrency = opt_i32(L, 2, "max_concurrency", lim.max_live);
-    lim.key_max_live = opt_i32(L, 2, "key_max_live", -1);
-    lim.key_max_idle = opt_i32(L, 2, "key_max_idle", -1);
-    lim.max_keys = opt_i32(L, 2, "max_keys", 256);
-    lim.members = opt_i32(L, 2, "members", 64);
-    lim.attempts = opt_i32(L, 2, "attempts", 3);
+    read_limits(L, 2, &lim);
     lp = &lim;
   }
   b = lua_newuserdata(L, sizeof *b);
@@ -290,6 +296,24 @@ static int lcp_fleet_limits(lua_State *L) {
   return 1;
 }
 
+static int lcp_fleet_update(lua_State *L) {
+  clientpool_fleet_t *f = check_fleet(L);
+  clientpool_fleet_limits_t lim;
+  char err[320];
+  int rc;
+  read_limits(L, 2, &lim);
+  rc = clientpool_fleet_update(f, &lim, err, sizeof err);
+  if (rc < 0) return push_fail(L, rc, err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lcp_fleet_count(lua_State *L) {
+  clientpool_fleet_t *f = check_fleet(L);
+  lua_pushinteger(L, clientpool_fleet_count(f, (int32_t)luaL_checkinteger(L, 2), (int32_t)luaL_optinteger(L, 3, -1)));
+  return 1;
+}
+
 static int lcp_fleet_stats(lua_State *L) {
   clientpool_fleet_stats_t s;
   clientpool_fleet_stats(check_fleet(L), &s);
@@ -375,6 +399,7 @@ int lcp_fleet_register(lua_State *L) {
     {"seq", lcp_fleet_seq}, {"poll", lcp_fleet_poll}, {"shed", lcp_fleet_shed}, {"scan", lcp_fleet_scan},
     {"pause", lcp_fleet_pause}, {"resume", lcp_fleet_resume}, {"gate", lcp_fleet_gate},
     {"gates_gen", lcp_fleet_gates_gen}, {"limits", lcp_fleet_limits}, {"stats", lcp_fleet_stats},
+    {"update", lcp_fleet_update}, {"count", lcp_fleet_count},
     {"key_stats", lcp_fleet_key_stats}, {"member_stats", lcp_fleet_member_stats},
     {NULL, NULL}
   };

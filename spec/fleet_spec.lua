@@ -86,6 +86,16 @@ for _, b in ipairs(BACKENDS) do
       assert.equal(2, s.live)
       assert.equal(2, s.members)
       assert.equal(2, s.keys)
+      assert.equal(2, a:count(F.LIVE))
+      assert.equal(1, a:count(F.LIVE, ka))
+      -- limits change in place; a bad one is refused with its rule
+      assert(c:update { max_live = 3, key_max_live = 1, max_keys = 4, members = 4 })
+      assert.equal(3, a:limits().max_live)
+      local uok, ucode, umsg = c:update { max_live = 3, max_keys = 5, members = 4 }
+      assert.is_nil(uok)
+      assert.equal("egeometry", ucode)
+      assert.truthy(umsg:find("max_keys = 4", 1, true), umsg)
+      assert(c:update { max_live = 2, key_max_live = 1, max_keys = 4, members = 4 })
       local kname, ks = a:key_stats(ka)
       assert.equal("redis-a", kname)
       assert.equal(1, ks.live)

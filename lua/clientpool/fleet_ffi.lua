@@ -97,24 +97,28 @@ local function limit(t, field, dflt)
   return v
 end
 
+-- A limits table into a clientpool_fleet_limits_t (lfleet.c's read_limits).
+local function read_limits(lim, n, fname)
+  if type(lim) ~= "table" then argerr(n, fname, "table expected, got " .. type(lim)) end
+  local max_live = limit(lim, "max_live", 0)
+  local lp = limits_t()
+  lp.max_live = max_live
+  lp.max_idle = limit(lim, "max_idle", max_live)
+  lp.min_idle = limit(lim, "min_idle", 0)
+  lp.max_concurrency = limit(lim, "max_concurrency", max_live)
+  lp.key_max_live = limit(lim, "key_max_live", -1)
+  lp.key_max_idle = limit(lim, "key_max_idle", -1)
+  lp.max_keys = limit(lim, "max_keys", 256)
+  lp.members = limit(lim, "members", 64)
+  lp.attempts = limit(lim, "attempts", 3)
+  return lp
+end
+
 --- open(name [, limits]) -> handle, created | nil, err, message
 function _M.open(name, lim)
   name = check_str(name, 1, "open")
   local lp = nil
-  if lim ~= nil then
-    if type(lim) ~= "table" then argerr(2, "open", "table expected, got " .. type(lim)) end
-    local max_live = limit(lim, "max_live", 0)
-    lp = limits_t()
-    lp.max_live = max_live
-    lp.max_idle = limit(lim, "max_idle", max_live)
-    lp.min_idle = limit(lim, "min_idle", 0)
-    lp.max_concurrency = limit(lim, "max_concurrency", max_live)
-    lp.key_max_live = limit(lim, "key_max_live", -1)
-    lp.key_max_idle = limit(lim, "key_max_idle", -1)
-    lp.max_keys = limit(lim, "max_keys", 256)
-    lp.members = limit(lim, "members", 64)
-    lp.attempts = limit(lim, "attempts", 3)
-  end
+  if lim ~= nil then lp = read_limits(lim, 2, "open") end
   local out, err = handle_pp(), errbuf_t()
   local rc = C.clientpool_fleet_open(name, #name, lp, out, err, 320)
   if rc < 0 then return fail(rc, ffi_string(err)) end
@@ -238,6 +242,15 @@ local STATS_INT = { "live", "idle", "leases", "refilling", "demand_live", "deman
                     "pledged", "members", "keys", "rows", "keys_cap", "paused", "repair_pending" }
 local STATS_U64 = { "seq", "gates_gen", "limits_gen" }
 local STATS_DBL = { "reclaimed", "repairs", "repaired_units", "resets", "joins", "created" }
+
+function Fleet:update(lim)
+  local err = errbuf_t()
+  local rc = C.clientpool_fleet_update(self.p, read_limits(lim, 2, "update"), err, 320)
+  if rc < 0 then return fail(rc, ffi_string(err)) end
+  return true
+end
+
+function Fleet:count(kind, key) return C.clientpool_fleet_count(self.p, kind, key or -1) end
 
 function Fleet:stats()
   local s = self._stats

@@ -772,6 +772,32 @@ static void t_limits_lowered_live(void) {
   CHECK_EQ(clientpool_fleet_give(a, CLIENTPOOL_FLEET_LIVE, -1), 0);
   CHECK_EQ(clientpool_fleet_take(a, CLIENTPOOL_FLEET_LIVE, -1), CLIENTPOOL_FLEET_TAKEN);
   CHECK_EQ(stats(a).live, 2);
+  /* an open handle updates them in place; a raise is room, so the sequence moves */
+  {
+    uint64_t s0 = clientpool_fleet_seq(a);
+    l = lims(3);
+    CHECK_EQ(clientpool_fleet_update(a, &l, err, sizeof err), 0);
+    CHECK(clientpool_fleet_seq(a) != s0);
+    CHECK_EQ(clientpool_fleet_take(a, CLIENTPOOL_FLEET_LIVE, -1), CLIENTPOOL_FLEET_TAKEN);
+    l.max_idle = 9;
+    CHECK_EQ(clientpool_fleet_update(a, &l, err, sizeof err), CLIENTPOOL_FLEET_EINVAL);
+    CHECK_STR(err, "max_idle (9) must be <= max_live (3)");
+    l = lims(3);
+    l.members = 99;
+    CHECK_EQ(clientpool_fleet_update(a, &l, err, sizeof err), CLIENTPOOL_FLEET_EGEOMETRY);
+    CHECK_EQ(stats(a).limits.max_live, 3);
+  }
+  /* counts: one load */
+  {
+    int32_t k = kopen(a, "c");
+    CHECK_EQ(clientpool_fleet_count(a, CLIENTPOOL_FLEET_LIVE, -1), 3);
+    CHECK_EQ(clientpool_fleet_take(a, CLIENTPOOL_FLEET_IDLE, k), CLIENTPOOL_FLEET_TAKEN);
+    CHECK_EQ(clientpool_fleet_count(a, CLIENTPOOL_FLEET_IDLE, k), 1);
+    CHECK_EQ(clientpool_fleet_count(a, CLIENTPOOL_FLEET_IDLE, -1), 1);
+    CHECK_EQ(clientpool_fleet_count(a, CLIENTPOOL_FLEET_LEASE, k), CLIENTPOOL_FLEET_EINVAL);
+    CHECK_EQ(clientpool_fleet_count(a, 9, -1), CLIENTPOOL_FLEET_EINVAL);
+    CHECK_EQ(clientpool_fleet_give(a, CLIENTPOOL_FLEET_IDLE, k), 0);
+  }
 }
 
 /* ===================================================================== */
