@@ -1306,6 +1306,8 @@ uint64_t clientpool_fleet_demand(clientpool_fleet_t *f, int32_t kind, int32_t ke
 
 uint64_t clientpool_fleet_seq(const clientpool_fleet_t *f) { return LD(f->h->seq); }
 
+int32_t clientpool_fleet_waiting(const clientpool_fleet_t *f) { return LD(f->h->demand_all); }
+
 uint64_t clientpool_fleet_poll(clientpool_fleet_t *f) {
   if (f->me) STL(f->me->heartbeat, mono_ns());
   return LD(f->h->seq);

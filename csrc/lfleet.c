@@ -227,6 +227,11 @@ static int lcp_fleet_demand(lua_State *L) {
 }
 
 static int lcp_fleet_seq(lua_State *L) { push_u64(L, clientpool_fleet_seq(check_fleet(L))); return 1; }
+
+static int lcp_fleet_waiting(lua_State *L) {
+  lua_pushinteger(L, clientpool_fleet_waiting(check_fleet(L)));
+  return 1;
+}
 static int lcp_fleet_poll(lua_State *L) { push_u64(L, clientpool_fleet_poll(check_fleet(L))); return 1; }
 static int lcp_fleet_gates_gen(lua_State *L) { push_u64(L, clientpool_fleet_gates_gen(check_fleet(L))); return 1; }
 
@@ -399,7 +404,7 @@ int lcp_fleet_register(lua_State *L) {
     {"seq", lcp_fleet_seq}, {"poll", lcp_fleet_poll}, {"shed", lcp_fleet_shed}, {"scan", lcp_fleet_scan},
     {"pause", lcp_fleet_pause}, {"resume", lcp_fleet_resume}, {"gate", lcp_fleet_gate},
     {"gates_gen", lcp_fleet_gates_gen}, {"limits", lcp_fleet_limits}, {"stats", lcp_fleet_stats},
-    {"update", lcp_fleet_update}, {"count", lcp_fleet_count},
+    {"update", lcp_fleet_update}, {"count", lcp_fleet_count}, {"waiting", lcp_fleet_waiting},
     {"key_stats", lcp_fleet_key_stats}, {"member_stats", lcp_fleet_member_stats},
     {NULL, NULL}
   };

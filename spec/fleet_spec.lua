@@ -106,7 +106,9 @@ for _, b in ipairs(BACKENDS) do
       assert.equal(1, m.alive)
       assert.is_true(m.pid > 0)
       -- a waiter learns of freed budget from the sequence number
+      assert.equal(0, a:waiting())
       local s0 = c:demand(F.LIVE, -1, 1)
+      assert.equal(1, a:waiting())
       assert.equal(F.REFUSED, c:take(F.LIVE))
       assert.equal(0, a:give(F.LIVE, ka))
       assert.are_not.equal(s0, c:poll())

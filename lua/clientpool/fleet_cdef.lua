@@ -238,6 +238,11 @@ int clientpool_fleet_give(clientpool_fleet_t *f, int32_t kind, int32_t key);
  * came between the refusal and the post did not bump the sequence). */
 uint64_t clientpool_fleet_demand(clientpool_fleet_t *f, int32_t kind, int32_t key, int32_t n);
 
+/* Units members wait for, all posted demand (fleet- and key-level): one
+ * load.  A releasing member reads it to decide whether to shed (and a give
+ * bumps the sequence only when it is > 0). */
+int32_t clientpool_fleet_waiting(const clientpool_fleet_t *f);
+
 /* The sequence number: a plain atomic load, no system call. */
 uint64_t clientpool_fleet_seq(const clientpool_fleet_t *f);
 

@@ -199,6 +199,7 @@ function Fleet:demand(kind, key, n)
 end
 
 function Fleet:seq() return tonumber(C.clientpool_fleet_seq(self.p)) end
+function Fleet:waiting() return C.clientpool_fleet_waiting(self.p) end
 function Fleet:poll() return tonumber(C.clientpool_fleet_poll(self.p)) end
 function Fleet:gates_gen() return tonumber(C.clientpool_fleet_gates_gen(self.p)) end
 function Fleet:shed(key) return C.clientpool_fleet_shed(self.p, key or -1) end

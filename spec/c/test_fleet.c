@@ -822,6 +822,7 @@ static void t_seq_demand(void) {
   CHECK_EQ(clientpool_fleet_take(b, CLIENTPOOL_FLEET_LIVE, -1), CLIENTPOOL_FLEET_REFUSED);
   CHECK_EQ(stats(a).demand_live, 1);
   CHECK_EQ(stats(a).waiting_members, 1);
+  CHECK_EQ(clientpool_fleet_waiting(a), 1);
   CHECK_EQ(clientpool_fleet_poll(b), s1);
   CHECK_EQ(clientpool_fleet_give(a, CLIENTPOOL_FLEET_LIVE, -1), 0);
   CHECK(clientpool_fleet_poll(b) != s1);
