@@ -263,9 +263,9 @@ static int read_stat(int32_t pid, char *state, uint64_t *start) {
 }
 
 /* Whether process pid exists, has not exited (a zombie's sockets are
- * closed) and, when start != 0, started at `start` (else the pid was
- * reused by another process). */
-static int proc_alive(int32_t pid, uint64_t start) {
+ * closed) and, when start != 0, started at `start` in the bits of `mask`
+ * (else the pid was reused by another process). */
+static int proc_match(int32_t pid, uint64_t start, uint64_t mask) {
   char st = 0;
   uint64_t t = 0;
   int r;
@@ -274,20 +274,14 @@ static int proc_alive(int32_t pid, uint64_t start) {
   if (r == 0) return 0;
   if (r < 0) return kill((pid_t)pid, 0) == 0 || errno == EPERM;
   if (st == 'Z' || st == 'X' || st == 'x') return 0;
-  return !start || t == start;
+  return !start || (t & mask) == start;
 }
 
+static int proc_alive(int32_t pid, uint64_t start) { return proc_match(pid, start, UINT64_MAX); }
+
+/* A lock or init stamp: pid in the low half, the start time's low 32 bits in the high half. */
 static int ident_alive(uint64_t id) {
-  int32_t pid = (int32_t)(id & 0xffffffffu);
-  char st = 0;
-  uint64_t t = 0;
-  int r;
-  if (pid <= 0) return 0;
-  r = read_stat(pid, &st, &t);
-  if (r == 0) return 0;
-  if (r < 0) return kill((pid_t)pid, 0) == 0 || errno == EPERM;
-  if (st == 'Z' || st == 'X' || st == 'x') return 0;
-  return (id >> 32) == 0 || (t & 0xffffffffu) == (id >> 32);
+  return proc_match((int32_t)(id & 0xffffffffu), id >> 32, 0xffffffffu);
 }
 
 static uint64_t self_start(void) {

@@ -18,10 +18,12 @@ local function read(path)
   return s
 end
 
+-- Unique per process (the pid) and call: concurrent runs never share a fleet.
+local PID = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
 local seq = 0
 local function fresh(tag)
   seq = seq + 1
-  return string.format("fs%d-%s-%d-%d", math.random(1, 1e6), tag, seq, os.time())
+  return string.format("fs%s-%s-%d", PID, tag, seq)
 end
 
 -- Names made by a test, removed after it whatever happens.
