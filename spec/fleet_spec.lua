@@ -19,7 +19,7 @@ local function read(path)
 end
 
 -- Unique per process (the pid) and call: concurrent runs never share a fleet.
-local PID = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
+local PID = assert(read("/proc/self/stat"):match("^(%d+)"))
 local seq = 0
 local function fresh(tag)
   seq = seq + 1
