@@ -670,5 +670,6 @@ int luaopen_clientpool_core(lua_State *L) {
   }
   lua_pushliteral(L, "clientpool.core");
   lua_setfield(L, -2, "_NAME");
+  lcp_fleet_register(L);   /* clientpool.core.fleet (lfleet.c) */
   return 1;
 }
