@@ -13,7 +13,7 @@
 
 #define NONE (-1)
 
-enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED };
+enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED, R_CLOSING };
 enum { W_FREE = 0, W_QUEUED, W_DONE };
 enum { H_LIFETIME = 0, H_WAITER, H_LEASE };
 enum { RH_IDLE = 0, RH_CREATE = 1 };
@@ -40,7 +40,10 @@ typedef struct record {
   uint8_t state;
   uint8_t retire;        /* RETIRED | LIFETIME_OVER: no new leases; destroyed at release */
   uint8_t doomed;        /* a co-holder lost it (reason + 1): destroyed when the last lease ends */
-  uint8_t refill;        /* while creating: a warm-floor reservation (no lease) */
+  union {
+    uint8_t refill;      /* R_CREATING: a warm-floor reservation (no lease) */
+    uint8_t seen;        /* R_CLOSING: its EV_DESTROY has been read */
+  };
   double created;        /* strictly increasing, so it is also the creation order */
   union {
     struct {             /* R_IDLE */
@@ -77,7 +80,8 @@ typedef struct waiter {
   int32_t hpos;          /* deadline entry, or NONE */
   int32_t next_free;
   int32_t passed;        /* times a younger waiter of another key took an idle record first */
-  uint64_t seq;
+  int64_t seq;           /* its place: the arrival number, or below every arrival for a
+                          * caller that kept its place (clientpool_regrant) */
   double enq, idle, waited;
 } waiter_t;
 
@@ -109,7 +113,7 @@ struct clientpool {
   double now;            /* the latest time seen: time never runs backwards */
   double armed;          /* the deadline the driver's timer is set for */
   uint64_t rng;
-  uint64_t seq;
+  int64_t seq;           /* arrivals so far */
 
   record_t *rec; int32_t nrec, rec_free;
   lease_t *lea; int32_t nlea, lea_free;
@@ -117,6 +121,7 @@ struct clientpool {
   key_t_ *keys; int32_t nkeys, key_free, keys_used;
   int32_t g_oldest, g_newest;   /* pool-wide idle list */
   int32_t hold_key;             /* the key an acquire works on: not forgotten meanwhile */
+  int32_t kept;                 /* the key whose regrant caller keeps its place, or NONE */
   int32_t *warm; int32_t nwarm, warmcap;  /* pinned keys: the warm floor's keys */
   int32_t floor_on, refill_signalled;
   double retire_before, retire_upto;
@@ -129,6 +134,8 @@ struct clientpool {
   clientpool_event_t *ev; int32_t evcap, evhead, evlen;
   clientpool_stats_t st;
 };
+
+static void finish(clientpool_t *p, double now);
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -244,7 +251,7 @@ static void hremove(clientpool_t *p, int32_t *pos) {
  * served in arrival order against the others that can use a free slot, and
  * evicts another key's idle record only when no waiter can take that one. */
 
-static uint64_t kseq(const clientpool_t *p, int32_t k) {
+static int64_t kseq(const clientpool_t *p, int32_t k) {
   return p->wai[p->keys[k].wq_head].seq;
 }
 
@@ -277,6 +284,17 @@ static void rdown(clientpool_t *p, int h, int32_t i) {
   rset(p, h, i, k);
 }
 
+/* Records of key k that count against its cap: the cap is physical, a
+ * record counts from its reservation until its destroy is reported done. */
+static int32_t key_held(const key_t_ *key) {
+  return key->st.live + key->st.creating + key->st.closing;
+}
+
+/* Whether key k's cap lets one more record be reserved. */
+static int key_room(const clientpool_t *p, int32_t k) {
+  return p->cfg.key_max_live < 0 || key_held(&p->keys[k]) < p->cfg.key_max_live;
+}
+
 /* Which heap key k belongs in: RH_IDLE, RH_CREATE or NONE. */
 static int gate_blocked(const gate_t *g) {
   return g->paused || g->probe == PROBE_OUT;
@@ -286,7 +304,7 @@ static int key_ready(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
   if (key->wq_head == NONE || p->closed || gate_blocked(&key->gate)) return NONE;
   if (key->idle_top != NONE || key->olen > 0) return RH_IDLE;
-  if (p->cfg.key_max_live < 0 || key->st.live + key->st.creating < p->cfg.key_max_live) return RH_CREATE;
+  if (key_room(p, k)) return RH_CREATE;
   return NONE;
 }
 
@@ -324,8 +342,8 @@ static void key_refresh(clientpool_t *p, int32_t k) {
 
 static int key_empty(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
-  return key->st.live == 0 && key->st.creating == 0 && key->st.leases == 0 &&
-         key->wrefs == 0;
+  return key->st.live == 0 && key->st.creating == 0 && key->st.closing == 0 &&
+         key->st.leases == 0 && key->wrefs == 0;
 }
 
 /* A forgotten key's id is reused only once the driver has read its
@@ -341,11 +359,20 @@ static void key_reuse(clientpool_t *p, int32_t k) {
 
 static int key_maybe_free(clientpool_t *p, int32_t k) {
   key_t_ *key = &p->keys[k];
-  if (!key->used || key->pinned || k == p->hold_key || !key_empty(p, k)) return 0;
+  if (!key->used || key->pinned || k == p->hold_key || k == p->kept || !key_empty(p, k)) return 0;
   key->used = 0;
   p->keys_used--;
   push_event(p, CLIENTPOOL_EV_KEY_FREE, k, 0, 0, 0);
   return 1;
+}
+
+/* Whether the next acquisition for key k is the caller of a regrant that
+ * kept its place; the place is used up by this call either way (see
+ * clientpool_regrant: nothing is served while a place is kept). */
+static int take_kept(clientpool_t *p, int32_t k) {
+  int kept = p->kept == k;
+  p->kept = NONE;
+  return kept;
 }
 
 int32_t clientpool_key_open(clientpool_t *p) {
@@ -418,6 +445,11 @@ int clientpool_key_pin(clientpool_t *p, int32_t k, int32_t pinned) {
 
 int clientpool_key_forget(clientpool_t *p, int32_t k) {
   if (!key_ok(p, k)) return 0;
+  if (take_kept(p, k)) {             /* the caller that kept its place gave up */
+    int freed = key_maybe_free(p, k);
+    finish(p, p->now);               /* what was held for it is served */
+    return freed;
+  }
   return key_maybe_free(p, k);
 }
 
@@ -506,7 +538,7 @@ static void glist_renew(clientpool_t *p, int32_t r, double now) {
 }
 
 /* A destroyed record: free, but its slot is reused only once the driver has
- * read its EV_DESTROY (clientpool_next_event), for the reason given at
+ * read its EV_DESTROY (clientpool_next_event) too, for the reason given at
  * key_maybe_free: until then the driver still keeps the client under that
  * record id, and a new client there would be the one its destroy closes. */
 static void rec_bury(clientpool_t *p, int32_t r) {
@@ -601,7 +633,10 @@ static void floor_check(clientpool_t *p, int32_t k) {
   push_event(p, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
 }
 
-/* Destroys a live record (idle, or leased with no lease left). */
+/* Starts the destroy of a live record (idle, or leased with no lease
+ * left): it is closing, and counts against max_live and its key's cap until
+ * the driver reports the destroy done (clientpool_destroyed).  `closed`
+ * counts it now, so opened - closed = live holds. */
 static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
   record_t *x = &p->rec[r];
   int32_t k = x->key;
@@ -611,11 +646,14 @@ static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
   BOTH(p, k, live, -1);
   BOTH(p, k, closed, 1);
   BOTH(p, k, closed_by[reason], 1);
+  BOTH(p, k, closing, 1);
   push_event(p, CLIENTPOOL_EV_DESTROY, r, reason, k, 0);
-  rec_bury(p, r);
+  x->state = R_CLOSING;
+  x->nleases = 0;
+  x->retire = x->doomed = 0;
+  x->seen = 0;
   key_refresh(p, k);
   floor_check(p, k);
-  key_maybe_free(p, k);
 }
 
 /* Whether a record's creation predates a retire_before of its key or pool. */
@@ -641,6 +679,18 @@ static int idle_expired(const clientpool_t *p, const record_t *x, double now, in
     *why = CLIENTPOOL_BY_IDLE; return 1;
   }
   return 0;
+}
+
+/* Whether max_live lets one more record be reserved: closing records count. */
+static int room(const clientpool_t *p) {
+  return p->st.live + p->st.creating + p->st.closing < p->cfg.max_live;
+}
+
+/* Whether, at max_live, an idle record may be evicted to make room: there
+ * is one, and no destroy is under way (its room comes first: evicting more
+ * would close good clients for room already on its way). */
+static int evict_ok(const clientpool_t *p) {
+  return p->st.idle > 0 && p->st.closing == 0;
 }
 
 /* ---- leases ----------------------------------------------------------- */
@@ -760,14 +810,6 @@ static int take_open(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
   return 0;
 }
 
-static int room_to_create(const clientpool_t *p, int32_t k) {
-  const key_t_ *key = &p->keys[k];
-  if (p->cfg.key_max_live >= 0 && key->st.live + key->st.creating >= p->cfg.key_max_live) return 0;
-  return p->st.live + p->st.creating < p->cfg.max_live || p->st.idle > 0;
-}
-
-/* Reserves a record for k (evicting the least recently used idle record of
- * another key if max_live is reached).  Returns 1 with *g filled, or 0. */
 static void rec_init(clientpool_t *p, int32_t r, int32_t k, double now) {
   record_t *x = &p->rec[r];
   x->state = R_CREATING;
@@ -779,10 +821,18 @@ static void rec_init(clientpool_t *p, int32_t r, int32_t k, double now) {
   x->created = now;                   /* (made strictly increasing at clientpool_created) */
 }
 
+/* Reserves a record for k.  At max_live, with no destroy under way that
+ * will make room, it starts the eviction of the least recently used idle
+ * record (of another key: k has none, or take_idle would have taken it),
+ * and the room comes when that destroy is reported: nothing is reserved
+ * now (the cap is physical).  Returns 1 with *g filled, or 0. */
 static int reserve(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
   int32_t r, l;
-  if (!room_to_create(p, k)) return 0;
-  if (p->st.live + p->st.creating >= p->cfg.max_live) destroy(p, p->g_oldest, CLIENTPOOL_BY_EVICTED);
+  if (!key_room(p, k)) return 0;
+  if (!room(p)) {
+    if (evict_ok(p)) destroy(p, p->g_oldest, CLIENTPOOL_BY_EVICTED);
+    return 0;
+  }
   r = rec_alloc(p);
   if (r == NONE) return 0;
   rec_init(p, r, k, now);
@@ -892,9 +942,6 @@ static void gate_lease_ended(clientpool_t *p, int32_t k, int32_t l, uint32_t gen
   }
 }
 
-static int room(const clientpool_t *p) {
-  return p->st.live + p->st.creating < p->cfg.max_live;
-}
 
 /* The key whose head waiter is served next, or NONE: the earliest of the
  * keys holding idle records and, when a slot is free, the keys that must
@@ -910,7 +957,7 @@ static int32_t next_ready(const clientpool_t *p, int32_t *held) {
   ki = p->rlen[RH_IDLE] ? p->rheap[RH_IDLE][0] : NONE;
   kc = p->rlen[RH_CREATE] ? p->rheap[RH_CREATE][0] : NONE;
   if (kc != NONE && !room(p)) {
-    if (p->st.idle == 0) {
+    if (!evict_ok(p)) {
       kc = NONE;
     } else if (ki != NONE) {
       if (kseq(p, kc) > kseq(p, ki)) kc = NONE;
@@ -924,6 +971,7 @@ static int32_t next_ready(const clientpool_t *p, int32_t *held) {
 
 /* Serves queued waiters in arrival order while anything they can use is free. */
 static void dispatch(clientpool_t *p, double now) {
+  if (p->kept != NONE) return;       /* the caller that kept its place comes first */
   while (p->st.leases < p->cfg.max_concurrency) {
     int32_t held, held2, k = next_ready(p, &held), w;
     clientpool_grant_t g;
@@ -1003,7 +1051,7 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
   p->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ULL;
   p->rec_free = p->lea_free = p->wai_free = p->key_free = NONE;
   p->g_oldest = p->g_newest = NONE;
-  p->hold_key = NONE;
+  p->hold_key = p->kept = NONE;
   p->retire_before = p->retire_upto = p->last_created = -1;   /* (times are >= 0) */
   p->gate.probe_lease = NONE;
   *out = p;
@@ -1021,6 +1069,7 @@ void clientpool_free(clientpool_t *p) {
 }
 
 int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
+  int kept = take_kept(p, k);
   memset(g, 0, sizeof *g);
   g->key = k;
   now = clamp(p, now);
@@ -1039,9 +1088,10 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
     } else {
       g->status = CLIENTPOOL_MUST_WAIT;
     }
-  /* never barge past queued waiters of this key, nor past the concurrency cap */
-  } else if (p->keys[k].wq_head == NONE && p->st.leases < p->cfg.max_concurrency &&
-             grant(p, k, now, g)) {
+  /* never barge past queued waiters of this key (unless it kept its place
+   * ahead of them), nor past the concurrency cap */
+  } else if ((p->keys[k].wq_head == NONE || kept) &&
+             p->st.leases < p->cfg.max_concurrency && grant(p, k, now, g)) {
     gate_granted(p, g);
   } else if (p->st.waiting >= p->cfg.max_waiting) {
     BOTH(p, k, rejected, 1);
@@ -1049,19 +1099,34 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   } else {
     g->status = CLIENTPOOL_MUST_WAIT;
   }
+  if (kept && g->status == CLIENTPOOL_MUST_WAIT) p->kept = k;   /* its wait uses it */
   finish(p, now);
   p->hold_key = NONE;
   if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED) key_maybe_free(p, k);
   return g->status;
 }
 
+/* Links queued waiter w into its key's queue, by place: a new arrival at
+ * the tail, a kept place after the places kept before it. */
+static void queue_link(clientpool_t *p, int32_t w) {
+  waiter_t *x = &p->wai[w];
+  key_t_ *key = &p->keys[x->key];
+  int32_t after = key->wq_tail;
+  while (after != NONE && p->wai[after].seq > x->seq) after = p->wai[after].prev;
+  x->prev = after;
+  x->next = after == NONE ? key->wq_head : p->wai[after].next;
+  if (x->prev != NONE) p->wai[x->prev].next = w; else key->wq_head = w;
+  if (x->next != NONE) p->wai[x->next].prev = w; else key->wq_tail = w;
+}
+
 int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now, uint32_t *gen) {
   int32_t w;
   waiter_t *x;
-  key_t_ *key;
+  int kept;
   now = clamp(p, now);
   if (p->closed) return -CLIENTPOOL_CLOSED;
   if (!key_ok(p, k)) return -CLIENTPOOL_STALE;
+  kept = take_kept(p, k);
   if (p->st.waiting >= p->cfg.max_waiting) {
     BOTH(p, k, rejected, 1);
     key_maybe_free(p, k);
@@ -1090,15 +1155,12 @@ int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now,
   x->lease_gen = 0;
   x->validate = 0;
   x->seq = ++p->seq;
+  if (kept) x->seq += INT64_MIN / 2;   /* ahead of every arrival, in the order kept */
   x->passed = 0;
   x->enq = now;
   x->idle = x->waited = 0;
   x->hpos = NONE;
-  key = &p->keys[k];
-  x->next = NONE;
-  x->prev = key->wq_tail;
-  if (key->wq_tail != NONE) p->wai[key->wq_tail].next = w; else key->wq_head = w;
-  key->wq_tail = w;
+  queue_link(p, w);
   BOTH(p, k, waiting, 1);
   if (has(deadline) && hpush(p, deadline, H_WAITER, w) != 0) x->hpos = NONE;
   key_refresh(p, k);
@@ -1290,9 +1352,27 @@ int clientpool_abandon(clientpool_t *p, int32_t w, uint32_t gen, double now) {
   return 0;
 }
 
+int clientpool_destroyed(clientpool_t *p, int32_t r, double now) {
+  record_t *x;
+  int32_t k;
+  now = clamp(p, now);
+  if (r < 0 || r >= p->nrec || p->rec[r].state != R_CLOSING) return CLIENTPOOL_STALE;
+  x = &p->rec[r];
+  k = x->key;
+  BOTH(p, k, closing, -1);
+  if (x->seen) rec_free(p, r);
+  else rec_bury(p, r);               /* reused when its EV_DESTROY is read */
+  key_refresh(p, k);                 /* its key's cap has room again */
+  floor_check(p, k);
+  key_maybe_free(p, k);
+  finish(p, now);                    /* waiters are served from the room */
+  return 0;
+}
+
 int clientpool_retire(clientpool_t *p, int32_t r, double now) {
   now = clamp(p, now);
-  if (r < 0 || r >= p->nrec || p->rec[r].state == R_FREE) return CLIENTPOOL_STALE;
+  if (r < 0 || r >= p->nrec || p->rec[r].state == R_FREE || p->rec[r].state == R_CLOSING)
+    return CLIENTPOOL_STALE;
   p->rec[r].retire |= RETIRED;
   if (p->rec[r].state == R_IDLE) destroy(p, r, CLIENTPOOL_BY_RETIRED);
   else if (p->rec[r].state == R_LEASED && p->rec[r].opos != NONE) {
@@ -1347,7 +1427,13 @@ int clientpool_regrant(clientpool_t *p, int32_t l, uint32_t gen, double now, cli
   /* paused meanwhile (validate may yield): the caller queues like anyone */
   else if (!admits(p, k)) g->status = CLIENTPOOL_MUST_WAIT;
   else if (grant(p, k, now, g)) gate_granted(p, g);
-  else g->status = CLIENTPOOL_MUST_WAIT;
+  else {
+    /* nothing free now (at max_live the invalid record's room comes when
+     * its destroy is reported): the caller keeps its place, its next wait
+     * queues ahead of every waiter */
+    g->status = CLIENTPOOL_MUST_WAIT;
+    p->kept = k;
+  }
   /* k may have waiters: the grant changed what it can take or create */
   key_refresh(p, k);
   finish(p, now);
@@ -1450,9 +1536,8 @@ int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key) {
   if (p->floor_on && !p->closed && room(p)) {
     for (i = 0; i < p->nwarm; i++) {
       int32_t k = p->warm[i], r;
-      const key_t_ *kk = &p->keys[k];
       if (floor_deficit(p, k) <= 0) continue;
-      if (p->cfg.key_max_live >= 0 && kk->st.live + kk->st.creating >= p->cfg.key_max_live) continue;
+      if (!key_room(p, k)) continue;
       r = rec_alloc(p);
       if (r == NONE) break;
       rec_init(p, r, k, now);
@@ -1514,6 +1599,7 @@ void clientpool_close(clientpool_t *p, double now) {
   p->closed = 1;
   p->floor_on = 0;
   p->nwarm = 0;
+  p->kept = NONE;                    /* nobody is served any more */
   for (k = 0; k < p->nkeys; k++) {
     key_t_ *key = &p->keys[k];
     if (!key->used) continue;
@@ -1534,9 +1620,12 @@ int clientpool_next_event(clientpool_t *p, clientpool_event_t *ev) {
   *ev = p->ev[p->evhead];
   p->evhead = (p->evhead + 1) % p->evcap;
   p->evlen--;
-  /* the driver knows now: the id may be reused (rec_bury, key_maybe_free) */
-  if (ev->type == CLIENTPOOL_EV_DESTROY) rec_reuse(p, ev->a);
-  else if (ev->type == CLIENTPOOL_EV_KEY_FREE) key_reuse(p, ev->a);
+  /* the driver knows now: the id may be reused (rec_bury, key_maybe_free);
+   * a closing record's slot only once its destroy is reported done too */
+  if (ev->type == CLIENTPOOL_EV_DESTROY) {
+    if (p->rec[ev->a].state == R_CLOSING) p->rec[ev->a].seen = 1;
+    else rec_reuse(p, ev->a);
+  } else if (ev->type == CLIENTPOOL_EV_KEY_FREE) key_reuse(p, ev->a);
   return ev->type;
 }
 
@@ -1578,6 +1667,7 @@ static int check_counts(const clientpool_stats_t *a, const clientpool_stats_t *b
   CHECK(a->leases == b->leases, "%s: leases %d, counted %d", what, a->leases, b->leases);
   CHECK(a->creating == b->creating, "%s: creating %d, counted %d", what, a->creating, b->creating);
   CHECK(a->waiting == b->waiting, "%s: waiting %d, counted %d", what, a->waiting, b->waiting);
+  CHECK(a->closing == b->closing, "%s: closing %d, counted %d", what, a->closing, b->closing);
   CHECK(a->opened - a->closed == a->live, "%s: opened - closed != live", what);
   return 0;
 }
@@ -1597,6 +1687,11 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (x->state == R_FREE) continue;
     if (!key_ok(p, x->key)) FAIL("record %d on dead key %d", i, x->key);
     s = &per[x->key];
+    if (x->state == R_CLOSING) {
+      s->closing++; tot.closing++;
+      if (x->hpos != NONE || x->nleases != 0) FAIL("closing record %d holds a deadline or leases", i);
+      continue;
+    }
     if (x->state == R_CREATING) {
       s->creating++; tot.creating++;
       if (x->refill) s->rejected++;      /* (used here to count refills) */
@@ -1622,7 +1717,8 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   for (i = 0; i < p->nlea; i++) {
     const lease_t *x = &p->lea[i];
     if (x->record == NONE) continue;
-    if (p->rec[x->record].state == R_FREE || p->rec[x->record].state == R_IDLE)
+    if (p->rec[x->record].state == R_FREE || p->rec[x->record].state == R_IDLE ||
+        p->rec[x->record].state == R_CLOSING)
       FAIL("lease %d points at record %d in state %d", i, x->record, p->rec[x->record].state);
     per[p->rec[x->record].key].leases++; tot.leases++;
   }
@@ -1636,13 +1732,13 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   for (k = 0; k < p->nkeys; k++) {
     const key_t_ *key = &p->keys[k];
     int32_t w, last = NONE, cnt = 0;
-    uint64_t prev = 0;
+    int64_t prev = INT64_MIN;
     if (!key->used) continue;
     used++;
     if (per[k].rejected != key->refilling) FAIL("key %d refilling %d, counted %g", k, key->refilling, per[k].rejected);
     per[k].opened = key->st.opened; per[k].closed = key->st.closed;
     if (check_counts(&key->st, &per[k], "key", buf, n)) { free(per); return -1; }
-    if (c->key_max_live >= 0 && key->st.live + key->st.creating > c->key_max_live)
+    if (c->key_max_live >= 0 && key_held(key) > c->key_max_live)
       FAIL("key %d over its max_live", k);
     for (w = key->wq_head; w != NONE; w = p->wai[w].next) {
       if (p->wai[w].prev != last) FAIL("key %d queue broken", k);
@@ -1666,8 +1762,9 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   CHECK(c->max_keys < 0 || used <= c->max_keys, "more than max_keys keys");
   CHECK(ready == p->rlen[0] + p->rlen[1], "ready heaps hold %d, counted %d",
         p->rlen[0] + p->rlen[1], ready);
-  CHECK(p->st.live + p->st.creating <= c->max_live, "live %d + creating %d > max_live %d",
-        p->st.live, p->st.creating, c->max_live);
+  CHECK(p->st.live + p->st.creating + p->st.closing <= c->max_live,
+        "live %d + creating %d + closing %d > max_live %d",
+        p->st.live, p->st.creating, p->st.closing, c->max_live);
   CHECK(p->st.leases <= c->max_concurrency, "leases %d > max_concurrency", p->st.leases);
   CHECK(p->st.waiting <= c->max_waiting, "waiting %d > max_waiting", p->st.waiting);
   for (h = 0; h < 2; h++) {
@@ -1688,7 +1785,8 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   /* after dispatch nothing queued could have been served */
   {
     int32_t held;
-    CHECK(p->closed || p->st.leases >= c->max_concurrency || next_ready(p, &held) == NONE,
+    CHECK(p->closed || p->kept != NONE || p->st.leases >= c->max_concurrency ||
+          next_ready(p, &held) == NONE,
           "a servable waiter is left queued");
   }
   return 0;

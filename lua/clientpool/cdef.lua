@@ -37,11 +37,11 @@ typedef struct clientpool clientpool_t;
 typedef struct clientpool_config {
   int32_t min_idle;            /* warm floor per warm key */
   int32_t max_idle;            /* idle records, whole pool */
-  int32_t max_live;            /* records open or being created, whole pool */
+  int32_t max_live;            /* records open, being created or being closed, whole pool */
   int32_t max_concurrency;     /* leases held at once, whole pool */
   int32_t max_waiting;         /* queued acquisitions, 0 = fail fast */
   int32_t capacity;            /* leases one record may carry at once */
-  int32_t key_max_live;        /* per-key cap on live records, < 0 = none */
+  int32_t key_max_live;        /* per-key cap on records (as max_live), < 0 = none */
   int32_t key_max_idle;        /* per-key cap on idle records, < 0 = none */
   int32_t max_keys;            /* keys that may exist at once, < 0 = none */
   int32_t pause_fail;          /* 1: a paused gate fails acquisitions (PAUSED) */
@@ -90,15 +90,24 @@ enum {
   CLIENTPOOL_BY_COUNT = 9
 };
 
-/* Event types returned by clientpool_next_event.  The slot of a destroyed
- * record and the id of a forgotten key are reused only after their
- * EV_DESTROY / EV_KEY_FREE has been read: a driver that drains events later
- * (after a finalizer's clientpool_leak) never sees its ids renamed; until
- * then calls with the forgotten key id return STALE. */
+/* Event types returned by clientpool_next_event.  The id of a forgotten key
+ * is reused only after its EV_KEY_FREE has been read, and the slot of a
+ * destroyed record only after both its EV_DESTROY has been read and the
+ * driver reported the destroy done (clientpool_destroyed): a driver that
+ * drains events later (after a finalizer's clientpool_leak) never sees its
+ * ids renamed; until then calls with the forgotten key id return STALE.
+ *
+ * The cap is physical.  A record counts against max_live and its key's cap
+ * from its reservation until the driver reports, with clientpool_destroyed,
+ * that its destroy hook returned or failed: EV_DESTROY starts a destroy
+ * (the record is `closing`), it does not free anything.  Waiters are served
+ * from that capacity only then.  A driver without a destroy hook calls
+ * clientpool_destroyed at once when it reads EV_DESTROY. */
 enum {
   CLIENTPOOL_EV_NONE = 0,
   CLIENTPOOL_EV_WAKE = 1,      /* a = waiter slot, b = its gen: it has a result */
-  CLIENTPOOL_EV_DESTROY = 2,   /* a = record slot, b = reason, c = key */
+  CLIENTPOOL_EV_DESTROY = 2,   /* a = record slot, b = reason, c = key: run its destroy
+                                  hook, then call clientpool_destroyed(a) */
   CLIENTPOOL_EV_TIMER = 3,     /* t = the earliest deadline, earlier than armed */
   CLIENTPOOL_EV_KEY_FREE = 4,  /* a = key id: it is empty and forgotten */
   CLIENTPOOL_EV_LEAK = 5,      /* a = lease slot, b = gen, c = key: held past leak_threshold;
@@ -134,7 +143,8 @@ typedef struct clientpool_event {
 typedef struct clientpool_stats {
   double opened;               /* records created successfully */
   double reused;               /* idle records granted */
-  double closed;               /* records destroyed after opening */
+  double closed;               /* records destroyed after opening (counted when the
+                                  destroy starts: see closing) */
   double leaked;               /* leases collected while held */
   double timeouts;             /* waiters that reached their deadline */
   double rejected;             /* acquisitions refused: full */
@@ -143,12 +153,14 @@ typedef struct clientpool_stats {
   double wait_count;           /* waits that ended, whatever the outcome */
   double wait_time;            /* seconds spent in those waits */
   double closed_by[9];         /* indexed by CLIENTPOOL_BY_* */
-  int32_t live;                /* records open (opened - closed) */
+  int32_t live;                /* records open (opened - closed): idle or active */
   int32_t idle;                /* records idle */
   int32_t active;              /* records carrying leases */
   int32_t leases;              /* leases held */
   int32_t creating;            /* reservations whose client is being created */
   int32_t waiting;             /* queued waiters */
+  int32_t closing;             /* records whose destroy started and is not reported
+                                  done: live + creating + closing <= max_live */
 } clientpool_stats_t;
 
 /* Creates an engine.  Returns CLIENTPOOL_OK and sets *out, or EINVAL for a
@@ -174,9 +186,12 @@ int clientpool_key_pin(clientpool_t *p, int32_t key, int32_t pinned);
 int clientpool_key_forget(clientpool_t *p, int32_t key);
 
 /* Acquire for key at time now.  Fills *g with GRANT_IDLE, GRANT_CREATE,
- * MUST_WAIT, FULL or CLOSED and returns g->status.  MUST_WAIT changes nothing:
- * the driver then calls clientpool_wait or gives up.  Expired idle records met
- * on the way are destroyed (events). */
+ * MUST_WAIT, FULL or CLOSED and returns g->status.  MUST_WAIT: the driver
+ * then calls clientpool_wait or gives up (clientpool_key_forget).  Expired
+ * idle records met on the way are destroyed (events).  At max_live, with
+ * an idle record of another key and no destroy under way, the acquisition
+ * starts that record's eviction and returns MUST_WAIT (or FULL): the room is
+ * there once the destroy is reported, and the waiter is served then. */
 int clientpool_acquire(clientpool_t *p, int32_t key, double now, clientpool_grant_t *g);
 
 /* Queues a waiter for key with an absolute deadline (< 0 = none).  Returns
@@ -214,6 +229,13 @@ int clientpool_abandon(clientpool_t *p, int32_t waiter, uint32_t gen, double now
  * the leaked counter rises.  Returns 0 or STALE. */
 int clientpool_leak(clientpool_t *p, int32_t lease, uint32_t gen, double now);
 
+/* The driver carried out the EV_DESTROY of record: its destroy hook
+ * returned or failed (or there is none).  The record stops counting against
+ * max_live and its key's cap, waiters are served from the room, and its
+ * slot is reused once its EV_DESTROY has been read too.  Call it once per
+ * EV_DESTROY.  Returns 0, or STALE when record is not closing. */
+int clientpool_destroyed(clientpool_t *p, int32_t record, double now);
+
 /* Marks a record so it is destroyed at release (or at once if idle). */
 int clientpool_retire(clientpool_t *p, int32_t record, double now);
 
@@ -233,13 +255,23 @@ int clientpool_retire_upto(clientpool_t *p, int32_t record, double now);
 /* The client of a lease could not be used (validate or unpark failed on
  * idle reuse): its record is destroyed (BY_INVALID) and the same caller is
  * granted again at once, ahead of any queued waiter, so it keeps its place:
- * another idle record of the key, or a reservation in the room just freed.
+ * another idle record of the key, or a reservation where there is room.
  * Returns the grant's status (*g filled as by acquire): GRANT_IDLE,
  * GRANT_CREATE, CLOSED if the pool was closed meanwhile (the record is
- * destroyed all the same), MUST_WAIT if nothing can be granted now (the
- * pool or key was paused meanwhile; with capacity > 1 a co-holder keeps the
- * record and nothing else is free; out of memory): the caller then queues
- * as a new acquisition. STALE for an unknown lease. */
+ * destroyed all the same), MUST_WAIT if nothing can be granted now.
+ *   MUST_WAIT after a pause that came meanwhile: the caller queues as a new
+ *   acquisition, like anyone.
+ *   Any other MUST_WAIT (at max_live the invalid record's room comes only
+ *   when its destroy is reported; with capacity > 1 a co-holder keeps the
+ *   record and nothing else is free; out of memory): the caller keeps its
+ *   place.  Its next clientpool_acquire for the key may take what is free
+ *   ahead of the key's waiters, and if that says MUST_WAIT its
+ *   clientpool_wait queues it ahead of every waiter.  Until that next call
+ *   nothing is served (a destroy reported meanwhile keeps its room for the
+ *   caller), so the driver acquires again at once; the place ends at its
+ *   next clientpool_acquire or clientpool_wait (whatever key) or
+ *   clientpool_key_forget, and at close.
+ * STALE for an unknown lease. */
 int clientpool_regrant(clientpool_t *p, int32_t lease, uint32_t gen, double now, clientpool_grant_t *g);
 
 /* Whether releasing the lease for reuse at `now` would close its record for

@@ -17,7 +17,9 @@
  * (of a lease or a reservation), tick with a clock advance, advance, close,
  * pause/resume (probe) of the pool or a key, probe_ok, retire,
  * retire_before, key pin (0/1/2)/forget, floor on/off, refill, stale handles,
- * and a skewed clock (an earlier time or NaN) for the next call.  Up to six
+ * destroyed (a destroy hook returned: of a closing record whose EV_DESTROY was
+ * read, of one whose event is still queued, or of a record that is not
+ * closing), and a skewed clock (an earlier time or NaN) for the next call.  Up to six
  * key names.  Bytes past the end read as 0.
  *
  * Each step calls the engine, then the model with the same arguments, and
@@ -26,7 +28,7 @@
  * events with equal deadlines is the engine's business), the same stats of
  * the pool and of every key, the same next deadline and gates, every record's
  * state, key and lease count; clientpool_check(); and, independently of the
- * model: live + creating <= max_live (and per key), leases <=
+ * model: live + creating + closing <= max_live (and per key), leases <=
  * max_concurrency, waiting <= max_waiting, per-key grants in FIFO order,
  * opened - closed = live, sum(closed_by) = closed, live = idle + active, the
  * per-key gauges summing to the pool's, and every lease the harness holds
@@ -63,6 +65,7 @@ typedef struct { int32_t r; int32_t l; uint32_t gen; int mr; int ml; unsigned mg
 typedef struct { int32_t w; uint32_t gen; int mw; unsigned mgen; int mk; int queued; long arrival; } h_waiter;
 typedef struct { int32_t e; uint32_t egen; int m; unsigned mgen; } h_dead;
 typedef struct { int valid; int m; unsigned mgen; } h_map;
+typedef struct { int32_t r; int mr; } h_closing;
 
 static struct {
   const uint8_t *in;
@@ -90,6 +93,7 @@ static struct {
   h_waiter W[MAXH]; int nw;
   h_dead deadl[DEAD]; int ndl;
   h_dead deadw[DEAD]; int ndw;
+  h_closing D[EMAP]; int nd;      /* closing records whose EV_DESTROY was read */
   /* this step */
   clientpool_grant_t eg; int eg_valid; m_grant_t mg;    /* a direct grant */
   int32_t new_er; int new_mr;                            /* a refill reservation */
@@ -282,6 +286,12 @@ static void compare_events(void) {
       t.a = map_get(H.er, e.a);
       if (t.a < 0) fz_fail("%s of engine record %d, which the harness never saw", ev_name(e.type), e.a);
       t.c = map_get(H.ek, e.c);
+      /* the driver runs the destroy hook and reports it done later (op_destroyed),
+       * unless the harness reported it already, before reading the event */
+      if (e.type == CLIENTPOOL_EV_DESTROY && wb_rec_state(H.p, e.a) == WB_CLOSING) {
+        if (H.nd == EMAP) fz_fail("harness: too many closing records");
+        H.D[H.nd].r = e.a; H.D[H.nd].mr = t.a; H.nd++;
+      }
       break;
     case CLIENTPOOL_EV_KEY_FREE: {
       int n;
@@ -333,7 +343,7 @@ static void compare_stats(const clientpool_stats_t *a, const clientpool_stats_t 
                                                   (double)a->f, (double)b->f); } while (0)
   SAME(opened); SAME(reused); SAME(closed); SAME(leaked); SAME(timeouts); SAME(rejected);
   SAME(cancelled); SAME(create_failed); SAME(wait_count); SAME(wait_time);
-  SAME(live); SAME(idle); SAME(active); SAME(leases); SAME(creating); SAME(waiting);
+  SAME(live); SAME(idle); SAME(active); SAME(leases); SAME(creating); SAME(waiting); SAME(closing);
 #undef SAME
   for (i = 0; i < CLIENTPOOL_BY_COUNT; i++)
     if (a->closed_by[i] != b->closed_by[i])
@@ -350,7 +360,8 @@ static void check_identities(const clientpool_stats_t *s, const char *what) {
   if (s->live != s->idle + s->active) fz_fail("stats(%s): live != idle + active", what);
   if (s->leases < s->active) fz_fail("stats(%s): fewer leases than active records", what);
   if (s->leases > s->active * H.cfg.capacity + s->creating) fz_fail("stats(%s): too many leases", what);
-  if (s->live < 0 || s->idle < 0 || s->creating < 0 || s->waiting < 0) fz_fail("stats(%s): negative", what);
+  if (s->live < 0 || s->idle < 0 || s->creating < 0 || s->waiting < 0 || s->closing < 0)
+    fz_fail("stats(%s): negative", what);
 }
 
 static void unmap_dead(void) {
@@ -426,13 +437,15 @@ static void step_end(void) {
     model_stats(&H.m, mk, &km);
     compare_stats(&ke, &km, what);
     check_identities(&ke, what);
-    if (H.cfg.key_max_live >= 0 && ke.live + ke.creating > H.cfg.key_max_live)
-      fz_fail("key %d: live %d + creating %d > key_max_live", mk, ke.live, ke.creating);
+    if (H.cfg.key_max_live >= 0 && ke.live + ke.creating + ke.closing > H.cfg.key_max_live)
+      fz_fail("key %d: live %d + creating %d + closing %d > key_max_live", mk, ke.live, ke.creating,
+              ke.closing);
     if (!H.floor_used && H.cfg.key_max_idle >= 0 && ke.idle > H.cfg.key_max_idle)
       fz_fail("key %d: idle %d > key_max_idle", mk, ke.idle);
     EXPECT_EQ(clientpool_gate(H.p, H.mk_ek[mk]), model_gate(&H.m, mk));
     sum.live += ke.live; sum.idle += ke.idle; sum.active += ke.active;
     sum.leases += ke.leases; sum.creating += ke.creating; sum.waiting += ke.waiting;
+    sum.closing += ke.closing;
   }
   {
     int used = 0;
@@ -440,9 +453,11 @@ static void step_end(void) {
     EXPECT_EQ(wb_keys_used(H.p), used);
   }
   if (sum.live != se.live || sum.idle != se.idle || sum.active != se.active || sum.leases != se.leases ||
-      sum.creating != se.creating || sum.waiting != se.waiting)
+      sum.creating != se.creating || sum.waiting != se.waiting || sum.closing != se.closing)
     fz_fail("per-key gauges do not sum to the pool's");
-  if (se.live + se.creating > H.cfg.max_live) fz_fail("live %d + creating %d > max_live", se.live, se.creating);
+  /* the cap is physical: closing records count until their destroy is reported */
+  if (se.live + se.creating + se.closing > H.cfg.max_live)
+    fz_fail("live %d + creating %d + closing %d > max_live", se.live, se.creating, se.closing);
   if (se.leases > H.cfg.max_concurrency) fz_fail("leases %d > max_concurrency", se.leases);
   if (se.waiting > H.cfg.max_waiting) fz_fail("waiting %d > max_waiting", se.waiting);
   if (!H.floor_used && se.idle > H.cfg.max_idle) fz_fail("idle %d > max_idle", se.idle);
@@ -516,6 +531,8 @@ static void compare_grant(const clientpool_grant_t *g, const m_grant_t *mg) {
 
 /* ---- operations ------------------------------------------------------- */
 
+static void destroy_unread(void);
+
 static void begin(const char *op) {
   H.op = op;
   H.step++;
@@ -574,6 +591,7 @@ static void op_wait(int mk, int b) {
     return;
   }
   x->mw = mw; x->mgen = mgen;
+  if (H.m.wai[mw].seq < 0) x->arrival -= 1L << 40;   /* a kept place: ahead of every arrival */
   H.nw++;
   if (H.ew[ew].valid) fz_fail("engine waiter slot %d handed out while in use", ew);
   map_set(H.ew, ew, mw, mgen);
@@ -660,6 +678,14 @@ static void op_release(int b, int c) {
     compare_grant(&g, &mg);
     step_end();
     if (est == CLIENTPOOL_GRANT_IDLE || est == CLIENTPOOL_GRANT_CREATE) take_grant(&g, &mg);
+    /* MUST_WAIT: the caller keeps its place and acquires again at once (as
+     * the driver does; now and then it does not, and the next call of any
+     * key ends the place) */
+    else if (est == CLIENTPOOL_MUST_WAIT && byte() % 4 != 3) {
+      int n;
+      for (n = 0; n < NAMES; n++)
+        if (H.name_mk[n] >= 0 && H.mk_ek[H.name_mk[n]] == g.key) { op_acquire(n); break; }
+    }
     return;
   }
   begin("release");
@@ -670,6 +696,7 @@ static void op_release(int b, int c) {
   EXPECT_EQ(erc, 0);
   EXPECT_EQ(mrc, 0);
   dead_lease(x.l, x.gen, x.ml, x.mgen);
+  if (c % 32 == 31) destroy_unread();
   step_end();
 }
 
@@ -744,6 +771,50 @@ static void op_leak(int b) {
     EXPECT_EQ(clientpool_leak(H.p, x.l, x.gen, t), model_leak(&H.m, x.ml, x.mgen, t));
     dead_lease(x.l, x.gen, x.ml, x.mgen);
     step_end();
+  }
+}
+
+/* The driver reports a destroy done (its hook returned or failed). */
+static void op_destroyed(int b) {
+  h_closing x;
+  double t;
+  if ((b & 128) || !H.nd) {                 /* a record that is not closing: STALE */
+    int32_t e = (int32_t)((b & 127) % (span() + 1)) - 1;
+    int mr = map_get(H.er, e);
+    if (e >= 0 && wb_rec_state(H.p, e) == WB_CLOSING) return;
+    begin("destroyed(stale)");
+    t = t_call();
+    EXPECT_EQ(clientpool_destroyed(H.p, e, t), CLIENTPOOL_STALE);
+    EXPECT_EQ(model_destroyed(&H.m, mr, t), CLIENTPOOL_STALE);   /* (mr -1: none; the clock moves) */
+    step_end();
+    return;
+  }
+  x = H.D[b % H.nd];
+  H.D[b % H.nd] = H.D[--H.nd];
+  begin("destroyed");
+  t = t_call();
+  trace("destroyed record %d (model %d)", x.r, x.mr);
+  EXPECT_EQ(clientpool_destroyed(H.p, x.r, t), 0);
+  EXPECT_EQ(model_destroyed(&H.m, x.mr, t), 0);
+  step_end();
+}
+
+/* A driver whose destroy hook returns at once, before it reads the event:
+ * every closing record whose EV_DESTROY is still queued is reported done
+ * within the step that destroyed it. */
+static void destroy_unread(void) {
+  int32_t c[EMAP];
+  int32_t n = wb_closing(H.p, c, EMAP), i;
+  int j;
+  for (i = 0; i < n && i < EMAP; i++) {
+    int known = 0, mr;
+    for (j = 0; j < H.nd; j++) if (H.D[j].r == c[i]) known = 1;
+    if (known) continue;
+    mr = map_get(H.er, c[i]);
+    if (mr < 0) fz_fail("closing engine record %d is unknown to the harness", c[i]);
+    trace("destroyed (unread) record %d (model %d)", c[i], mr);
+    EXPECT_EQ(clientpool_destroyed(H.p, c[i], H.now), 0);
+    EXPECT_EQ(model_destroyed(&H.m, mr, H.now), 0);
   }
 }
 
@@ -926,7 +997,8 @@ static void op_stale(int b) {
 enum { OP_ACQUIRE, OP_ACQUIRE2, OP_ACQUIRE3, OP_WAIT, OP_CREATED, OP_CREATED2, OP_RELEASE,
        OP_RELEASE2, OP_RELEASE3, OP_CLAIM, OP_CLAIM2, OP_CANCEL, OP_ABANDON, OP_LEAK, OP_TICK,
        OP_TICK2, OP_ADVANCE, OP_CLOSE, OP_PAUSE, OP_RESUME, OP_PROBE_OK, OP_RETIRE,
-       OP_RETIRE_BEFORE, OP_KEYS, OP_FLOOR, OP_REFILL, OP_STALE, OP_SKEW, OP_COUNT };
+       OP_RETIRE_BEFORE, OP_KEYS, OP_FLOOR, OP_REFILL, OP_STALE, OP_SKEW, OP_DESTROYED,
+       OP_DESTROYED2, OP_COUNT };
 
 /* ---- a run ------------------------------------------------------------ */
 
@@ -972,10 +1044,11 @@ static void settle(void) {
   }
   while (H.nr) op_created(H.nr % 2 ? 1 : 0);   /* alternately ok and failed */
   while (H.nl) op_release(0, 0);
+  while (H.nd) op_destroyed(0);
   clientpool_stats(H.p, -1, &s);
-  if (s.live || s.idle || s.active || s.leases || s.creating || s.waiting)
-    fz_fail("after settling: live %d idle %d active %d leases %d creating %d waiting %d",
-            s.live, s.idle, s.active, s.leases, s.creating, s.waiting);
+  if (s.live || s.idle || s.active || s.leases || s.creating || s.waiting || s.closing)
+    fz_fail("after settling: live %d idle %d active %d leases %d creating %d waiting %d closing %d",
+            s.live, s.idle, s.active, s.leases, s.creating, s.waiting, s.closing);
   if (wb_keys_used(H.p) != 0) fz_fail("after settling: %d keys left", wb_keys_used(H.p));
   for (i = 0; i < M_MAXKEY; i++) if (H.m.keys[i].used) fz_fail("after settling: model key %d left", i);
 }
@@ -1021,6 +1094,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case OP_REFILL: op_refill(); break;
     case OP_STALE: op_stale(b); break;
     case OP_SKEW: H.skew = 1 + b % 2; break;
+    case OP_DESTROYED: case OP_DESTROYED2: op_destroyed(b); break;
     }
   }
   H.skew = 0;

@@ -54,6 +54,10 @@ static int n_live(const model_t *m, int k) {
 }
 static int n_idle(const model_t *m, int k) { return n_records(m, k, MR_IDLE); }
 static int n_creating(const model_t *m, int k) { return n_records(m, k, MR_CREATING); }
+static int n_closing(const model_t *m, int k) { return n_records(m, k, MR_CLOSING); }
+/* "A record counts against max_live (and its key's cap) from its
+ * reservation until its destroy hook has returned or failed" */
+static int n_held(const model_t *m, int k) { return n_live(m, k) + n_creating(m, k) + n_closing(m, k); }
 static int n_leases(const model_t *m, int k) {
   int l, n = 0;
   for (l = 0; l < M_MAXLEASE; l++)
@@ -82,6 +86,7 @@ int model_stats(const model_t *m, int k, clientpool_stats_t *s) {
   s->leases = n_leases(m, k);
   s->creating = n_creating(m, k);
   s->waiting = n_waiting(m, k);
+  s->closing = n_closing(m, k);
   return 0;
 }
 
@@ -111,8 +116,8 @@ static double rnd(model_t *m) {
  * is held until the call ends. */
 static int key_maybe_free(model_t *m, int k) {
   m_key_t *key = &m->keys[k];
-  if (!key->used || key->pinned || k == m->hold_key) return 0;
-  if (n_live(m, k) || n_creating(m, k) || n_leases(m, k) || n_waiter_slots(m, k)) return 0;
+  if (!key->used || key->pinned || k == m->hold_key || k == m->kept) return 0;
+  if (n_held(m, k) || n_leases(m, k) || n_waiter_slots(m, k)) return 0;
   key->used = 0;
   key->gen++;
   push(m, CLIENTPOOL_EV_KEY_FREE, k, 0, 0, 0);
@@ -148,8 +153,23 @@ int model_key_pin(model_t *m, int k, int pinned) {
   return 0;
 }
 
+/* The caller of a regrant that kept its place (model_regrant) is back, or
+ * gave up: the place is used up whatever this call answers. */
+static int take_kept(model_t *m, int k) {
+  int kept = m->kept == k;
+  m->kept = NONE;
+  return kept;
+}
+
+static void finish(model_t *m, double now);
+
 int model_key_forget(model_t *m, int k) {
   if (!key_ok(m, k)) return 0;
+  if (take_kept(m, k)) {
+    int freed = key_maybe_free(m, k);
+    finish(m, m->now);                 /* what was held for it is served */
+    return freed;
+  }
   return key_maybe_free(m, k);
 }
 
@@ -271,16 +291,18 @@ static int floor_keeps(const model_t *m, const m_record_t *x) {
 
 /* ---- destroy and expiry ----------------------------------------------- */
 
+/* The destroy starts: the record is closing, and still counts against the
+ * caps until the driver reports it done (model_destroyed). */
 static void destroy(model_t *m, int r, int reason) {
   m_record_t *x = &m->rec[r];
   int k = x->key;
   COUNT(m, k, closed, 1);
   COUNT(m, k, closed_by[reason], 1);
   push(m, CLIENTPOOL_EV_DESTROY, r, reason, k, 0);
-  x->state = MR_FREE;
-  x->gen++;
+  x->state = MR_CLOSING;
+  x->retire = x->doomed = 0;
+  x->lifetime_armed = 0;
   floor_check(m, k);
-  key_maybe_free(m, k);
 }
 
 /* retire_before: "every record created before `before` (before < 0: every
@@ -376,11 +398,17 @@ static int take_open(model_t *m, int k, double now, m_grant_t *g, int who) {
 }
 
 static int room(const model_t *m) {
-  return n_live(m, -1) + n_creating(m, -1) < m->cfg.max_live;
+  return n_held(m, -1) < m->cfg.max_live;
 }
 
 static int under_key_cap(const model_t *m, int k) {
-  return m->cfg.key_max_live < 0 || n_live(m, k) + n_creating(m, k) < m->cfg.key_max_live;
+  return m->cfg.key_max_live < 0 || n_held(m, k) < m->cfg.key_max_live;
+}
+
+/* decisions.md: at max_live an idle record of another key may be evicted
+ * to make room, unless a destroy is under way (its room comes first). */
+static int evict_ok(const model_t *m) {
+  return n_idle(m, -1) > 0 && n_closing(m, -1) == 0;
 }
 
 static void rec_init(model_t *m, int r, int k, double now) {
@@ -401,9 +429,9 @@ static int reserve(model_t *m, int k, double now, m_grant_t *g) {
   int r, l;
   if (!under_key_cap(m, k)) return 0;
   if (!room(m)) {
-    int victim = idle_oldest(m);
-    if (victim == NONE) return 0;
-    destroy(m, victim, CLIENTPOOL_BY_EVICTED);
+    /* the room comes when the evicted record's destroy is reported */
+    if (evict_ok(m)) destroy(m, idle_oldest(m), CLIENTPOOL_BY_EVICTED);
+    return 0;
   }
   r = rec_alloc(m);
   if (r == NONE) return 0;
@@ -498,8 +526,8 @@ static int next_ready(const model_t *m, int *held) {
   /* no free slot: creating means evicting, allowed only if nobody can take
    * an idle record as it is (and there is one to evict) */
   if (best_create != NONE && !room(m)) {
-    if (n_idle(m, -1) == 0) {
-      best_create = NONE;                /* nothing to evict */
+    if (!evict_ok(m)) {
+      best_create = NONE;                /* nothing to evict, or room on its way */
     } else if (best_take != NONE) {
       const m_waiter_t *c = &m->wai[queue_head(m, best_create)];
       const m_waiter_t *t = &m->wai[queue_head(m, best_take)];
@@ -516,6 +544,7 @@ static int next_ready(const model_t *m, int *held) {
 /* "Waiters are served strictly in arrival order among those that can use the
  * freed resource", while the concurrency cap allows. */
 static void dispatch(model_t *m, double now) {
+  if (m->kept != NONE) return;           /* the caller that kept its place comes first */
   while (n_leases(m, -1) < m->cfg.max_concurrency) {
     int held, held2, k = next_ready(m, &held), w;
     m_grant_t g;
@@ -581,7 +610,7 @@ void model_init(model_t *m, const clientpool_config_t *cfg, m_oracle_fn oracle, 
   m->octx = octx;
   m->armed = -1;
   m->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ULL;
-  m->hold_key = NONE;
+  m->hold_key = m->kept = NONE;
   m->retire_before = -1;
 }
 
@@ -592,6 +621,7 @@ void model_init(model_t *m, const clientpool_config_t *cfg, m_oracle_fn oracle, 
  * acquisition" (or fails it with pause_fail); and it "never barges: if a key
  * has waiters, a new acquisition for it queues behind them". */
 int model_acquire(model_t *m, int k, double now, m_grant_t *g) {
+  int kept = take_kept(m, k);
   memset(g, 0, sizeof *g);
   g->key = k;
   now = clamp(m, now);
@@ -608,7 +638,7 @@ int model_acquire(model_t *m, int k, double now, m_grant_t *g) {
     } else {
       g->status = CLIENTPOOL_MUST_WAIT;
     }
-  } else if (queue_head(m, k) == NONE && n_leases(m, -1) < m->cfg.max_concurrency &&
+  } else if ((queue_head(m, k) == NONE || kept) && n_leases(m, -1) < m->cfg.max_concurrency &&
              grant(m, k, now, g, NONE)) {
     gate_granted(m, g);
   } else if (n_waiting(m, -1) >= m->cfg.max_waiting) {
@@ -617,6 +647,7 @@ int model_acquire(model_t *m, int k, double now, m_grant_t *g) {
   } else {
     g->status = CLIENTPOOL_MUST_WAIT;
   }
+  if (kept && g->status == CLIENTPOOL_MUST_WAIT) m->kept = k;   /* its wait uses it */
   finish(m, now);
   m->hold_key = NONE;
   if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED) key_maybe_free(m, k);
@@ -624,11 +655,12 @@ int model_acquire(model_t *m, int k, double now, m_grant_t *g) {
 }
 
 int model_wait(model_t *m, int k, double deadline, double now, unsigned *gen) {
-  int w;
+  int w, kept;
   m_waiter_t *x;
   now = clamp(m, now);
   if (m->closed) return -CLIENTPOOL_CLOSED;
   if (!key_ok(m, k)) return -CLIENTPOOL_STALE;
+  kept = take_kept(m, k);
   if (n_waiting(m, -1) >= m->cfg.max_waiting) {
     COUNT(m, k, rejected, 1);
     key_maybe_free(m, k);
@@ -640,6 +672,7 @@ int model_wait(model_t *m, int k, double deadline, double now, unsigned *gen) {
   x->state = MW_QUEUED;
   x->key = k;
   x->seq = ++m->seq;
+  if (kept) x->seq += INT64_MIN / 2;     /* "without losing its place": ahead of every arrival */
   x->passed = 0;
   x->enq = now;
   x->deadline = has(deadline) ? deadline : -1;
@@ -765,7 +798,12 @@ int model_regrant(model_t *m, int l, unsigned gen, double now, m_grant_t *g) {
   if (m->closed) g->status = CLIENTPOOL_CLOSED;
   else if (!admits(m, k)) g->status = CLIENTPOOL_MUST_WAIT;   /* "Pause stops later acquisitions" */
   else if (grant(m, k, now, g, NONE)) gate_granted(m, g);
-  else g->status = CLIENTPOOL_MUST_WAIT;
+  else {
+    /* nothing free now (at max_live the room comes when the invalid
+     * record's destroy is reported): the caller keeps its place */
+    g->status = CLIENTPOOL_MUST_WAIT;
+    m->kept = k;
+  }
   finish(m, now);
   m->hold_key = NONE;
   if (g->status != CLIENTPOOL_GRANT_IDLE && g->status != CLIENTPOOL_GRANT_CREATE) key_maybe_free(m, k);
@@ -845,9 +883,24 @@ int model_abandon(model_t *m, int w, unsigned gen, double now) {
   return 0;
 }
 
+/* "until its destroy hook has returned or failed": the room is free now. */
+int model_destroyed(model_t *m, int r, double now) {
+  int k;
+  now = clamp(m, now);
+  if (r < 0 || r >= M_MAXREC || m->rec[r].state != MR_CLOSING) return CLIENTPOOL_STALE;
+  k = m->rec[r].key;
+  m->rec[r].state = MR_FREE;
+  m->rec[r].gen++;
+  floor_check(m, k);
+  key_maybe_free(m, k);
+  finish(m, now);
+  return 0;
+}
+
 int model_retire(model_t *m, int r, double now) {
   now = clamp(m, now);
-  if (r < 0 || r >= M_MAXREC || m->rec[r].state == MR_FREE) return CLIENTPOOL_STALE;
+  if (r < 0 || r >= M_MAXREC || m->rec[r].state == MR_FREE || m->rec[r].state == MR_CLOSING)
+    return CLIENTPOOL_STALE;
   m->rec[r].retire = 1;
   if (m->rec[r].state == MR_IDLE) destroy(m, r, CLIENTPOOL_BY_RETIRED);
   finish(m, now);
@@ -1043,6 +1096,7 @@ void model_close(model_t *m, double now) {
   if (m->closed) return;
   m->closed = 1;
   m->floor_on = 0;
+  m->kept = NONE;
   for (k = 0; k < M_MAXKEY; k++) {
     if (!m->keys[k].used) continue;
     m->keys[k].pinned = 0;

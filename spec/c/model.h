@@ -38,7 +38,7 @@
 #define M_MAXKEY 16
 #define M_MAXEV 512
 
-enum { MR_FREE = 0, MR_CREATING, MR_IDLE, MR_LEASED };
+enum { MR_FREE = 0, MR_CREATING, MR_IDLE, MR_LEASED, MR_CLOSING };
 enum { MW_FREE = 0, MW_QUEUED, MW_DONE };
 enum { MP_NONE = 0, MP_READY, MP_OUT };           /* probe state of a gate */
 enum { M_ORACLE_SHARE = 0, M_ORACLE_RETIRED, M_ORACLE_REFILL };
@@ -83,7 +83,7 @@ typedef struct m_waiter {
   int state;            /* MW_* */
   unsigned gen;
   int key;
-  unsigned long long seq;   /* arrival order, pool-wide */
+  long long seq;        /* arrival order, pool-wide; a kept place is below every arrival */
   double enq, deadline;     /* deadline < 0: none */
   int result, record, lease;
   unsigned lease_gen;
@@ -109,8 +109,10 @@ typedef struct model {
   void *octx;
   int closed;
   double now, armed;
-  unsigned long long rng, seq, cseq, idle_seq;
+  unsigned long long rng, cseq, idle_seq;
+  long long seq;
   int hold_key;
+  int kept;             /* the key whose regrant caller keeps its place, or -1 */
   int floor_on, refill_signalled;
   double retire_before;
   unsigned long long retire_seq;
@@ -147,6 +149,7 @@ int model_cancel(model_t *m, int waiter, unsigned gen, int status, double now, m
 int model_abandon(model_t *m, int waiter, unsigned gen, double now);
 int model_leak(model_t *m, int lease, unsigned gen, double now);
 int model_retire(model_t *m, int record, double now);
+int model_destroyed(model_t *m, int record, double now);
 int model_retire_before(model_t *m, int key, double before, double now);
 int model_retire_upto(model_t *m, int r, double now);
 int model_regrant(model_t *m, int l, unsigned gen, double now, m_grant_t *g);

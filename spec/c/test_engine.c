@@ -241,12 +241,28 @@ static double last_timer(void) {   /* t of the last EV_TIMER of this drain, or -
 /* engine-call wrappers: each runs clientpool_check() after the call      */
 /* ===================================================================== */
 
+/* The driver of most tests has no destroy hook: it reports every destroy
+ * done at once (clientpool_destroyed), right after the call that started
+ * it.  Tests of the closing state itself turn this off (g_auto_destroy = 0)
+ * and report destroys when they choose. */
+static int g_auto_destroy = 1;
+
 static void after(clientpool_t *p, const char *file, int line, const char *what) {
   char buf[512];
-  if (g_stride > 1 && ++g_calls % g_stride != 0) return;
+  int32_t closing[64], n = 0, i;
+  int checked = !(g_stride > 1 && ++g_calls % g_stride != 0);
   buf[0] = 0;
-  if (clientpool_check(p, buf, sizeof buf) != 0)
+  if (checked && clientpool_check(p, buf, sizeof buf) != 0)
     fail_at(file, line, "clientpool_check after %s: %s", what, buf);
+  if (!g_auto_destroy) return;
+  do {
+    n = wb_closing(p, closing, 64);
+    for (i = 0; i < n && i < 64; i++)
+      if (clientpool_destroyed(p, closing[i], -1) != 0)
+        fail_at(file, line, "clientpool_destroyed(%d) after %s failed", (int)closing[i], what);
+  } while (n > 64);
+  if (n > 0 && checked && clientpool_check(p, buf, sizeof buf) != 0)
+    fail_at(file, line, "clientpool_check after %s and its destroys: %s", what, buf);
 }
 
 static void check_full(clientpool_t *p, const char *file, int line) {
@@ -345,6 +361,13 @@ static int w_key_forget(clientpool_t *p, int32_t k, const char *file, int line) 
 #define KEY_OPEN(p) w_key_open((p), __FILE__, __LINE__)
 #define KEY_PIN(p, k, on) w_key_pin((p), (k), (on), __FILE__, __LINE__)
 #define KEY_FORGET(p, k) w_key_forget((p), (k), __FILE__, __LINE__)
+
+static int w_destroyed(clientpool_t *p, int32_t r, double now, const char *file, int line) {
+  int rc = clientpool_destroyed(p, r, now);
+  after(p, file, line, "clientpool_destroyed");
+  return rc;
+}
+#define DESTROYED(p, r, now) w_destroyed((p), (r), (now), __FILE__, __LINE__)
 
 /* ===================================================================== */
 /* helpers                                                               */
@@ -1092,10 +1115,13 @@ static void t_key_max_live_under_global(void) {
   CHECK_EQ(x.record, a1.record);
   RELEASE(p, x, 3);
   drain(p);
-  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_CREATE);   /* by evicting a's idle one */
+  /* evicting a's idle one: the room comes when its destroy is reported
+   * (here at once, after the call), so this acquisition waits */
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_MUST_WAIT);
   drain(p);
   EXPECT_DESTROY(a1.record, CLIENTPOOL_BY_EVICTED);
   CHECK(find_ev(CLIENTPOOL_EV_DESTROY, a1.record, CLIENTPOOL_BY_EVICTED, a) >= 0);
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_CREATE);
   CHECK(pstats(p).live + pstats(p).creating == 4);
 }
 
@@ -1115,17 +1141,21 @@ static void t_evict_lru_idle_of_other_key(void) {
   RELEASE(p, ha, 1);                        /* least recently used */
   RELEASE(p, hb, 2);
   drain(p);
-  CHECK_STATUS(ACQUIRE(p, k3, 3, &g), CLIENTPOOL_GRANT_CREATE);
+  /* the eviction starts; its room is the waiter's once the destroy is
+   * reported done (at once here, after the call) */
+  CHECK_STATUS(ACQUIRE(p, k3, 3, &g), CLIENTPOOL_MUST_WAIT);
   drain(p);
   CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 1);
   EXPECT_DESTROY(ha.record, CLIENTPOOL_BY_EVICTED);
   CHECK_EQ(n_key_free(a), 1);               /* a held only that record */
   CHECK_EQ(KSTATS(p, b).idle, 1);
+  CHECK_STATUS(ACQUIRE(p, k3, 3, &g), CLIENTPOOL_GRANT_CREATE);
   CHECK_EQ(CREATED(p, g.record, 1, 3), 0);
   drain(p);
-  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_MUST_WAIT);
   drain(p);
   EXPECT_DESTROY(hb.record, CLIENTPOOL_BY_EVICTED);
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_CREATE);
   s = pstats(p);
   CHECK(s.closed_by[CLIENTPOOL_BY_EVICTED] == 2 && s.idle == 0);
   RELEASE(p, hc, 5);
@@ -3121,7 +3151,8 @@ static void t_key_pin_modes(void) {
 
 /* regrant: validate failed on idle reuse; the record is destroyed and the
  * same caller granted again ahead of the queue (an idle record, else a
- * reservation in the room just freed). */
+ * reservation where there is room); at max_live the room comes when the
+ * destroy is reported, and the caller keeps its place until then. */
 static void t_regrant_keeps_place(void) {
   clientpool_config_t c = cfg_base();
   clientpool_t *p;
@@ -3138,10 +3169,16 @@ static void t_regrant_keeps_place(void) {
   h1 = REUSE(p, a, 2, &g);                   /* the caller whose validate fails */
   MUST_WAIT(p, a, 2); w = WAIT(p, a, -1, 2); /* queued behind it */
   drain(p);
-  CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 3, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 3, &g), CLIENTPOOL_MUST_WAIT);
   drain(p);
   EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_INVALID);
-  EXPECT_NO_WAKE(w);                         /* the room went to the same caller */
+  CHECK_EQ(pstats(p).closing, 1);            /* still counts: max_live is reached */
+  CHECK_EQ(clientpool_destroyed(p, h1.record, 3), 0);
+  drain(p);
+  EXPECT_NO_WAKE(w);                         /* the room is kept for the same caller */
+  CHECK_STATUS(ACQUIRE(p, a, 3, &g), CLIENTPOOL_GRANT_CREATE);   /* past w: its place */
+  drain(p);
+  EXPECT_NO_WAKE(w);
   CHECK_EQ(CREATED(p, g.record, 1, 3), 0);
   h1 = hold_of(&g);
   CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen ^ 1u, 3, &g), CLIENTPOOL_STALE);
@@ -3727,6 +3764,212 @@ static void t_idle_record_bytes(void) {
 #endif
 }
 
+
+/* ===================================================================== */
+/* 24. the physical cap: closing records                                 */
+/* ===================================================================== */
+
+/* A record counts against max_live from its reservation until its destroy
+ * is reported done: EV_DESTROY starts the destroy, clientpool_destroyed
+ * ends it, and only then does a waiter get the room (issue 12: a 0.5 s
+ * destroy let 14 clients exist under max_live = 2). */
+static void t_closing_counts_against_max_live(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  waiter_h w;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  g_auto_destroy = 0;
+  c.max_live = 1; c.max_idle = 1; c.max_concurrency = 4;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 1);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_ERROR);
+  s = pstats(p);
+  CHECK(s.live == 0 && s.closed == 1 && s.closing == 1 && s.opened - s.closed == s.live);
+  CHECK_EQ(KSTATS(p, k).closing, 1);
+  CHECK_EQ(clientpool_record_key(p, h.record), k);    /* still a record of k */
+  CHECK_EQ(clientpool_retire(p, h.record, 1), CLIENTPOOL_STALE);
+  MUST_WAIT(p, k, 1);                        /* no room while it closes */
+  w = WAIT(p, k, -1, 1);
+  drain(p);
+  EXPECT_NO_WAKE(w);
+  CHECK_EQ(DESTROYED(p, h.record, 2), 0);    /* the destroy hook returned */
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 2, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(pstats(p).closing, 0);
+  CHECK_EQ(DESTROYED(p, h.record, 2), CLIENTPOOL_STALE);   /* once per EV_DESTROY */
+  CHECK_EQ(DESTROYED(p, -1, 2), CLIENTPOOL_STALE);
+  CHECK_EQ(DESTROYED(p, 9999, 2), CLIENTPOOL_STALE);
+  CHECK_EQ(DESTROYED(p, g.record, 2), CLIENTPOOL_STALE);   /* creating, not closing */
+  CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  CHECK_EQ(pstats(p).live, 1);
+}
+
+/* The per-key cap is physical too, and a key holding only closing records
+ * is not forgotten (its destroy hook still needs the key's name). */
+static void t_closing_key_cap_and_key_kept(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t h, hb;
+  clientpool_grant_t g;
+  g_auto_destroy = 0;
+  c.max_live = 4; c.key_max_live = 1;
+  p = POOL(c);
+  a = UKEY(p); b = PKEY(p);
+  h = NEW_LEASE(p, a, 0);
+  hb = NEW_LEASE(p, b, 0);
+  RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 1);
+  drain(p);
+  CHECK_EQ(n_key_free(a), 0);               /* held by its closing record */
+  CHECK_EQ(KSTATS(p, a).closing, 1);
+  MUST_WAIT(p, a, 1);                       /* a's cap: the pool has room */
+  CHECK_EQ(KEY_FORGET(p, a), 0);
+  CHECK_EQ(DESTROYED(p, h.record, 2), 0);
+  drain(p);
+  CHECK_EQ(n_key_free(a), 1);               /* empty now */
+  RELEASE_AS(p, hb, CLIENTPOOL_BY_ERROR, 3);
+  /* the slot of a destroyed record is reused only once the event is read
+   * and the destroy reported: here reported first, read later */
+  CHECK_EQ(DESTROYED(p, hb.record, 3), 0);
+  CHECK_STATUS(ACQUIRE(p, b, 3, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK(g.record != hb.record);
+  drain(p);
+  EXPECT_DESTROY(hb.record, CLIENTPOOL_BY_ERROR);
+  CHECK_EQ(CREATED(p, g.record, 1, 3), 0);
+}
+
+/* Eviction for another key starts the destroy; the waiter is served once
+ * it is reported, and no second client is evicted for room on its way. */
+static void t_closing_eviction_waits_for_destroy(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t h1, h2;
+  waiter_h w, w2;
+  clientpool_grant_t g;
+  g_auto_destroy = 0;
+  c.max_live = 2; c.max_idle = 2;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p);
+  h1 = NEW_LEASE(p, a, 0);
+  h2 = NEW_LEASE(p, a, 0);
+  RELEASE(p, h1, 1);
+  RELEASE(p, h2, 2);
+  drain(p);
+  CHECK_STATUS(ACQUIRE(p, b, 3, &g), CLIENTPOOL_MUST_WAIT);
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_EVICTED);    /* the least recently used */
+  w = WAIT(p, b, -1, 3);
+  w2 = WAIT(p, b, -1, 3);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);        /* room is on its way: no second eviction */
+  EXPECT_NO_WAKE(w);
+  CHECK_EQ(DESTROYED(p, h1.record, 4), 0);
+  drain(p);
+  EXPECT_WAKE(w);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_EVICTED);    /* now for w2 */
+  EXPECT_NO_WAKE(w2);
+  CHECK_STATUS(CLAIM(p, w, 4, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 4), 0);
+  CHECK_EQ(DESTROYED(p, h2.record, 5), 0);
+  drain(p);
+  EXPECT_WAKE(w2);
+  CHECK(pstats(p).live + pstats(p).creating + pstats(p).closing <= 2);
+}
+
+/* regrant at max_live: the invalid record's room comes when its destroy is
+ * reported; the caller queues again ahead of the waiters that were behind
+ * it, and nothing is served meanwhile. */
+static void t_closing_regrant_keeps_place(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t h1, h2;
+  waiter_h w, wb, wme;
+  clientpool_grant_t g;
+  g_auto_destroy = 0;
+  c.max_live = 2; c.max_idle = 2; c.max_concurrency = 4;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p);
+  h1 = NEW_LEASE(p, a, 0);
+  h2 = NEW_LEASE(p, a, 0);
+  RELEASE(p, h1, 1);
+  h1 = REUSE(p, a, 2, &g);
+  w = WAIT(p, a, -1, 2);                      /* behind the caller */
+  wb = WAIT(p, b, -1, 2);                     /* another key, behind it too */
+  drain(p);
+  CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 3, &g), CLIENTPOOL_MUST_WAIT);
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_INVALID);
+  CHECK_STATUS(ACQUIRE(p, a, 3, &g), CLIENTPOOL_MUST_WAIT);
+  wme = WAIT(p, a, -1, 3);                    /* queued ahead of w and wb */
+  RELEASE(p, h2, 4);                          /* an idle record for a: the caller's */
+  drain(p);
+  EXPECT_WAKE(wme);
+  EXPECT_NO_WAKE(w);
+  CHECK_STATUS(CLAIM(p, wme, 4, &g), CLIENTPOOL_GRANT_IDLE);
+  h2 = hold_of(&g);
+  CHECK_EQ(DESTROYED(p, h1.record, 5), 0);    /* the room: w is older than wb */
+  drain(p);
+  EXPECT_WAKE(w);
+  EXPECT_NO_WAKE(wb);
+  CHECK_STATUS(CLAIM(p, w, 5, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 5), 0);
+  /* reported before the caller is back: the room is held for it, and a
+   * kept place the caller gives up (key_forget) serves the others again */
+  CHECK_EQ(clientpool_regrant(p, h2.lease, h2.gen, 7, &g), CLIENTPOOL_MUST_WAIT);
+  CHECK_EQ(DESTROYED(p, h2.record, 7), 0);
+  drain(p);
+  EXPECT_NO_WAKE(wb);                         /* held for the caller */
+  CHECK_EQ(KEY_FORGET(p, a), 0);
+  drain(p);
+  EXPECT_WAKE(wb);
+}
+
+/* The warm floor's refill waits for the room too, and is signalled again
+ * when the destroy is reported. */
+static void t_closing_floor_refill(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, r, kk;
+  g_auto_destroy = 0;
+  c.max_live = 1; c.max_idle = 1; c.min_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  r = WARM_RECORD(p, k, 0);
+  CHECK_EQ(clientpool_refill(p, 0, &kk), -1);   /* the floor is met */
+  drain(p);
+  CHECK_EQ(RETIRE(p, r, 1), 0);
+  drain(p);
+  EXPECT_DESTROY(r, CLIENTPOOL_BY_RETIRED);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
+  CHECK_EQ(clientpool_refill(p, 1, &kk), -1);   /* no room yet */
+  CHECK_EQ(DESTROYED(p, r, 2), 0);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);  /* signalled again */
+  r = clientpool_refill(p, 2, &kk);
+  CHECK(r >= 0 && kk == k);
+  CHECK_EQ(CREATED(p, r, 1, 2), 0);
+  /* close leaves closing records to their destroys */
+  CLOSE(p, 3);
+  drain(p);
+  CHECK_EQ(pstats(p).closing, 1);
+  CHECK_EQ(KEY_PIN(p, k, 0), 0);
+  drain(p);
+  CHECK_EQ(n_key_free(k), 0);
+  CHECK_EQ(DESTROYED(p, r, 4), 0);
+  drain(p);
+  CHECK_EQ(n_key_free(k), 1);
+  CHECK_EQ(pstats(p).closing, 0);
+}
+
 #define T(f) { #f, f }
 
 static const test_t tests[] = {
@@ -3830,12 +4073,19 @@ static const test_t tests[] = {
   T(t_check_catches_corruption),
   /* 23 memory */
   T(t_idle_record_bytes),
+  /* 24 the physical cap */
+  T(t_closing_counts_against_max_live),
+  T(t_closing_key_cap_and_key_kept),
+  T(t_closing_eviction_waits_for_destroy),
+  T(t_closing_regrant_keeps_place),
+  T(t_closing_floor_refill),
 };
 
 /* runs one test; a failed CHECK longjmps back here.  Returns 1 if it failed. */
 static int run_one(const test_t *t) {
   g_test = t->name;
   g_failed = 0;
+  g_auto_destroy = 1;
   g_stride = 1;
   g_calls = 0;
   g_ctx[0] = 0;

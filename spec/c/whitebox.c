@@ -39,7 +39,8 @@ long wb_allocs(void) { return wb_count; }
 /* ---- reading ---------------------------------------------------------- */
 
 typedef char wb_states_match[((int)WB_FREE == (int)R_FREE && (int)WB_CREATING == (int)R_CREATING &&
-                              (int)WB_IDLE == (int)R_IDLE && (int)WB_LEASED == (int)R_LEASED) ? 1 : -1];
+                              (int)WB_IDLE == (int)R_IDLE && (int)WB_LEASED == (int)R_LEASED &&
+                              (int)WB_CLOSING == (int)R_CLOSING) ? 1 : -1];
 
 int wb_rec_state(const clientpool_t *p, int32_t r) {
   return r < 0 || r >= p->nrec ? R_FREE : p->rec[r].state;
@@ -60,6 +61,16 @@ int32_t wb_span(const clientpool_t *p) {
   return n;
 }
 int wb_keys_used(const clientpool_t *p) { return p->keys_used; }
+
+int32_t wb_closing(const clientpool_t *p, int32_t *out, int32_t n) {
+  int32_t r, c = 0;
+  for (r = 0; r < p->nrec; r++)
+    if (p->rec[r].state == R_CLOSING) {
+      if (c < n) out[c] = r;
+      c++;
+    }
+  return c;
+}
 
 void wb_waiter(const clientpool_t *p, int32_t w, int *result, int32_t *rec, int32_t *lease, uint32_t *lgen) {
   const waiter_t *x = &p->wai[w];
@@ -186,6 +197,8 @@ const char *wb_corrupt(clientpool_t *p, int what) {
     p->lea[l].record = wb_find_free_rec(p);
     return "points at record";
   case 38: p->keys[ka].st.waiting++; return "key: waiting";
+  case 39: p->st.closing++; return "pool: closing";
+  case 40: p->keys[ka].st.closing++; return "key: closing";
   default: return NULL;
   }
 }
