@@ -354,6 +354,13 @@ static int lcp_leak(lua_State *L) {
                                     opt_now(L, 4)), p);
 }
 
+/* E:destroyed(record [, now]) -> ok, pending: the destroy hook of the
+ * record an EV_DESTROY named returned or failed (or there is none) */
+static int lcp_destroyed(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_destroyed(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3)), p);
+}
+
 /* E:retire(record [, now]) -> ok, pending */
 static int lcp_retire(lua_State *L) {
   clientpool_t *p = lcp_self(L);
@@ -549,6 +556,7 @@ static int lcp_stats(lua_State *L) {
   set_int(L, "leases", s.leases);
   set_int(L, "creating", s.creating);
   set_int(L, "waiting", s.waiting);
+  set_int(L, "closing", s.closing);
   lua_getfield(L, -1, "closed_by");
   if (!lua_istable(L, -1)) {
     lua_pop(L, 1);
@@ -965,7 +973,7 @@ static int lcp_fastpath(lua_State *L) {
 static const luaL_Reg pool_methods[] = {
   {"acquire", lcp_acquire}, {"release", lcp_release}, {"wait", lcp_wait},
   {"claim", lcp_claim}, {"cancel", lcp_cancel}, {"created", lcp_created},
-  {"abandon", lcp_abandon}, {"leak", lcp_leak}, {"retire", lcp_retire},
+  {"abandon", lcp_abandon}, {"leak", lcp_leak}, {"retire", lcp_retire}, {"destroyed", lcp_destroyed},
   {"tick", lcp_tick}, {"close", lcp_close}, {"key_open", lcp_key_open},
   {"key_pin", lcp_key_pin}, {"key_forget", lcp_key_forget},
   {"next_event", lcp_next_event}, {"pending", lcp_pending},

@@ -319,6 +319,15 @@ function Engine:leak(lease, gen, now)
   return rc == 0, C.clientpool_pending(p)
 end
 
+--- E:destroyed(record [, now]) -> ok, pending: the destroy hook of the
+-- record an EV_DESTROY named returned or failed (or there is none)
+function Engine:destroyed(record, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_destroyed(p, record, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
 --- E:retire(record [, now]) -> ok, pending
 function Engine:retire(record, now)
   local p = self.p
@@ -479,6 +488,7 @@ function Engine:stats(key, t)
   t.leases = s.leases
   t.creating = s.creating
   t.waiting = s.waiting
+  t.closing = s.closing
   local by = t.closed_by
   if type(by) ~= "table" then by = {}; t.closed_by = by end
   for i = 1, #BY_NAMES do by[BY_NAMES[i]] = s.closed_by[i - 1] end
