@@ -1093,6 +1093,7 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   } else if ((p->keys[k].wq_head == NONE || kept) &&
              p->st.leases < p->cfg.max_concurrency && grant(p, k, now, g)) {
     gate_granted(p, g);
+    key_refresh(p, k);               /* (a kept place may grant past k's waiters) */
   } else if (p->st.waiting >= p->cfg.max_waiting) {
     BOTH(p, k, rejected, 1);
     g->status = CLIENTPOOL_FULL;
