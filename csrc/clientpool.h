@@ -52,6 +52,9 @@ typedef struct clientpool_config {
   double lifetime_jitter;      /* fraction in [0,1): lifetime shortened by up to it */
   double validate_after_idle;  /* validate only if idle at least this long */
   double leak_threshold;       /* report leases held longer */
+  double create_backoff;       /* after a failed create, a key's creates wait a window of
+                                  about this (doubling per failure in a row); <= 0 = off */
+  double create_backoff_max;   /* the window's bound (>= create_backoff when on) */
   uint64_t seed;               /* seed of the per-pool jitter generator */
 } clientpool_config_t;
 
@@ -75,7 +78,9 @@ enum {
   CLIENTPOOL_TIMEOUT = 7,      /* the waiter's deadline passed */
   CLIENTPOOL_CANCELLED = 8,    /* the waiter was cancelled */
   CLIENTPOOL_STALE = 9,        /* the (slot, gen) handle is no longer valid */
-  CLIENTPOOL_PAUSED = 10       /* a paused gate refused the acquisition (pause_fail) */
+  CLIENTPOOL_PAUSED = 10,      /* a paused gate refused the acquisition (pause_fail) */
+  CLIENTPOOL_BACKOFF = 11      /* acquire: it would create, the key is backing off after
+                                  failed creates and no client of it may come back soon */
 };
 
 /* Why a record was destroyed: the index into clientpool_stats_t.closed_by. */
@@ -203,7 +208,21 @@ int32_t clientpool_wait(clientpool_t *p, int32_t key, double deadline, double no
 
 /* Reports the outcome of a GRANT_CREATE reservation: ok = 1 makes the record
  * live and its lease valid; ok = 0 forfeits the reservation and hands the
- * capacity on.  Returns 0, or STALE. */
+ * capacity on.  Returns 0, or STALE.
+ *
+ * Create backoff (create_backoff > 0).  Each failed create of a key (a
+ * refill's too) opens a window in which the key creates nothing: its
+ * length is d/2 + d/2 * r, with d = min(create_backoff_max, create_backoff
+ * * 2^(failures in a row - 1)) and r from the pool's seeded generator
+ * ("equal jitter").  Meanwhile an acquisition of the key that would create
+ * gets BACKOFF, unless a client of the key may come back soon (a record of
+ * it is leased, or a create of it is in flight): then it waits as usual.
+ * Waiters queued meanwhile are served when the window ends (a deadline of
+ * the engine's, EV_TIMER).  After the window only one create of the key is
+ * in flight at a time until one succeeds; a successful create ends the
+ * backoff, and create_backoff_max seconds after the window without a
+ * create in flight the failures are forgotten.  A key is not forgotten
+ * while it backs off. */
 int clientpool_created(clientpool_t *p, int32_t record, int32_t ok, double now);
 
 /* Ends a lease.  reason < 0 returns the record for reuse (it is destroyed

@@ -15,9 +15,13 @@
 
 enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED, R_CLOSING };
 enum { W_FREE = 0, W_QUEUED, W_DONE };
-enum { H_LIFETIME = 0, H_WAITER, H_LEASE };
+enum { H_LIFETIME = 0, H_WAITER, H_LEASE, H_BACKOFF };
 enum { RH_IDLE = 0, RH_CREATE = 1 };
 enum { PROBE_NONE = 0, PROBE_READY, PROBE_OUT };
+/* Create backoff of a key: none; a window in which it creates nothing;
+ * after it, one create at a time until one succeeds (its deadline: when the
+ * failures are forgotten, unless a create is in flight). */
+enum { B_NONE = 0, B_WINDOW, B_PROBE };
 
 /* Admission gate of the pool or of a key: paused, or half-open (one probe
  * admitted, the rest held until its lease reports a continuing outcome). */
@@ -94,6 +98,9 @@ typedef struct key {
   int32_t next_free;
   int32_t refilling;     /* warm-floor reservations in flight */
   int32_t wrefs;         /* waiter slots naming this key (queued or unclaimed) */
+  int32_t fails;         /* creates failed in a row (create backoff) */
+  int32_t bstate;        /* B_NONE, B_WINDOW, B_PROBE */
+  int32_t bpos;          /* its backoff deadline entry, or NONE */
   int32_t *oheap, olen, ocap;  /* open records (capacity > 1) by fewest leases */
   double retire_before;  /* records created earlier are retired */
   double retire_upto;    /* records created up to this instant are retired */
@@ -186,6 +193,7 @@ static int32_t *hpos_of(clientpool_t *p, const hent_t *e) {
   switch (e->kind) {
   case H_LIFETIME: return &p->rec[e->idx].hpos;
   case H_WAITER: return &p->wai[e->idx].hpos;
+  case H_BACKOFF: return &p->keys[e->idx].bpos;
   default: return &p->lea[e->idx].hpos;
   }
 }
@@ -290,9 +298,12 @@ static int32_t key_held(const key_t_ *key) {
   return key->st.live + key->st.creating + key->st.closing;
 }
 
-/* Whether key k's cap lets one more record be reserved. */
+/* Whether key k's cap lets one more record be reserved, and its create
+ * backoff too: none, or after the window with no create in flight. */
 static int key_room(const clientpool_t *p, int32_t k) {
-  return p->cfg.key_max_live < 0 || key_held(&p->keys[k]) < p->cfg.key_max_live;
+  const key_t_ *key = &p->keys[k];
+  if (key->bstate == B_WINDOW || (key->bstate == B_PROBE && key->st.creating > 0)) return 0;
+  return p->cfg.key_max_live < 0 || key_held(key) < p->cfg.key_max_live;
 }
 
 /* Which heap key k belongs in: RH_IDLE, RH_CREATE or NONE. */
@@ -343,7 +354,7 @@ static void key_refresh(clientpool_t *p, int32_t k) {
 static int key_empty(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
   return key->st.live == 0 && key->st.creating == 0 && key->st.closing == 0 &&
-         key->st.leases == 0 && key->wrefs == 0;
+         key->st.leases == 0 && key->wrefs == 0 && key->bstate == B_NONE;
 }
 
 /* A forgotten key's id is reused only once the driver has read its
@@ -410,7 +421,7 @@ int32_t clientpool_key_open(clientpool_t *p) {
   key->used = 1;
   key->retire_before = key->retire_upto = -1;
   key->gate.probe_lease = NONE;
-  key->idle_top = key->wq_head = key->wq_tail = key->rpos = key->rheap = NONE;
+  key->idle_top = key->wq_head = key->wq_tail = key->rpos = key->rheap = key->bpos = NONE;
   key->next_free = NONE;
   p->keys_used++;
   return k;
@@ -1027,6 +1038,85 @@ static double clamp(clientpool_t *p, double now) {
   return now;
 }
 
+/* ---- create backoff (see clientpool_created) ------------------------- */
+
+/* Sets key k's backoff deadline to t.  Out of memory the window is skipped
+ * (B_PROBE without a deadline: one create at a time, forgotten at success). */
+static void backoff_arm(clientpool_t *p, int32_t k, double t) {
+  key_t_ *key = &p->keys[k];
+  if (key->bpos != NONE) {
+    p->heap[key->bpos].t = t;
+    hup(p, key->bpos);
+    hdown(p, key->bpos);
+  } else if (hpush(p, t, H_BACKOFF, k) != 0) {
+    key->bpos = NONE;
+    key->bstate = B_PROBE;
+  }
+}
+
+/* A create of key k failed: a window of d/2 + d/2 * r opens ("equal
+ * jitter": never shorter than half the step, spread over the other half). */
+static void backoff_fail(clientpool_t *p, int32_t k, double now) {
+  key_t_ *key = &p->keys[k];
+  double d;
+  if (!(p->cfg.create_backoff > 0) || p->closed) return;   /* (closed: nothing creates) */
+  if (key->fails < INT32_MAX) key->fails++;
+  d = ldexp(p->cfg.create_backoff, key->fails - 1 < 1000 ? key->fails - 1 : 1000);
+  if (!(d <= p->cfg.create_backoff_max)) d = p->cfg.create_backoff_max;
+  key->bstate = B_WINDOW;
+  backoff_arm(p, k, now + d / 2 + d / 2 * rnd(p));
+  key_refresh(p, k);
+}
+
+/* A create of key k succeeded (or the pool closed): no backoff. */
+static void backoff_reset(clientpool_t *p, int32_t k) {
+  key_t_ *key = &p->keys[k];
+  if (key->bstate == B_NONE) return;
+  key->fails = 0;
+  key->bstate = B_NONE;
+  hremove(p, &key->bpos);
+  key_refresh(p, k);
+}
+
+/* Key k's backoff deadline passed (its entry is out of the heap): the
+ * window ends, and one create may go; or, create_backoff_max later with no
+ * create in flight, the failures are forgotten (with one in flight, its
+ * outcome decides: the deadline is set again). */
+static void backoff_due(clientpool_t *p, int32_t k, double now) {
+  key_t_ *key = &p->keys[k];
+  if (key->bstate == B_WINDOW) {
+    key->bstate = B_PROBE;
+    backoff_arm(p, k, now + p->cfg.create_backoff_max);
+    key_refresh(p, k);                 /* its waiters may create again */
+    floor_check(p, k);
+  } else if (key->st.creating > 0) {
+    backoff_arm(p, k, now + p->cfg.create_backoff_max);
+  } else {
+    key->fails = 0;
+    key->bstate = B_NONE;
+    key_refresh(p, k);
+    key_maybe_free(p, k);
+  }
+}
+
+/* An acquisition of k looks at the window before the timer did. */
+static void backoff_check(clientpool_t *p, int32_t k, double now) {
+  key_t_ *key = &p->keys[k];
+  if (key->bstate == B_WINDOW && key->bpos != NONE && now >= p->heap[key->bpos].t) {
+    hremove(p, &key->bpos);
+    backoff_due(p, k, now);
+  }
+}
+
+/* Whether an acquisition of k that found nothing to take fails fast: the
+ * window is open and no client of k may come back soon (none leased, none
+ * being created) to serve it instead. */
+static int backoff_refuses(const clientpool_t *p, int32_t k) {
+  const key_t_ *key = &p->keys[k];
+  return key->bstate == B_WINDOW && key->st.active == 0 && key->st.creating == 0 &&
+         key->idle_top == NONE && key->olen == 0;
+}
+
 /* ---- public API ------------------------------------------------------- */
 
 static int config_ok(const clientpool_config_t *c) {
@@ -1037,6 +1127,10 @@ static int config_ok(const clientpool_config_t *c) {
   if (c->key_max_idle >= 0 && c->key_max_idle > c->max_idle) return 0;
   if (c->max_keys == 0) return 0;
   if (!(c->lifetime_jitter >= 0 && c->lifetime_jitter < 1)) return 0;
+  if (c->create_backoff != c->create_backoff) return 0;     /* NaN */
+  if (c->create_backoff > 0 &&
+      !(c->create_backoff < HUGE_VAL && c->create_backoff_max >= c->create_backoff &&
+        c->create_backoff_max < HUGE_VAL)) return 0;
   return 1;
 }
 
@@ -1078,6 +1172,7 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   /* expired records destroyed on the way may empty k: it must survive this
    * call (and, on MUST_WAIT, until the driver queues or forgets) */
   p->hold_key = k;
+  backoff_check(p, k, now);
   if (!admits(p, k)) {
     if (p->cfg.pause_fail) {
       BOTH(p, k, rejected, 1);
@@ -1094,6 +1189,8 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
              p->st.leases < p->cfg.max_concurrency && grant(p, k, now, g)) {
     gate_granted(p, g);
     key_refresh(p, k);               /* (a kept place may grant past k's waiters) */
+  } else if (backoff_refuses(p, k)) {
+    g->status = CLIENTPOOL_BACKOFF;
   } else if (p->st.waiting >= p->cfg.max_waiting) {
     BOTH(p, k, rejected, 1);
     g->status = CLIENTPOOL_FULL;
@@ -1103,7 +1200,8 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   if (kept && g->status == CLIENTPOOL_MUST_WAIT) p->kept = k;   /* its wait uses it */
   finish(p, now);
   p->hold_key = NONE;
-  if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED) key_maybe_free(p, k);
+  if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED || g->status == CLIENTPOOL_BACKOFF)
+    key_maybe_free(p, k);
   return g->status;
 }
 
@@ -1194,10 +1292,15 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
   x = &p->rec[r];
   k = x->key;
   if (!ok) {
+    p->hold_key = k;
     forfeit(p, r, 1);
+    backoff_fail(p, k, now);
+    p->hold_key = NONE;
+    key_maybe_free(p, k);
     finish(p, now);
     return 0;
   }
+  backoff_reset(p, k);
   BOTH(p, k, creating, -1);
   /* same-instant records still get distinct times: retire_upto and
    * retire_before(-1) go by creation order */
@@ -1422,6 +1525,7 @@ int clientpool_regrant(clientpool_t *p, int32_t l, uint32_t gen, double now, cli
   k = p->rec[x->record].key;
   g->key = k;
   p->hold_key = k;
+  backoff_check(p, k, now);
   /* a destroy dispatches nothing: the room it frees is still there below */
   release(p, l, CLIENTPOOL_BY_INVALID, now);
   if (p->closed) g->status = CLIENTPOOL_CLOSED;
@@ -1534,6 +1638,7 @@ int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key) {
   int32_t i;
   now = clamp(p, now);
   *key = NONE;
+  for (i = 0; i < p->nwarm; i++) backoff_check(p, p->warm[i], now);
   if (p->floor_on && !p->closed && room(p)) {
     for (i = 0; i < p->nwarm; i++) {
       int32_t k = p->warm[i], r;
@@ -1573,6 +1678,8 @@ void clientpool_tick(clientpool_t *p, double now) {
       if (e.kind == H_WAITER) {
         waiter_dequeue(p, e.idx, CLIENTPOOL_TIMEOUT, now);
         push_event(p, CLIENTPOOL_EV_WAKE, e.idx, (int32_t)p->wai[e.idx].gen, p->wai[e.idx].key, 0);
+      } else if (e.kind == H_BACKOFF) {
+        backoff_due(p, e.idx, now);
       } else if (e.kind == H_LIFETIME) {
         /* a leased record is retired at its release; a shared one takes
          * no new lease from now on */
@@ -1605,6 +1712,7 @@ void clientpool_close(clientpool_t *p, double now) {
     key_t_ *key = &p->keys[k];
     if (!key->used) continue;
     key->pinned = 0;
+    backoff_reset(p, k);
     while (key->wq_head != NONE) {
       int32_t w = key->wq_head;
       waiter_dequeue(p, w, CLIENTPOOL_CLOSED, now);
@@ -1756,6 +1864,8 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (key->rheap != key_ready(p, k) || (key->rpos == NONE) != (key->rheap == NONE))
       FAIL("key %d ready-heap membership wrong", k);
     if (key->rpos != NONE) ready++;
+    if ((key->bstate == B_WINDOW && key->bpos == NONE) || (key->bstate == B_NONE && (key->bpos != NONE || key->fails)))
+      FAIL("key %d backoff state %d, deadline %d, failures %d", k, key->bstate, key->bpos, key->fails);
   }
   free(per);
 #undef FAIL

@@ -8,10 +8,10 @@
  *   build/fuzz/fuzz_engine FILE    replays one input (FUZZ_TRACE=1 prints
  *                                  every step)
  *
- * Input.  The first 16 bytes are the config (max_live 1..6, capacity 1..3,
+ * Input.  The first 17 bytes are the config (max_live 1..6, capacity 1..3,
  * max_concurrency, max_idle, min_idle, max_waiting 0..6, per-key caps,
  * max_keys, pause_fail, idle_timeout, max_lifetime, jitter,
- * validate_after_idle, leak_threshold, seed); then each step is an opcode
+ * validate_after_idle, leak_threshold, seed, create backoff); then each step is an opcode
  * byte and an argument byte: acquire (and wait or give up), wait, created
  * ok/fail, release for reuse or with a reason, claim, cancel, abandon, leak
  * (of a lease or a reservation), tick with a clock advance, advance, close,
@@ -111,11 +111,12 @@ static void fz_fail(const char *fmt, ...) {
   va_end(ap);
   fprintf(stderr, "\n  config: max_live %d capacity %d max_concurrency %d max_idle %d min_idle %d "
           "max_waiting %d key_max_live %d key_max_idle %d max_keys %d pause_fail %d idle_timeout %g "
-          "max_lifetime %g jitter %g validate_after_idle %g leak_threshold %g seed %llu; now %g\n",
+          "max_lifetime %g jitter %g validate_after_idle %g leak_threshold %g create_backoff %g..%g "
+          "seed %llu; now %g\n",
           c->max_live, c->capacity, c->max_concurrency, c->max_idle, c->min_idle, c->max_waiting,
           c->key_max_live, c->key_max_idle, c->max_keys, c->pause_fail, c->idle_timeout,
           c->max_lifetime, c->lifetime_jitter, c->validate_after_idle, c->leak_threshold,
-          (unsigned long long)c->seed, H.now);
+          c->create_backoff, c->create_backoff_max, (unsigned long long)c->seed, H.now);
   abort();
 }
 
@@ -1021,6 +1022,12 @@ static void decode_config(clientpool_config_t *c) {
   b = byte(); c->validate_after_idle = b % 2 ? -1 : ((b / 2) % 16) * 0.25;
   b = byte(); c->leak_threshold = b % 3 ? -1 : (1 + (b / 3) % 32) * 0.25;
   c->seed = (uint64_t)byte();
+  b = byte();
+  if (b % 3 == 0) c->create_backoff = c->create_backoff_max = -1;
+  else {
+    c->create_backoff = (1 + (b / 3) % 8) * 0.125;
+    c->create_backoff_max = c->create_backoff * (1 << ((b / 24) % 4));
+  }
 }
 
 /* Closes the pool, settles every waiter, reservation and lease, and checks

@@ -9,6 +9,7 @@
  */
 #include "model.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -116,7 +117,7 @@ static double rnd(model_t *m) {
  * is held until the call ends. */
 static int key_maybe_free(model_t *m, int k) {
   m_key_t *key = &m->keys[k];
-  if (!key->used || key->pinned || k == m->hold_key || k == m->kept) return 0;
+  if (!key->used || key->pinned || k == m->hold_key || k == m->kept || key->bstate != MB_NONE) return 0;
   if (n_held(m, k) || n_leases(m, k) || n_waiter_slots(m, k)) return 0;
   key->used = 0;
   key->gen++;
@@ -401,7 +402,15 @@ static int room(const model_t *m) {
   return n_held(m, -1) < m->cfg.max_live;
 }
 
+/* clientpool.h, create backoff: "in which the key creates nothing ...
+ * After the window only one create of the key is in flight at a time" */
+static int backoff_allows(const model_t *m, int k) {
+  const m_key_t *key = &m->keys[k];
+  return key->bstate == MB_NONE || (key->bstate == MB_PROBE && n_creating(m, k) == 0);
+}
+
 static int under_key_cap(const model_t *m, int k) {
+  if (!backoff_allows(m, k)) return 0;
   return m->cfg.key_max_live < 0 || n_held(m, k) < m->cfg.key_max_live;
 }
 
@@ -585,6 +594,8 @@ double model_next_deadline(const model_t *m) {
     if (m->wai[i].state == MW_QUEUED && has(m->wai[i].deadline)) EARLIER(m->wai[i].deadline);
   for (i = 0; i < M_MAXLEASE; i++)
     if (m->lea[i].alive && m->lea[i].leak_armed) EARLIER(m->lea[i].since + m->cfg.leak_threshold);
+  for (i = 0; i < M_MAXKEY; i++)
+    if (m->keys[i].used && m->keys[i].bstate != MB_NONE) EARLIER(m->keys[i].bdeadline);
 #undef EARLIER
   return d;
 }
@@ -599,6 +610,57 @@ static void finish(model_t *m, double now) {
     m->armed = d;
     push(m, CLIENTPOOL_EV_TIMER, 0, 0, 0, d);
   }
+}
+
+/* ---- create backoff ---------------------------------------------------- */
+
+/* "a window ... d/2 + d/2 * r, with d = min(create_backoff_max,
+ * create_backoff * 2^(failures in a row - 1))" */
+static void backoff_fail(model_t *m, int k, double now) {
+  m_key_t *key = &m->keys[k];
+  double d;
+  if (!(m->cfg.create_backoff > 0) || m->closed) return;
+  key->fails++;
+  d = ldexp(m->cfg.create_backoff, key->fails - 1 < 1000 ? key->fails - 1 : 1000);
+  if (!(d <= m->cfg.create_backoff_max)) d = m->cfg.create_backoff_max;
+  key->bstate = MB_WINDOW;
+  key->bdeadline = now + d / 2 + d / 2 * rnd(m);
+}
+
+/* "a successful create ends the backoff" */
+static void backoff_reset(model_t *m, int k) {
+  m->keys[k].fails = 0;
+  m->keys[k].bstate = MB_NONE;
+  m->keys[k].bdeadline = -1;
+}
+
+/* The window ended; or "create_backoff_max seconds after the window without
+ * a create in flight the failures are forgotten". */
+static void backoff_due(model_t *m, int k, double now) {
+  m_key_t *key = &m->keys[k];
+  if (key->bstate == MB_WINDOW) {
+    key->bstate = MB_PROBE;
+    key->bdeadline = now + m->cfg.create_backoff_max;
+    floor_check(m, k);
+  } else if (n_creating(m, k) > 0) {
+    key->bdeadline = now + m->cfg.create_backoff_max;
+  } else {
+    backoff_reset(m, k);
+    key_maybe_free(m, k);
+  }
+}
+
+/* an acquisition looks at the window's end before the timer did */
+static void backoff_check(model_t *m, int k, double now) {
+  if (m->keys[k].bstate == MB_WINDOW && now >= m->keys[k].bdeadline) backoff_due(m, k, now);
+}
+
+/* "an acquisition of the key that would create gets BACKOFF, unless a
+ * client of the key may come back soon (a record of it is leased, or a
+ * create of it is in flight)" */
+static int backoff_refuses(const model_t *m, int k) {
+  return m->keys[k].bstate == MB_WINDOW && n_records(m, k, MR_LEASED) == 0 &&
+         n_creating(m, k) == 0 && n_idle(m, k) == 0;
 }
 
 /* ---- public API ------------------------------------------------------- */
@@ -628,6 +690,7 @@ int model_acquire(model_t *m, int k, double now, m_grant_t *g) {
   if (m->closed) { g->status = CLIENTPOOL_CLOSED; return g->status; }
   if (!key_ok(m, k)) { g->status = CLIENTPOOL_STALE; return g->status; }
   m->hold_key = k;
+  backoff_check(m, k, now);
   if (!admits(m, k)) {
     if (m->cfg.pause_fail) {
       COUNT(m, k, rejected, 1);
@@ -641,6 +704,8 @@ int model_acquire(model_t *m, int k, double now, m_grant_t *g) {
   } else if ((queue_head(m, k) == NONE || kept) && n_leases(m, -1) < m->cfg.max_concurrency &&
              grant(m, k, now, g, NONE)) {
     gate_granted(m, g);
+  } else if (backoff_refuses(m, k)) {
+    g->status = CLIENTPOOL_BACKOFF;
   } else if (n_waiting(m, -1) >= m->cfg.max_waiting) {
     COUNT(m, k, rejected, 1);
     g->status = CLIENTPOOL_FULL;
@@ -650,7 +715,8 @@ int model_acquire(model_t *m, int k, double now, m_grant_t *g) {
   if (kept && g->status == CLIENTPOOL_MUST_WAIT) m->kept = k;   /* its wait uses it */
   finish(m, now);
   m->hold_key = NONE;
-  if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED) key_maybe_free(m, k);
+  if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED || g->status == CLIENTPOOL_BACKOFF)
+    key_maybe_free(m, k);
   return g->status;
 }
 
@@ -711,10 +777,15 @@ int model_created(model_t *m, int r, int ok, double now) {
   x = &m->rec[r];
   k = x->key;
   if (!ok) {
+    m->hold_key = k;
     forfeit(m, r, 1);
+    backoff_fail(m, k, now);
+    m->hold_key = NONE;
+    key_maybe_free(m, k);
     finish(m, now);
     return 0;
   }
+  backoff_reset(m, k);
   x->created = now;
   x->cseq = ++m->cseq;
   /* "lifetime_jitter shortens each record's lifetime by a random fraction up
@@ -794,6 +865,7 @@ int model_regrant(model_t *m, int l, unsigned gen, double now, m_grant_t *g) {
   k = m->rec[m->lea[l].record].key;
   g->key = k;
   m->hold_key = k;
+  backoff_check(m, k, now);
   do_release(m, l, CLIENTPOOL_BY_INVALID, now);
   if (m->closed) g->status = CLIENTPOOL_CLOSED;
   else if (!admits(m, k)) g->status = CLIENTPOOL_MUST_WAIT;   /* "Pause stops later acquisitions" */
@@ -1018,6 +1090,8 @@ int model_refill(model_t *m, double now, int *key) {
   int cand[M_MAXKEY], n = 0, k, r;
   now = clamp(m, now);
   *key = NONE;
+  for (k = 0; k < M_MAXKEY; k++)
+    if (m->keys[k].used && m->keys[k].pinned == 2) backoff_check(m, k, now);
   if (m->floor_on && !m->closed && room(m))
     for (k = 0; k < M_MAXKEY; k++)
       if (m->keys[k].used && m->keys[k].pinned == 2 && floor_deficit(m, k) > 0 && under_key_cap(m, k))
@@ -1069,7 +1143,11 @@ void model_tick(model_t *m, double now) {
           (kind < 0 || m->lea[i].since + m->cfg.leak_threshold < t)) {
         kind = 2; idx = i; t = m->lea[i].since + m->cfg.leak_threshold;
       }
+    for (i = 0; i < M_MAXKEY; i++)
+      if (m->keys[i].used && m->keys[i].bstate != MB_NONE && m->keys[i].bdeadline <= now &&
+          (kind < 0 || m->keys[i].bdeadline < t)) { kind = 3; idx = i; t = m->keys[i].bdeadline; }
     if (kind < 0) break;
+    if (kind == 3) { backoff_due(m, idx, now); continue; }
     if (kind == 0) {                     /* "nil, timeout at its deadline" */
       dequeue(m, idx, CLIENTPOOL_TIMEOUT, now);
       push(m, CLIENTPOOL_EV_WAKE, idx, (int)m->wai[idx].gen, m->wai[idx].key, 0);
@@ -1100,6 +1178,7 @@ void model_close(model_t *m, double now) {
   for (k = 0; k < M_MAXKEY; k++) {
     if (!m->keys[k].used) continue;
     m->keys[k].pinned = 0;
+    backoff_reset(m, k);
     while ((w = queue_head(m, k)) != NONE) {
       dequeue(m, w, CLIENTPOOL_CLOSED, now);
       push(m, CLIENTPOOL_EV_WAKE, w, (int)m->wai[w].gen, k, 0);

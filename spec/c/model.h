@@ -41,6 +41,7 @@
 enum { MR_FREE = 0, MR_CREATING, MR_IDLE, MR_LEASED, MR_CLOSING };
 enum { MW_FREE = 0, MW_QUEUED, MW_DONE };
 enum { MP_NONE = 0, MP_READY, MP_OUT };           /* probe state of a gate */
+enum { MB_NONE = 0, MB_WINDOW, MB_PROBE };        /* create backoff of a key */
 enum { M_ORACLE_SHARE = 0, M_ORACLE_RETIRED, M_ORACLE_REFILL };
 
 /* who:  M_ORACLE_SHARE: the waiter being served, or -1 for a direct acquire;
@@ -100,6 +101,9 @@ typedef struct m_key {
   double retire_before;
   unsigned long long retire_seq;
   int refilling;        /* warm-floor reservations in flight */
+  int fails;            /* creates failed in a row */
+  int bstate;           /* MB_* */
+  double bdeadline;     /* the window's end, or when the failures are forgotten; < 0: none */
   clientpool_stats_t st;    /* counters only; the gauges are computed */
 } m_key_t;
 

@@ -164,6 +164,7 @@ static const char *status_name(int s) {
   case CLIENTPOOL_CANCELLED: return "CANCELLED";
   case CLIENTPOOL_STALE: return "STALE";
   case CLIENTPOOL_PAUSED: return "PAUSED";
+  case CLIENTPOOL_BACKOFF: return "BACKOFF";
   default: return "?";
   }
 }
@@ -545,7 +546,7 @@ static void check_sums_at(const clientpool_t *p, const int32_t *keys, int n, con
 /* ===================================================================== */
 
 static void t_config_rejects_outside_envelope(void) {
-  struct { const char *what; clientpool_config_t c; } bad[24];
+  struct { const char *what; clientpool_config_t c; } bad[32];
   clientpool_config_t c;
   int n = 0, i;
   clientpool_t *p;
@@ -570,6 +571,11 @@ static void t_config_rejects_outside_envelope(void) {
   BAD(c.lifetime_jitter = 2.0);
   BAD(c.lifetime_jitter = NAN);
   BAD(c.lifetime_jitter = INFINITY);
+  BAD(c.create_backoff = 1; c.create_backoff_max = 0.5);   /* max below the base */
+  BAD(c.create_backoff = NAN);
+  BAD(c.create_backoff = INFINITY; c.create_backoff_max = INFINITY);
+  BAD(c.create_backoff = 1; c.create_backoff_max = INFINITY);
+  BAD(c.create_backoff = 1; c.create_backoff_max = NAN);
 #undef BAD
   for (i = 0; i < n; i++) {
     int rc;
@@ -3970,6 +3976,190 @@ static void t_closing_floor_refill(void) {
   CHECK_EQ(pstats(p).closing, 0);
 }
 
+
+/* ===================================================================== */
+/* 25. create backoff                                                    */
+/* ===================================================================== */
+
+static double backoff_end(const clientpool_t *p) { return clientpool_next_deadline(p); }
+
+/* Failed creates of a key open a jittered, doubling, bounded window in which
+ * an acquisition that would create fails fast (BACKOFF) when no client of
+ * the key may come back; waiters queued meanwhile get a reservation when
+ * the window ends, one create at a time until one succeeds (issue 12: with
+ * redis down, about 2000 connect attempts per second). */
+static void t_backoff_window_fail_fast_and_probe(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  clientpool_grant_t g, g2;
+  waiter_h w1, w2;
+  double end, prev;
+  int i;
+  c.create_backoff = 1; c.create_backoff_max = 4;
+  p = POOL(c);
+  k = PKEY(p);
+  CHECK_STATUS(ACQUIRE(p, k, 10, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 10), 0);
+  CHECK(pstats(p).create_failed == 1 && KSTATS(p, k).create_failed == 1);
+  end = backoff_end(p);
+  CHECK(end >= 10.5 && end <= 11);          /* d = 1: [d/2, d] */
+  drain(p);
+  CHECK(last_timer() == end);               /* the driver's timer is told */
+  CHECK_STATUS(ACQUIRE(p, k, 10.2, &g), CLIENTPOOL_BACKOFF);   /* fail fast */
+  CHECK_EQ(pstats(p).creating, 0);
+  w1 = WAIT(p, k, -1, 10.3);                /* a driver may queue all the same */
+  w2 = WAIT(p, k, -1, 10.3);
+  TICK(p, end - 1e-6);
+  drain(p);
+  EXPECT_NO_WAKE(w1);
+  TICK(p, end);                             /* the window ends: one create */
+  drain(p);
+  EXPECT_WAKE(w1);
+  EXPECT_NO_WAKE(w2);
+  CHECK_STATUS(CLAIM(p, w1, end, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_STATUS(ACQUIRE(p, k, end, &g2), CLIENTPOOL_MUST_WAIT);   /* one in flight: wait */
+  CHECK_EQ(CREATED(p, g.record, 0, end), 0); /* fails again: 2 in a row, d = 2 */
+  prev = end;
+  end = backoff_end(p);
+  CHECK(end >= prev + 1 && end <= prev + 2);
+  drain(p);
+  EXPECT_NO_WAKE(w2);
+  TICK(p, end);
+  drain(p);
+  EXPECT_WAKE(w2);
+  CHECK_STATUS(CLAIM(p, w2, end, &g), CLIENTPOOL_GRANT_CREATE);
+  /* the window is bounded by create_backoff_max */
+  for (i = 0; i < 6; i++) {
+    CHECK_EQ(CREATED(p, g.record, 0, end), 0);
+    prev = end;
+    end = backoff_end(p);
+    CHECK(end >= prev + 2 && end <= prev + 4);   /* d = 4, then max */
+    CHECK_STATUS(ACQUIRE(p, k, end, &g), CLIENTPOOL_GRANT_CREATE);   /* at its end, lazily */
+  }
+  CHECK_EQ(KSTATS(p, k).create_failed, 8);
+  CHECK_EQ(CREATED(p, g.record, 1, end), 0);  /* a success ends the backoff */
+  CHECK_EQ(clientpool_next_deadline(p), -1);
+  CHECK_STATUS(ACQUIRE(p, k, end, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_STATUS(ACQUIRE(p, k, end, &g2), CLIENTPOOL_GRANT_CREATE);   /* several at once again */
+}
+
+/* While a client of the key may come back (one leased, or a create in
+ * flight), an acquisition waits as usual instead of failing fast. */
+static void t_backoff_waits_when_a_client_may_come_back(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  clientpool_grant_t g;
+  waiter_h w;
+  c.create_backoff = 1; c.create_backoff_max = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 0), 0);
+  MUST_WAIT(p, k, 0.1);                     /* h is leased: it may come back */
+  w = WAIT(p, k, -1, 0.1);
+  RELEASE(p, h, 0.2);                       /* and it does, inside the window */
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 0.2, &g), CLIENTPOOL_GRANT_IDLE);
+  /* off (create_backoff <= 0): no window at all */
+  c.create_backoff = 0;
+  p = POOL(c);
+  k = PKEY(p);
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 0), 0);
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(clientpool_next_deadline(p), -1);
+}
+
+/* The window is jittered from the pool's seeded generator: the same seed
+ * gives the same windows, others spread them over [d/2, d]. */
+static void t_backoff_jitter_by_seed(void) {
+  double ends[8];
+  int s, distinct = 0, i;
+  for (s = 0; s < 8; s++) {
+    clientpool_config_t c = cfg_base();
+    clientpool_t *p;
+    int32_t k;
+    clientpool_grant_t g;
+    c.create_backoff = 2; c.create_backoff_max = 2; c.seed = (uint64_t)(s % 4 + 1);
+    p = POOL(c);
+    k = PKEY(p);
+    CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+    CHECK_EQ(CREATED(p, g.record, 0, 0), 0);
+    ends[s] = backoff_end(p);
+    CHECK(ends[s] >= 1 && ends[s] <= 2);
+    free_pool(p);
+  }
+  for (s = 0; s < 4; s++) {
+    CHECK(ends[s] == ends[s + 4]);
+    for (i = 0; i < s; i++) if (ends[i] == ends[s]) break;
+    if (i == s) distinct++;
+  }
+  CHECK(distinct >= 3);
+}
+
+/* A failed warm-floor refill counts the same; the floor is signalled again
+ * when the window ends.  The failures are forgotten create_backoff_max
+ * after the window with no create, and a key that backs off is not
+ * forgotten before (its next acquisition must still back off). */
+static void t_backoff_refill_and_forget(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, u, r, kk;
+  clientpool_grant_t g;
+  double end;
+  c.create_backoff = 1; c.create_backoff_max = 1; c.min_idle = 1;
+  p = POOL(c);
+  k = KEY_OPEN(p);
+  CHECK_EQ(KEY_PIN(p, k, 2), 0);
+  clientpool_floor(p, 1, 0);
+  r = clientpool_refill(p, 0, &kk);
+  CHECK(r >= 0 && kk == k);
+  CHECK_EQ(CREATED(p, r, 0, 0), 0);         /* the refill failed */
+  CHECK(KSTATS(p, k).create_failed == 1);
+  CHECK_EQ(clientpool_refill(p, 0.1, &kk), -1);
+  end = backoff_end(p);
+  drain(p);
+  TICK(p, end);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
+  r = clientpool_refill(p, end, &kk);
+  CHECK(r >= 0 && kk == k);
+  CHECK_EQ(CREATED(p, r, 1, end), 0);
+  /* an unpinned key keeps its failures while it backs off */
+  u = UKEY(p);
+  CHECK_STATUS(ACQUIRE(p, u, 5, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 5), 0);
+  drain(p);
+  CHECK_EQ(n_key_free(u), 0);
+  CHECK_STATUS(ACQUIRE(p, u, 5.1, &g), CLIENTPOOL_BACKOFF);
+  drain(p);
+  CHECK_EQ(n_key_free(u), 0);
+  end = backoff_end(p);
+  TICK(p, end);                             /* the window ends; max later... */
+  drain(p);
+  CHECK_EQ(n_key_free(u), 0);
+  CHECK_STATUS(ACQUIRE(p, u, end + 0.5, &g), CLIENTPOOL_GRANT_CREATE);   /* one create */
+  CHECK_EQ(CREATED(p, g.record, 0, end + 0.5), 0);   /* 2 in a row */
+  end = backoff_end(p);
+  TICK(p, end);
+  TICK(p, end + 1);                         /* max after the window, nothing in flight */
+  drain(p);
+  CHECK_EQ(n_key_free(u), 1);               /* failures forgotten with the key */
+  /* close ends every backoff: nothing is left */
+  u = UKEY(p);
+  CHECK_STATUS(ACQUIRE(p, u, 20, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 20), 0);
+  CLOSE(p, 20);
+  drain(p);
+  CHECK_EQ(n_key_free(u), 1);
+  CHECK_EQ(clientpool_next_deadline(p), -1);
+}
+
 #define T(f) { #f, f }
 
 static const test_t tests[] = {
@@ -4079,6 +4269,11 @@ static const test_t tests[] = {
   T(t_closing_eviction_waits_for_destroy),
   T(t_closing_regrant_keeps_place),
   T(t_closing_floor_refill),
+  /* 25 create backoff */
+  T(t_backoff_window_fail_fast_and_probe),
+  T(t_backoff_waits_when_a_client_may_come_back),
+  T(t_backoff_jitter_by_seed),
+  T(t_backoff_refill_and_forget),
 };
 
 /* runs one test; a failed CHECK longjmps back here.  Returns 1 if it failed. */
