@@ -103,6 +103,8 @@ static int lcp_new(lua_State *L) {
   c.lifetime_jitter = opt_num(L, 1, "lifetime_jitter", 0);
   c.validate_after_idle = opt_num(L, 1, "validate_after_idle", -1);
   c.leak_threshold = opt_num(L, 1, "leak_threshold", -1);
+  c.create_backoff = opt_num(L, 1, "create_backoff", -1);
+  c.create_backoff_max = opt_num(L, 1, "create_backoff_max", -1);
   c.seed = (uint64_t)opt_num(L, 1, "seed", 0);
   u = (lcp_box **)lua_newuserdata(L, sizeof *u);
   *u = NULL;
@@ -1030,6 +1032,7 @@ int luaopen_clientpool_core(lua_State *L) {
   lua_pushinteger(L, CLIENTPOOL_CANCELLED); lua_setfield(L, -2, "CANCELLED");
   lua_pushinteger(L, CLIENTPOOL_STALE); lua_setfield(L, -2, "STALE");
   lua_pushinteger(L, CLIENTPOOL_PAUSED); lua_setfield(L, -2, "PAUSED");
+  lua_pushinteger(L, CLIENTPOOL_BACKOFF); lua_setfield(L, -2, "BACKOFF");
   lua_pushinteger(L, CLIENTPOOL_EV_REFILL); lua_setfield(L, -2, "EV_REFILL");
   lua_pushinteger(L, CLIENTPOOL_EV_LOST); lua_setfield(L, -2, "EV_LOST");
   lua_pushinteger(L, CLIENTPOOL_EKEYS); lua_setfield(L, -2, "EKEYS");

@@ -39,7 +39,7 @@ for name, v in pairs {
   GRANT_IDLE = GRANT_IDLE, GRANT_CREATE = GRANT_CREATE, MUST_WAIT = C.CLIENTPOOL_MUST_WAIT,
   PENDING = C.CLIENTPOOL_PENDING, FULL = C.CLIENTPOOL_FULL, CLOSED = C.CLIENTPOOL_CLOSED,
   TIMEOUT = C.CLIENTPOOL_TIMEOUT, CANCELLED = C.CLIENTPOOL_CANCELLED, STALE = C.CLIENTPOOL_STALE,
-  PAUSED = C.CLIENTPOOL_PAUSED, EV_REFILL = C.CLIENTPOOL_EV_REFILL, EV_LOST = C.CLIENTPOOL_EV_LOST,
+  PAUSED = C.CLIENTPOOL_PAUSED, BACKOFF = C.CLIENTPOOL_BACKOFF, EV_REFILL = C.CLIENTPOOL_EV_REFILL, EV_LOST = C.CLIENTPOOL_EV_LOST,
   EKEYS = C.CLIENTPOOL_EKEYS, EV_WAKE = C.CLIENTPOOL_EV_WAKE, EV_DESTROY = C.CLIENTPOOL_EV_DESTROY,
   EV_TIMER = C.CLIENTPOOL_EV_TIMER, EV_KEY_FREE = C.CLIENTPOOL_EV_KEY_FREE, EV_LEAK = C.CLIENTPOOL_EV_LEAK,
   EV_CREATED = C.CLIENTPOOL_EV_CREATED,
@@ -123,6 +123,8 @@ function _M.new(cfg)
   c.lifetime_jitter = opt_num(cfg, "lifetime_jitter", 0)
   c.validate_after_idle = opt_num(cfg, "validate_after_idle", -1)
   c.leak_threshold = opt_num(cfg, "leak_threshold", -1)
+  c.create_backoff = opt_num(cfg, "create_backoff", -1)
+  c.create_backoff_max = opt_num(cfg, "create_backoff_max", -1)
   c.seed = opt_num(cfg, "seed", 0)
   local out = engine_pp()
   local rc = C.clientpool_new(c, out)

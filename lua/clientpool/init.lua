@@ -36,7 +36,7 @@ local monotime = core.monotime
 
 local GRANT_IDLE, GRANT_CREATE = core.GRANT_IDLE, core.GRANT_CREATE
 local MUST_WAIT, PENDING, FULL, CLOSED = core.MUST_WAIT, core.PENDING, core.FULL, core.CLOSED
-local PAUSED, STALE = core.PAUSED, core.STALE
+local PAUSED, STALE, BACKOFF = core.PAUSED, core.STALE, core.BACKOFF
 local TIMEOUT, CANCELLED = core.TIMEOUT, core.CANCELLED
 local EV_WAKE, EV_DESTROY, EV_TIMER = core.EV_WAKE, core.EV_DESTROY, core.EV_TIMER
 local EV_KEY_FREE, EV_LEAK = core.EV_KEY_FREE, core.EV_LEAK
@@ -114,7 +114,13 @@ local KNOWN = {
   lifetime_jitter = true, validate_after_idle = true, max_keys = true,
   leak_threshold = true, policy = true, pause_mode = true, probe = true,
   restarts = true, scheduler = true, seed = true, backend = true,
+  create_backoff = true, create_backoff_max = true,
 }
+
+-- Create backoff defaults (docs/decisions.md): after failed creates in a
+-- row a key's creates wait a jittered window starting at 0.05 s and
+-- doubling up to 2 s; false turns it off.
+local CREATE_BACKOFF, CREATE_BACKOFF_MAX = 0.05, 2
 
 local function check_count(o, name, min, default)
   local v = o[name]
@@ -247,6 +253,16 @@ local function validate_options(o)
   c.max_lifetime = check_duration(o, "max_lifetime")
   c.validate_after_idle = check_duration(o, "validate_after_idle")
   c.leak_threshold = check_duration(o, "leak_threshold")
+  if o.create_backoff == false then
+    if o.create_backoff_max ~= nil then fail("option 'create_backoff_max' needs create_backoff (it is false)") end
+  else
+    c.create_backoff = check_duration(o, "create_backoff") or CREATE_BACKOFF
+    c.create_backoff_max = check_duration(o, "create_backoff_max") or math.max(CREATE_BACKOFF_MAX, c.create_backoff)
+    if c.create_backoff_max < c.create_backoff then
+      fail("option 'create_backoff_max' (%s) must be >= create_backoff (%s)",
+           tostring(c.create_backoff_max), tostring(c.create_backoff))
+    end
+  end
   if o.lifetime_jitter ~= nil then
     local j = o.lifetime_jitter
     if type(j) ~= "number" or j ~= j then fail("option 'lifetime_jitter' must be a number, got %s", tostring(j)) end
@@ -642,6 +658,7 @@ local function handle_event(self, e, t, a, b, c, tt)
       if name ~= nil then
         self._knames[a] = nil
         self._kids[name] = nil
+        self._create_err[name] = nil
       end
     elseif t == EV_LEAK and a < 0 then
       -- a lease collected while held (one report per lease; its client is
@@ -713,6 +730,7 @@ function _M.new(opts)
     lifetime_jitter = c.lifetime_jitter, validate_after_idle = c.validate_after_idle,
     leak_threshold = c.leak_threshold, seed = c.seed,
     pause_fail = c.pause_mode == "fail" and 1 or 0,
+    create_backoff = c.create_backoff or -1, create_backoff_max = c.create_backoff_max or -1,
   }
   pools_made = pools_made + 1
   local self = setmetatable({
@@ -728,6 +746,7 @@ function _M.new(opts)
     _rec_leases = c.capacity > 1 and {} or nil,
     _scratch = {}, _drain_hs = nil, _pgen = {}, _pgen_next = 0, _adopted = setmetatable({}, WEAK_KEYS),
     _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
+    _create_err = {},             -- key name -> the error of its last failed create (BACKOFF)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
   e:set_notify(function() kick(self) end)
@@ -894,11 +913,13 @@ local function create_client(self, name, rec, lease)
       lease._g = nil
       lease._s = nil
     end
+    if ok then err = err or "create returned nil" else err = client end
+    self._create_err[name] = err   -- what an acquisition refused by the backoff returns
     local _, pending = e:created(rec, false, now_of(self))
     if pending > 0 then pump(self) end
-    if ok then err = err or "create returned nil" else err = client end
     return nil, "create", err
   end
+  self._create_err[name] = nil
   self._clients[rec] = client
   if lease then lease.client = client end
   local _, pending = e:created(rec, true, now_of(self))
@@ -1127,6 +1148,8 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
     return nil, "full", snapshot(self, "full", name)
   elseif st == PAUSED then
     return nil, "paused", self._kpaused[name] or self._paused or "probe"
+  elseif st == BACKOFF then     -- creates of the key fail: fail fast with the last error
+    return nil, "create", self._create_err[name] or "create backing off"
   elseif st == CLOSED then
     return nil, "closed"
   end
@@ -1174,6 +1197,8 @@ function Pool:try_acquire(key)
       return nil, "full", snapshot(self, "full", name)
     elseif st == PAUSED then
       return nil, "paused", self._kpaused[name] or self._paused or "probe"
+    elseif st == BACKOFF then
+      return nil, "create", self._create_err[name] or "create backing off"
     elseif st == CLOSED then
       return nil, "closed"
     elseif st == STALE then
@@ -1793,6 +1818,8 @@ local function checkout_grant(self, key, k, name, st, rec, l, g, validate, idle)
     return nil, "full", snapshot(self, "full", name)
   elseif st == PAUSED then
     return nil, "paused", self._kpaused[name] or self._paused or "probe"
+  elseif st == BACKOFF then     -- creates of the key fail: fail fast with the last error
+    return nil, "create", self._create_err[name] or "create backing off"
   elseif st == CLOSED then
     return nil, "closed"
   end
