@@ -9,15 +9,11 @@
 local clientpool = require "clientpool"
 local loop = require "clientpool.loop"
 
+-- (run() re-raises a task's error)
 local function run(fn)
   local sched = loop.new { clock = "virtual" }
-  local err
-  sched.spawn(function()
-    local ok, e = pcall(fn, sched)
-    if not ok then err = e end
-  end)
+  sched.spawn(fn, sched)
   sched.run()
-  if err then error(err, 0) end
 end
 
 -- an upstream that is down until `up` is set; counts connect attempts
