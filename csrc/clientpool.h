@@ -94,7 +94,8 @@ enum {
   CLIENTPOOL_BY_LEAKED = 6,    /* its lease was collected while held */
   CLIENTPOOL_BY_RETIRED = 7,   /* retired by the driver */
   CLIENTPOOL_BY_EVICTED = 8,   /* idle, destroyed to make room for another key */
-  CLIENTPOOL_BY_COUNT = 9
+  CLIENTPOOL_BY_RESIZED = 9,   /* over a cap lowered by clientpool_configure / key_caps */
+  CLIENTPOOL_BY_COUNT = 10
 };
 
 /* Event types returned by clientpool_next_event.  The id of a forgotten key
@@ -159,7 +160,7 @@ typedef struct clientpool_stats {
   double create_failed;        /* reservations forfeited by a failed create */
   double wait_count;           /* waits that ended, whatever the outcome */
   double wait_time;            /* seconds spent in those waits */
-  double closed_by[9];         /* indexed by CLIENTPOOL_BY_* */
+  double closed_by[10];        /* indexed by CLIENTPOOL_BY_* */
   int32_t live;                /* records open (opened - closed): idle or active */
   int32_t idle;                /* records idle */
   int32_t active;              /* records carrying leases */
@@ -177,6 +178,28 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out);
 /* Frees the engine and everything it holds.  NULL is accepted. */
 void clientpool_free(clientpool_t *p);
 
+/* Changes the config of a running engine: every count and duration,
+ * pause_fail and the backoff; capacity and seed cannot change.  Returns 0,
+ * EINVAL (a config clientpool_new would refuse, or another capacity or
+ * seed: nothing changes), ENOMEM (nothing changes) or ECLOSED.
+ *   A lower max_live or per-key max_live retires idle records at once
+ *   (least recently used first, BY_RESIZED) while the pool or key holds
+ *   more than the cap (open or being created); leased ones finish and are
+ *   destroyed at release while it still does (BY_RESIZED); new creates
+ *   wait until live + creating + closing is under the cap.  A lower max_idle
+ *   or per-key max_idle retires idle records the same way (BY_MAX_IDLE).
+ *   A higher cap serves waiters at once.  A lower max_waiting refuses new
+ *   waiters and keeps the queued ones; a lower max_concurrency or max_keys
+ *   lets held leases and open keys stay.
+ *   max_lifetime: every record's lifetime deadline is scaled by new/old
+ *   (its jitter kept), set for records that had none (jitter drawn in
+ *   creation order), or dropped; leak_threshold: held leases are measured
+ *   against the new value (a report already made is not made again);
+ *   idle_timeout, validate_after_idle, lifetime_jitter and the backoff
+ *   apply from now (backoff off ends every window).  A deadline that moved
+ *   earlier is announced (EV_TIMER). */
+int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double now);
+
 /* Opens a new key and returns its id (>= 0), or EKEYS when max_keys keys
  * exist, or ECLOSED.  Key ids are small integers reused after the key is
  * forgotten (EV_KEY_FREE).  A key is forgotten once it holds no record, lease
@@ -186,6 +209,16 @@ int32_t clientpool_key_open(clientpool_t *p);
 /* Pins (1) or unpins (0) a key: a pinned key is never forgotten; 2 pins it
  * as a warm key, whose min_idle floor the engine signals (EV_REFILL). */
 int clientpool_key_pin(clientpool_t *p, int32_t key, int32_t pinned);
+
+/* Gives key its own caps, in place of the pool's per-key ones (< 0: the
+ * pool's again): max_live in [0, cfg max_live], max_idle in [0, cfg
+ * max_idle] (a later configure may lower the pool's below them: the
+ * pool's caps still bound everything).  Lowering retires and destroys as
+ * clientpool_configure does; raising serves waiters at once.  A key with
+ * caps of its own is not forgotten until they are cleared (or the pool is
+ * closed: then as any key).  For the fleet:
+ * each process's share of a key's budget.  Returns 0, EINVAL or ECLOSED. */
+int clientpool_key_caps(clientpool_t *p, int32_t key, int32_t max_live, int32_t max_idle, double now);
 
 /* Forgets a key that holds nothing (for the driver, after an acquisition
  * that could not wait); a key in use or pinned is left alone.  Returns 1 if

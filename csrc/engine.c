@@ -101,6 +101,9 @@ typedef struct key {
   int32_t fails;         /* creates failed in a row (create backoff) */
   int32_t bstate;        /* B_NONE, B_WINDOW, B_PROBE */
   int32_t bpos;          /* its backoff deadline entry, or NONE */
+  int32_t cap_live;      /* clientpool_key_caps: this key's max_live, or NONE (the pool's) */
+  int32_t cap_idle;      /* and its max_idle, or NONE */
+  int32_t lim_live;      /* > cap after a cap was lowered: what the key held then (0: none) */
   int32_t *oheap, olen, ocap;  /* open records (capacity > 1) by fewest leases */
   double retire_before;  /* records created earlier are retired */
   double retire_upto;    /* records created up to this instant are retired */
@@ -129,6 +132,10 @@ struct clientpool {
   int32_t g_oldest, g_newest;   /* pool-wide idle list */
   int32_t hold_key;             /* the key an acquire works on: not forgotten meanwhile */
   int32_t kept;                 /* the key whose regrant caller keeps its place, or NONE */
+  /* after clientpool_configure lowered a cap: the count then (0: none, or
+   * back under the cap), for clientpool_check: nothing grows past a cap,
+   * but what was there may stay until it ends */
+  int32_t lim_live, lim_leases, lim_waiting, lim_keys;
   int32_t *warm; int32_t nwarm, warmcap;  /* pinned keys: the warm floor's keys */
   int32_t floor_on, refill_signalled;
   double retire_before, retire_upto;
@@ -143,6 +150,7 @@ struct clientpool {
 };
 
 static void finish(clientpool_t *p, double now);
+static int32_t closing_reason(const clientpool_t *p, const record_t *x, double now);
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -298,12 +306,22 @@ static int32_t key_held(const key_t_ *key) {
   return key->st.live + key->st.creating + key->st.closing;
 }
 
+/* A key's caps: its own (clientpool_key_caps), else the pool's per-key
+ * ones; < 0 = none. */
+static int32_t key_cap_live(const clientpool_t *p, const key_t_ *key) {
+  return key->cap_live >= 0 ? key->cap_live : p->cfg.key_max_live;
+}
+static int32_t key_cap_idle(const clientpool_t *p, const key_t_ *key) {
+  return key->cap_idle >= 0 ? key->cap_idle : p->cfg.key_max_idle;
+}
+
 /* Whether key k's cap lets one more record be reserved, and its create
  * backoff too: none, or after the window with no create in flight. */
 static int key_room(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
+  int32_t cap = key_cap_live(p, key);
   if (key->bstate == B_WINDOW || (key->bstate == B_PROBE && key->st.creating > 0)) return 0;
-  return p->cfg.key_max_live < 0 || key_held(key) < p->cfg.key_max_live;
+  return cap < 0 || key_held(key) < cap;
 }
 
 /* Which heap key k belongs in: RH_IDLE, RH_CREATE or NONE. */
@@ -336,6 +354,7 @@ static void rremove(clientpool_t *p, int32_t k) {
 static void key_refresh(clientpool_t *p, int32_t k) {
   key_t_ *key = &p->keys[k];
   int want = key_ready(p, k);
+  if (key->lim_live && key_held(key) <= key_cap_live(p, key)) key->lim_live = 0;
   if (key->rpos != NONE && key->rheap != want) rremove(p, k);
   if (want == NONE) return;
   if (key->rpos == NONE) {
@@ -354,7 +373,8 @@ static void key_refresh(clientpool_t *p, int32_t k) {
 static int key_empty(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
   return key->st.live == 0 && key->st.creating == 0 && key->st.closing == 0 &&
-         key->st.leases == 0 && key->wrefs == 0 && key->bstate == B_NONE;
+         key->st.leases == 0 && key->wrefs == 0 && key->bstate == B_NONE &&
+         ((key->cap_live < 0 && key->cap_idle < 0) || p->closed);   /* (caps keep a key until close) */
 }
 
 /* A forgotten key's id is reused only once the driver has read its
@@ -422,6 +442,7 @@ int32_t clientpool_key_open(clientpool_t *p) {
   key->retire_before = key->retire_upto = -1;
   key->gate.probe_lease = NONE;
   key->idle_top = key->wq_head = key->wq_tail = key->rpos = key->rheap = key->bpos = NONE;
+  key->cap_live = key->cap_idle = NONE;
   key->next_free = NONE;
   p->keys_used++;
   return k;
@@ -1025,6 +1046,10 @@ double clientpool_next_deadline(const clientpool_t *p) {
 static void finish(clientpool_t *p, double now) {
   double d;
   dispatch(p, now);
+  if (p->lim_live && p->st.live + p->st.creating + p->st.closing <= p->cfg.max_live) p->lim_live = 0;
+  if (p->lim_leases && p->st.leases <= p->cfg.max_concurrency) p->lim_leases = 0;
+  if (p->lim_waiting && p->st.waiting <= p->cfg.max_waiting) p->lim_waiting = 0;
+  if (p->lim_keys && p->keys_used <= p->cfg.max_keys) p->lim_keys = 0;
   d = clientpool_next_deadline(p);
   if (d >= 0 && (p->armed < 0 || d < p->armed)) {
     p->armed = d;
@@ -1160,6 +1185,145 @@ void clientpool_free(clientpool_t *p) {
   free(p->rec); free(p->lea); free(p->wai); free(p->keys);
   free(p->heap); free(p->rheap[0]); free(p->rheap[1]); free(p->ev);
   free(p);
+}
+
+/* ---- configure -------------------------------------------------------- */
+
+/* Every position in the heap again, then heap order (after times changed
+ * or entries were dropped). */
+static void heap_rebuild(clientpool_t *p) {
+  int32_t i;
+  for (i = 0; i < p->hlen; i++) *hpos_of(p, &p->heap[i]) = i;
+  for (i = p->hlen / 2 - 1; i >= 0; i--) hdown(p, i);
+}
+
+/* Drops the heap entries of one kind. */
+static void heap_drop(clientpool_t *p, int32_t kind) {
+  int32_t i, n = 0;
+  for (i = 0; i < p->hlen; i++) {
+    if (p->heap[i].kind == kind) *hpos_of(p, &p->heap[i]) = NONE;
+    else p->heap[n++] = p->heap[i];
+  }
+  p->hlen = n;
+}
+
+/* The bottom of key k's idle stack (its least recently released). */
+static int32_t idle_bottom(const clientpool_t *p, int32_t k) {
+  int32_t r = p->keys[k].idle_top;
+  if (r != NONE) while (p->rec[r].knext != NONE) r = p->rec[r].knext;
+  return r;
+}
+
+/* Key k over its caps: idle records go, oldest first (leased ones at their
+ * release, closing_reason). */
+static void shrink_key(clientpool_t *p, int32_t k) {
+  key_t_ *key = &p->keys[k];
+  int32_t r = idle_bottom(p, k), cap = key_cap_live(p, key), icap = key_cap_idle(p, key);
+  if (cap >= 0 && key_held(key) > cap && key_held(key) > key->lim_live) key->lim_live = key_held(key);
+  while (r != NONE && ((cap >= 0 && key->st.live + key->st.creating > cap) ||
+                       (icap >= 0 && key->st.idle > icap))) {
+    int32_t up = p->rec[r].kprev;
+    destroy(p, r, cap >= 0 && key->st.live + key->st.creating > cap ? CLIENTPOOL_BY_RESIZED
+                                                                      : CLIENTPOOL_BY_MAX_IDLE);
+    r = up;
+  }
+  key_refresh(p, k);
+}
+
+typedef struct { double created; int32_t r; } by_age_t;
+static int by_age_cmp(const void *a, const void *b) {
+  double x = ((const by_age_t *)a)->created, y = ((const by_age_t *)b)->created;
+  return x < y ? -1 : x > y;
+}
+
+int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double now) {
+  clientpool_config_t old;
+  by_age_t *fresh = NULL;
+  int32_t i, nfresh = 0, k;
+  now = clamp(p, now);
+  if (!cfg || !config_ok(cfg) || cfg->capacity != p->cfg.capacity || cfg->seed != p->cfg.seed)
+    return CLIENTPOOL_EINVAL;
+  if (p->closed) return CLIENTPOOL_ECLOSED;
+  if (has(cfg->max_lifetime) && !has(p->cfg.max_lifetime)) {
+    /* records that had no lifetime get one, jittered in creation order */
+    fresh = malloc((size_t)(p->nrec ? p->nrec : 1) * sizeof *fresh);
+    if (!fresh) return CLIENTPOOL_ENOMEM;
+    for (i = 0; i < p->nrec; i++)
+      if (p->rec[i].state == R_IDLE || p->rec[i].state == R_LEASED) {
+        fresh[nfresh].created = p->rec[i].created;
+        fresh[nfresh++].r = i;
+      }
+    if (p->hcap - p->hlen < nfresh) {
+      hent_t *q = grow(p->heap, &p->hcap, sizeof *q, p->hlen + nfresh);
+      if (!q) { free(fresh); return CLIENTPOOL_ENOMEM; }
+      p->heap = q;
+    }
+    qsort(fresh, (size_t)nfresh, sizeof *fresh, by_age_cmp);
+  }
+  old = p->cfg;
+  p->cfg = *cfg;
+  /* durations held in the heap */
+  if (!has(cfg->max_lifetime)) heap_drop(p, H_LIFETIME);
+  else if (has(old.max_lifetime) && cfg->max_lifetime != old.max_lifetime) {
+    double f = cfg->max_lifetime / old.max_lifetime;
+    for (i = 0; i < p->hlen; i++)
+      if (p->heap[i].kind == H_LIFETIME) {
+        const record_t *x = &p->rec[p->heap[i].idx];
+        p->heap[i].t = x->created + (p->heap[i].t - x->created) * f;
+      }
+  }
+  if (!has(cfg->leak_threshold)) heap_drop(p, H_LEASE);
+  else if (has(old.leak_threshold)) {
+    for (i = 0; i < p->hlen; i++)
+      if (p->heap[i].kind == H_LEASE) p->heap[i].t = p->lea[p->heap[i].idx].since + cfg->leak_threshold;
+  }
+  heap_rebuild(p);
+  for (i = 0; i < nfresh; i++) {
+    record_t *x = &p->rec[fresh[i].r];
+    hpush(p, x->created + cfg->max_lifetime * (1.0 - cfg->lifetime_jitter * rnd(p)), H_LIFETIME, fresh[i].r);
+  }
+  free(fresh);
+  if (has(cfg->leak_threshold) && !has(old.leak_threshold))
+    for (i = 0; i < p->nlea; i++)
+      if (p->lea[i].record != NONE && hpush(p, p->lea[i].since + cfg->leak_threshold, H_LEASE, i) != 0)
+        p->lea[i].hpos = NONE;
+  /* caps: what is over stays until it ends, nothing grows past them */
+  {
+    int32_t total = p->st.live + p->st.creating + p->st.closing;
+    if (total > cfg->max_live && total > p->lim_live) p->lim_live = total;
+    if (p->st.leases > cfg->max_concurrency && p->st.leases > p->lim_leases) p->lim_leases = p->st.leases;
+    if (p->st.waiting > cfg->max_waiting && p->st.waiting > p->lim_waiting) p->lim_waiting = p->st.waiting;
+    if (cfg->max_keys >= 0 && p->keys_used > cfg->max_keys && p->keys_used > p->lim_keys)
+      p->lim_keys = p->keys_used;
+  }
+  while (p->g_oldest != NONE && p->st.live + p->st.creating > cfg->max_live)
+    destroy(p, p->g_oldest, CLIENTPOOL_BY_RESIZED);
+  while (p->g_oldest != NONE && p->st.idle > cfg->max_idle) destroy(p, p->g_oldest, CLIENTPOOL_BY_MAX_IDLE);
+  for (k = 0; k < p->nkeys; k++) {
+    if (!p->keys[k].used) continue;
+    if (!(cfg->create_backoff > 0)) backoff_reset(p, k);
+    shrink_key(p, k);
+    key_maybe_free(p, k);
+  }
+  p->refill_signalled = 0;
+  for (i = 0; i < p->nwarm; i++) floor_check(p, p->warm[i]);
+  finish(p, now);
+  return 0;
+}
+
+int clientpool_key_caps(clientpool_t *p, int32_t k, int32_t max_live, int32_t max_idle, double now) {
+  key_t_ *key;
+  now = clamp(p, now);
+  if (!key_ok(p, k) || max_live > p->cfg.max_live || max_idle > p->cfg.max_idle) return CLIENTPOOL_EINVAL;
+  if (p->closed) return CLIENTPOOL_ECLOSED;
+  key = &p->keys[k];
+  key->cap_live = max_live < 0 ? NONE : max_live;
+  key->cap_idle = max_idle < 0 ? NONE : max_idle;
+  shrink_key(p, k);
+  floor_check(p, k);
+  key_maybe_free(p, k);
+  finish(p, now);
+  return 0;
 }
 
 int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
@@ -1320,6 +1484,7 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
     x->state = R_LEASED;               /* (not idle yet: destroy needs no unlink) */
     x->opos = NONE;
     if (p->closed) destroy(p, r, CLIENTPOOL_BY_DRAIN);
+    else if (closing_reason(p, x, now) == CLIENTPOOL_BY_RESIZED) destroy(p, r, CLIENTPOOL_BY_RESIZED);
     else {
       idle_push(p, r, now);
       key_refresh(p, k);
@@ -1339,10 +1504,17 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
  * CLIENTPOOL_BY_* reason), or -1 when it is kept: release() and
  * clientpool_release_closes() decide alike. */
 static int32_t closing_reason(const clientpool_t *p, const record_t *x, double now) {
+  const key_t_ *key = &p->keys[x->key];
+  int32_t cap = key_cap_live(p, key);
   if (x->doomed) return x->doomed - 1;
   if (p->closed) return CLIENTPOOL_BY_DRAIN;
   if (lifetime_over(p, x, now)) return CLIENTPOOL_BY_LIFETIME;
   if (x->retire || retired_by_age(p, x)) return CLIENTPOOL_BY_RETIRED;
+  /* a cap lowered by clientpool_configure or key_caps: over it, a client
+   * whose last lease ends is closed (those closing already do not count:
+   * their room is on its way) */
+  if (p->st.live + p->st.creating > p->cfg.max_live ||
+      (cap >= 0 && key->st.live + key->st.creating > cap)) return CLIENTPOOL_BY_RESIZED;
   return -1;
 }
 
@@ -1376,7 +1548,7 @@ static void release(clientpool_t *p, int32_t l, int32_t reason, double now) {
   x = &p->rec[r];                       /* dispatch may have grown the array */
   if (x->state == R_IDLE && x->gen == gen &&
       (p->st.idle > p->cfg.max_idle ||
-       (p->cfg.key_max_idle >= 0 && p->keys[k].st.idle > p->cfg.key_max_idle)))
+       (key_cap_idle(p, &p->keys[k]) >= 0 && p->keys[k].st.idle > key_cap_idle(p, &p->keys[k]))))
     destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
 }
 
@@ -1847,7 +2019,7 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (per[k].rejected != key->refilling) FAIL("key %d refilling %d, counted %g", k, key->refilling, per[k].rejected);
     per[k].opened = key->st.opened; per[k].closed = key->st.closed;
     if (check_counts(&key->st, &per[k], "key", buf, n)) { free(per); return -1; }
-    if (c->key_max_live >= 0 && key_held(key) > c->key_max_live)
+    if (key_cap_live(p, key) >= 0 && key_held(key) > key_cap_live(p, key) && key_held(key) > key->lim_live)
       FAIL("key %d over its max_live", k);
     for (w = key->wq_head; w != NONE; w = p->wai[w].next) {
       if (p->wai[w].prev != last) FAIL("key %d queue broken", k);
@@ -1870,14 +2042,17 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   free(per);
 #undef FAIL
   CHECK(used == p->keys_used, "keys used %d, counted %d", p->keys_used, used);
-  CHECK(c->max_keys < 0 || used <= c->max_keys, "more than max_keys keys");
+  CHECK(c->max_keys < 0 || used <= c->max_keys || used <= p->lim_keys, "more than max_keys keys");
   CHECK(ready == p->rlen[0] + p->rlen[1], "ready heaps hold %d, counted %d",
         p->rlen[0] + p->rlen[1], ready);
-  CHECK(p->st.live + p->st.creating + p->st.closing <= c->max_live,
+  CHECK(p->st.live + p->st.creating + p->st.closing <= c->max_live ||
+        p->st.live + p->st.creating + p->st.closing <= p->lim_live,
         "live %d + creating %d + closing %d > max_live %d",
         p->st.live, p->st.creating, p->st.closing, c->max_live);
-  CHECK(p->st.leases <= c->max_concurrency, "leases %d > max_concurrency", p->st.leases);
-  CHECK(p->st.waiting <= c->max_waiting, "waiting %d > max_waiting", p->st.waiting);
+  CHECK(p->st.leases <= c->max_concurrency || p->st.leases <= p->lim_leases,
+        "leases %d > max_concurrency", p->st.leases);
+  CHECK(p->st.waiting <= c->max_waiting || p->st.waiting <= p->lim_waiting,
+        "waiting %d > max_waiting", p->st.waiting);
   for (h = 0; h < 2; h++) {
     const int32_t *a = p->rheap[h];
     for (i = 0; i < p->rlen[h]; i++) {

@@ -19,7 +19,9 @@
  * retire_before, key pin (0/1/2)/forget, floor on/off, refill, stale handles,
  * destroyed (a destroy hook returned: of a closing record whose EV_DESTROY was
  * read, of one whose event is still queued, or of a record that is not
- * closing), and a skewed clock (an earlier time or NaN) for the next call.  Up to six
+ * closing), configure (one group of fields changed, the envelope broken now
+ * and then, or what cannot change), key_caps, and a skewed clock (an
+ * earlier time or NaN) for the next call.  Up to six
  * key names.  Bytes past the end read as 0.
  *
  * Each step calls the engine, then the model with the same arguments, and
@@ -94,6 +96,9 @@ static struct {
   h_dead deadl[DEAD]; int ndl;
   h_dead deadw[DEAD]; int ndw;
   h_closing D[EMAP]; int nd;      /* closing records whose EV_DESTROY was read */
+  /* after a cap was lowered: what was there then, and may stay until it
+   * ends (0: none); each step checks it never grows */
+  long hi_live, hi_leases, hi_waiting, hi_key[M_MAXKEY];
   /* this step */
   clientpool_grant_t eg; int eg_valid; m_grant_t mg;    /* a direct grant */
   int32_t new_er; int new_mr;                            /* a refill reservation */
@@ -438,11 +443,16 @@ static void step_end(void) {
     model_stats(&H.m, mk, &km);
     compare_stats(&ke, &km, what);
     check_identities(&ke, what);
-    if (H.cfg.key_max_live >= 0 && ke.live + ke.creating + ke.closing > H.cfg.key_max_live)
-      fz_fail("key %d: live %d + creating %d + closing %d > key_max_live", mk, ke.live, ke.creating,
-              ke.closing);
-    if (!H.floor_used && H.cfg.key_max_idle >= 0 && ke.idle > H.cfg.key_max_idle)
-      fz_fail("key %d: idle %d > key_max_idle", mk, ke.idle);
+    {
+      int cap = H.m.keys[mk].cap_live >= 0 ? H.m.keys[mk].cap_live : H.cfg.key_max_live;
+      int icap = H.m.keys[mk].cap_idle >= 0 ? H.m.keys[mk].cap_idle : H.cfg.key_max_idle;
+      long held = ke.live + ke.creating + ke.closing;
+      if (cap >= 0 && held > cap && held > H.hi_key[mk])
+        fz_fail("key %d: live %d + creating %d + closing %d > its max_live %d (was %ld when lowered)", mk,
+                ke.live, ke.creating, ke.closing, cap, H.hi_key[mk]);
+      H.hi_key[mk] = cap >= 0 && held > cap ? held : 0;
+      if (!H.floor_used && icap >= 0 && ke.idle > icap) fz_fail("key %d: idle %d > its max_idle", mk, ke.idle);
+    }
     EXPECT_EQ(clientpool_gate(H.p, H.mk_ek[mk]), model_gate(&H.m, mk));
     sum.live += ke.live; sum.idle += ke.idle; sum.active += ke.active;
     sum.leases += ke.leases; sum.creating += ke.creating; sum.waiting += ke.waiting;
@@ -457,10 +467,20 @@ static void step_end(void) {
       sum.creating != se.creating || sum.waiting != se.waiting || sum.closing != se.closing)
     fz_fail("per-key gauges do not sum to the pool's");
   /* the cap is physical: closing records count until their destroy is reported */
-  if (se.live + se.creating + se.closing > H.cfg.max_live)
-    fz_fail("live %d + creating %d + closing %d > max_live", se.live, se.creating, se.closing);
-  if (se.leases > H.cfg.max_concurrency) fz_fail("leases %d > max_concurrency", se.leases);
-  if (se.waiting > H.cfg.max_waiting) fz_fail("waiting %d > max_waiting", se.waiting);
+  /* ... and after a lower cap, never more than there was when it was lowered */
+  {
+    long total = se.live + se.creating + se.closing;
+    if (total > H.cfg.max_live && total > H.hi_live)
+      fz_fail("live %d + creating %d + closing %d > max_live (%ld when lowered)", se.live, se.creating,
+              se.closing, H.hi_live);
+    if (se.leases > H.cfg.max_concurrency && se.leases > H.hi_leases)
+      fz_fail("leases %d > max_concurrency", se.leases);
+    if (se.waiting > H.cfg.max_waiting && se.waiting > H.hi_waiting)
+      fz_fail("waiting %d > max_waiting", se.waiting);
+    H.hi_live = total > H.cfg.max_live ? total : 0;
+    H.hi_leases = se.leases > H.cfg.max_concurrency ? se.leases : 0;
+    H.hi_waiting = se.waiting > H.cfg.max_waiting ? se.waiting : 0;
+  }
   if (!H.floor_used && se.idle > H.cfg.max_idle) fz_fail("idle %d > max_idle", se.idle);
   EXPECT_DEQ(clientpool_next_deadline(H.p), model_next_deadline(&H.m));
   EXPECT_EQ(clientpool_gate(H.p, -1), model_gate(&H.m, -1));
@@ -819,6 +839,77 @@ static void destroy_unread(void) {
   }
 }
 
+/* Remembers the counts before a cap may be lowered (see hi_live). */
+static void hold_counts(void) {
+  clientpool_stats_t s;
+  int mk;
+  clientpool_stats(H.p, -1, &s);
+  H.hi_live = s.live + s.creating + s.closing;
+  H.hi_leases = s.leases;
+  H.hi_waiting = s.waiting;
+  for (mk = 0; mk < M_MAXKEY; mk++)
+    if (H.m.keys[mk].used && clientpool_stats(H.p, H.mk_ek[mk], &s) == 0)
+      H.hi_key[mk] = s.live + s.creating + s.closing;
+}
+
+/* configure: a new config made from the current one, valid or not */
+static void op_configure(int b) {
+  clientpool_config_t c = H.cfg;
+  int v = byte(), w = byte(), erc, mrc;
+  double t;
+  switch (b % 12) {
+  case 0: c.max_live = 1 + v % 6; if (c.max_idle > c.max_live) c.max_idle = c.max_live;
+          if (c.min_idle > c.max_idle) c.min_idle = c.max_idle;
+          if (c.key_max_live > c.max_live) c.key_max_live = c.max_live;
+          if (c.key_max_idle > c.max_idle) c.key_max_idle = c.max_idle; break;
+  case 1: c.max_idle = v % (c.max_live + 1); if (c.min_idle > c.max_idle) c.min_idle = c.max_idle;
+          if (c.key_max_idle > c.max_idle) c.key_max_idle = c.max_idle; break;
+  case 2: c.min_idle = v % (c.max_idle + 1); break;
+  case 3: c.max_concurrency = 1 + v % (c.max_live * c.capacity + 2); break;
+  case 4: c.max_waiting = v % 7; break;
+  case 5: c.key_max_live = v % 2 ? -1 : 1 + (v / 2) % c.max_live;
+          c.key_max_idle = w % 3 ? -1 : (w / 3) % (c.max_idle + 1); break;
+  case 6: c.idle_timeout = v % 3 == 0 ? -1 : (1 + (v / 3) % 32) * 0.25;
+          c.validate_after_idle = w % 2 ? -1 : ((w / 2) % 16) * 0.25; break;
+  case 7: c.max_lifetime = v % 3 == 0 ? -1 : (1 + (v / 3) % 64) * 0.25;
+          c.lifetime_jitter = w % 2 ? 0 : ((w / 2) % 8) / 16.0; break;
+  case 8: c.leak_threshold = v % 3 == 0 ? -1 : (1 + (v / 3) % 32) * 0.25; c.pause_fail = w % 4 == 0; break;
+  case 9: if (v % 3 == 0) c.create_backoff = c.create_backoff_max = -1;
+          else { c.create_backoff = (1 + (v / 3) % 8) * 0.125; c.create_backoff_max = c.create_backoff * (1 << (w % 4)); }
+          c.max_keys = w % 3 ? c.max_keys : 1 + (w / 3) % NAMES; break;
+  case 10: c.max_live = 1 + v % 6; c.max_idle = 1 + w % 6;   /* may break the envelope */
+           c.min_idle = (v * w) % 3; break;
+  default:                                  /* what cannot change */
+    if (v % 2) c.capacity = c.capacity % 3 + 1; else c.seed ^= 1 + (uint64_t)w;
+  }
+  begin("configure");
+  hold_counts();
+  t = t_call();
+  erc = clientpool_configure(H.p, &c, t);
+  mrc = model_configure(&H.m, &c, t);
+  trace("configure (change %d) -> %d/%d: max_live %d max_idle %d min_idle %d key_max_live %d", b % 12, erc,
+        mrc, c.max_live, c.max_idle, c.min_idle, c.key_max_live);
+  EXPECT_EQ(erc, mrc);
+  if (erc == 0) H.cfg = c;
+  step_end();
+}
+
+/* key_caps: a key's own caps (some out of range) */
+static void op_key_caps(int b) {
+  int name = b % NAMES, mk = H.name_mk[name], ml, mi;
+  int v = byte();
+  double t;
+  if (mk < 0) return;
+  ml = v % 4 == 0 ? -1 : (v / 4) % (H.cfg.max_live + 2);
+  mi = (v / 16) % 3 == 0 ? -1 : (b / NAMES) % (H.cfg.max_idle + 2);
+  begin("key_caps");
+  hold_counts();
+  t = t_call();
+  trace("key_caps key %d max_live %d max_idle %d", mk, ml, mi);
+  EXPECT_EQ(clientpool_key_caps(H.p, H.mk_ek[mk], ml, mi, t), model_key_caps(&H.m, mk, ml, mi, t));
+  step_end();
+}
+
 static void op_tick(int b) {
   double t;
   H.now += (double)(b % 64) * 0.125;
@@ -999,7 +1090,7 @@ enum { OP_ACQUIRE, OP_ACQUIRE2, OP_ACQUIRE3, OP_WAIT, OP_CREATED, OP_CREATED2, O
        OP_RELEASE2, OP_RELEASE3, OP_CLAIM, OP_CLAIM2, OP_CANCEL, OP_ABANDON, OP_LEAK, OP_TICK,
        OP_TICK2, OP_ADVANCE, OP_CLOSE, OP_PAUSE, OP_RESUME, OP_PROBE_OK, OP_RETIRE,
        OP_RETIRE_BEFORE, OP_KEYS, OP_FLOOR, OP_REFILL, OP_STALE, OP_SKEW, OP_DESTROYED,
-       OP_DESTROYED2, OP_COUNT };
+       OP_DESTROYED2, OP_CONFIGURE, OP_KEY_CAPS, OP_COUNT };
 
 /* ---- a run ------------------------------------------------------------ */
 
@@ -1056,6 +1147,7 @@ static void settle(void) {
   if (s.live || s.idle || s.active || s.leases || s.creating || s.waiting || s.closing)
     fz_fail("after settling: live %d idle %d active %d leases %d creating %d waiting %d closing %d",
             s.live, s.idle, s.active, s.leases, s.creating, s.waiting, s.closing);
+  if (wb_keys_used(H.p) != 0) wb_dump_keys(H.p);
   if (wb_keys_used(H.p) != 0) fz_fail("after settling: %d keys left", wb_keys_used(H.p));
   for (i = 0; i < M_MAXKEY; i++) if (H.m.keys[i].used) fz_fail("after settling: model key %d left", i);
 }
@@ -1102,6 +1194,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case OP_STALE: op_stale(b); break;
     case OP_SKEW: H.skew = 1 + b % 2; break;
     case OP_DESTROYED: case OP_DESTROYED2: op_destroyed(b); break;
+    case OP_CONFIGURE: op_configure(b); break;
+    case OP_KEY_CAPS: op_key_caps(b); break;
     }
   }
   H.skew = 0;

@@ -117,7 +117,8 @@ static double rnd(model_t *m) {
  * is held until the call ends. */
 static int key_maybe_free(model_t *m, int k) {
   m_key_t *key = &m->keys[k];
-  if (!key->used || key->pinned || k == m->hold_key || k == m->kept || key->bstate != MB_NONE) return 0;
+  if (!key->used || key->pinned || k == m->hold_key || k == m->kept || key->bstate != MB_NONE ||
+      ((key->cap_live >= 0 || key->cap_idle >= 0) && !m->closed)) return 0;
   if (n_held(m, k) || n_leases(m, k) || n_waiter_slots(m, k)) return 0;
   key->used = 0;
   key->gen++;
@@ -138,6 +139,7 @@ int model_key_open(model_t *m) {
       key->gen = gen;
       key->used = 1;
       key->retire_before = -1;
+      key->cap_live = key->cap_idle = NONE;
       return k;
     }
   m->overflow = 1;
@@ -315,9 +317,14 @@ static int retired_by_age(const model_t *m, const m_record_t *x) {
 
 /* Why an idle record may not be handed out (retired, past max_lifetime, idle
  * past idle_timeout), in that order of precedence; 0 if it may. */
+/* past max_lifetime: found so by tick, or its deadline has come */
+static int life_over(const m_record_t *x, double now) {
+  return x->lifetime_over || (x->lifetime_armed && now >= x->expires);
+}
+
 static int idle_expired(const model_t *m, const m_record_t *x, double now, int *why) {
   if (x->retire || retired_by_age(m, x)) { *why = CLIENTPOOL_BY_RETIRED; return 1; }
-  if (has(m->cfg.max_lifetime) && now >= x->expires) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
+  if (life_over(x, now)) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
   if (has(m->cfg.idle_timeout) && now - x->gl_since >= m->cfg.idle_timeout && !floor_keeps(m, x)) {
     *why = CLIENTPOOL_BY_IDLE; return 1;
   }
@@ -369,7 +376,7 @@ static int take_open(model_t *m, int k, double now, m_grant_t *g, int who) {
       if (m->rec[r].key != k || !model_open(m, r) || m->rec[r].nleases != min) continue;
       x = &m->rec[r];
       n++;
-      if ((has(m->cfg.max_lifetime) && now >= x->expires) || retired_by_age(m, x)) {
+      if (life_over(x, now) || retired_by_age(m, x)) {
         if (m->oracle(m->octx, M_ORACLE_RETIRED, r, NULL, 0)) { x->retire = 1; changed = 1; }
       } else {
         fresh[nfresh++] = r;
@@ -409,9 +416,24 @@ static int backoff_allows(const model_t *m, int k) {
   return key->bstate == MB_NONE || (key->bstate == MB_PROBE && n_creating(m, k) == 0);
 }
 
+/* "A key's caps: its own (clientpool_key_caps), else the pool's per-key ones" */
+static int key_cap_live(const model_t *m, int k) {
+  return m->keys[k].cap_live >= 0 ? m->keys[k].cap_live : m->cfg.key_max_live;
+}
+static int key_cap_idle(const model_t *m, int k) {
+  return m->keys[k].cap_idle >= 0 ? m->keys[k].cap_idle : m->cfg.key_max_idle;
+}
+
 static int under_key_cap(const model_t *m, int k) {
   if (!backoff_allows(m, k)) return 0;
-  return m->cfg.key_max_live < 0 || n_held(m, k) < m->cfg.key_max_live;
+  return key_cap_live(m, k) < 0 || n_held(m, k) < key_cap_live(m, k);
+}
+
+/* "destroyed at release while [the pool or key holds] more than the cap
+ * (open or being created)" */
+static int over_cap(const model_t *m, int k) {
+  return n_live(m, -1) + n_creating(m, -1) > m->cfg.max_live ||
+         (key_cap_live(m, k) >= 0 && n_live(m, k) + n_creating(m, k) > key_cap_live(m, k));
 }
 
 /* decisions.md: at max_live an idle record of another key may be evicted
@@ -674,6 +696,7 @@ void model_init(model_t *m, const clientpool_config_t *cfg, m_oracle_fn oracle, 
   m->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ULL;
   m->hold_key = m->kept = NONE;
   m->retire_before = -1;
+  m->last_created = -1;
 }
 
 /* "In order: closed -> closed.  Otherwise take an eligible record ... Else
@@ -786,7 +809,7 @@ int model_created(model_t *m, int r, int ok, double now) {
     return 0;
   }
   backoff_reset(m, k);
-  x->created = now;
+  x->created = m->last_created = now > m->last_created ? now : nextafter(m->last_created, HUGE_VAL);
   x->cseq = ++m->cseq;
   /* "lifetime_jitter shortens each record's lifetime by a random fraction up
    * to the jitter (never lengthens it)" */
@@ -800,6 +823,7 @@ int model_created(model_t *m, int r, int ok, double now) {
     x->refill = 0;
     x->state = MR_LEASED;
     if (m->closed) destroy(m, r, CLIENTPOOL_BY_DRAIN);
+    else if (over_cap(m, k)) destroy(m, r, CLIENTPOOL_BY_RESIZED);   /* a cap lowered meanwhile */
     else idle_push(m, r, now);
   } else {
     x->state = MR_LEASED;
@@ -829,8 +853,9 @@ static void do_release(model_t *m, int l, int reason, double now) {
   if (reason < 0 && x->doomed) reason = x->doomed - 1;
   if (reason < 0) {
     if (m->closed) reason = CLIENTPOOL_BY_DRAIN;
-    else if (has(m->cfg.max_lifetime) && now >= x->expires) reason = CLIENTPOOL_BY_LIFETIME;
+    else if (life_over(x, now)) reason = CLIENTPOOL_BY_LIFETIME;
     else if (x->retire || retired_by_age(m, x)) reason = CLIENTPOOL_BY_RETIRED;
+    else if (over_cap(m, k)) reason = CLIENTPOOL_BY_RESIZED;
   }
   if (reason >= 0) { destroy(m, r, reason); return; }
   idle_push(m, r, now);
@@ -838,7 +863,7 @@ static void do_release(model_t *m, int l, int reason, double now) {
   dispatch(m, now);                      /* a waiter may take it at once */
   if (x->state == MR_IDLE && x->gen == gen &&
       (n_idle(m, -1) > m->cfg.max_idle ||
-       (m->cfg.key_max_idle >= 0 && n_idle(m, k) > m->cfg.key_max_idle)))
+       (key_cap_idle(m, k) >= 0 && n_idle(m, k) > key_cap_idle(m, k))))
     destroy(m, r, CLIENTPOOL_BY_MAX_IDLE);
 }
 
@@ -1156,7 +1181,7 @@ void model_tick(model_t *m, double now) {
       x->lifetime_armed = 0;
       /* idle: destroyed; leased: retired at its release, no new share */
       if (x->state == MR_IDLE) destroy(m, idx, CLIENTPOOL_BY_LIFETIME);
-      else x->retire = 1;
+      else { x->retire = 1; x->lifetime_over = 1; }
     } else {
       m_lease_t *x = &m->lea[idx];
       x->leak_armed = 0;
@@ -1164,6 +1189,119 @@ void model_tick(model_t *m, double now) {
     }
   }
   finish(m, now);
+}
+
+/* ---- configure -------------------------------------------------------- */
+
+/* clientpool_new's rules (DESIGN section 3, "Capacity envelope"), restated. */
+static int config_valid(const clientpool_config_t *c) {
+  if (c->max_live < 1 || c->max_concurrency < 1 || c->capacity < 1 || c->max_waiting < 0) return 0;
+  if (c->min_idle < 0 || c->min_idle > c->max_idle || c->max_idle > c->max_live) return 0;
+  if (c->key_max_live >= 0 && (c->key_max_live < 1 || c->key_max_live > c->max_live)) return 0;
+  if (c->key_max_idle >= 0 && c->key_max_idle > c->max_idle) return 0;
+  if (c->max_keys == 0) return 0;
+  if (!(c->lifetime_jitter >= 0 && c->lifetime_jitter < 1)) return 0;
+  if (c->create_backoff != c->create_backoff) return 0;
+  if (c->create_backoff > 0 && !(c->create_backoff < HUGE_VAL && c->create_backoff_max >= c->create_backoff &&
+                                 c->create_backoff_max < HUGE_VAL)) return 0;
+  return 1;
+}
+
+/* the key's idle record released first (its LIFO stack's bottom) */
+static int idle_bottom(const model_t *m, int k) {
+  int r, best = NONE;
+  for (r = 0; r < M_MAXREC; r++)
+    if (m->rec[r].state == MR_IDLE && m->rec[r].key == k &&
+        (best == NONE || m->rec[r].stack_seq < m->rec[best].stack_seq)) best = r;
+  return best;
+}
+
+/* "A lower max_live or per-key max_live retires idle records at once (least
+ * recently used first, BY_RESIZED) ... A lower max_idle or per-key max_idle
+ * retires idle records the same way (BY_MAX_IDLE)." */
+static void shrink_key(model_t *m, int k) {
+  for (;;) {
+    int r = idle_bottom(m, k), cap = key_cap_live(m, k), icap = key_cap_idle(m, k);
+    int over = cap >= 0 && n_live(m, k) + n_creating(m, k) > cap;
+    if (r == NONE || !(over || (icap >= 0 && n_idle(m, k) > icap))) return;
+    destroy(m, r, over ? CLIENTPOOL_BY_RESIZED : CLIENTPOOL_BY_MAX_IDLE);
+  }
+}
+
+int model_configure(model_t *m, const clientpool_config_t *cfg, double now) {
+  clientpool_config_t old;
+  int k, r;
+  now = clamp(m, now);
+  if (!config_valid(cfg) || cfg->capacity != m->cfg.capacity || cfg->seed != m->cfg.seed)
+    return CLIENTPOOL_EINVAL;
+  if (m->closed) return CLIENTPOOL_ECLOSED;
+  old = m->cfg;
+  m->cfg = *cfg;
+  /* "max_lifetime: every record's lifetime deadline is scaled by new/old
+   * (its jitter kept), set for records that had none (jitter drawn in
+   * creation order), or dropped" */
+  if (!has(cfg->max_lifetime)) {
+    for (r = 0; r < M_MAXREC; r++) m->rec[r].lifetime_armed = 0;
+  } else if (has(old.max_lifetime) && cfg->max_lifetime != old.max_lifetime) {
+    double f = cfg->max_lifetime / old.max_lifetime;
+    for (r = 0; r < M_MAXREC; r++) {
+      m_record_t *x = &m->rec[r];
+      if (x->state != MR_FREE && x->lifetime_armed) x->expires = x->created + (x->expires - x->created) * f;
+    }
+  } else if (!has(old.max_lifetime)) {
+    double after = -HUGE_VAL;
+    for (;;) {
+      int next = NONE;
+      for (r = 0; r < M_MAXREC; r++) {
+        const m_record_t *x = &m->rec[r];
+        if ((x->state == MR_IDLE || x->state == MR_LEASED) && x->created > after &&
+            (next == NONE || x->created < m->rec[next].created)) next = r;
+      }
+      if (next == NONE) break;
+      m->rec[next].expires = m->rec[next].created + cfg->max_lifetime * (1.0 - cfg->lifetime_jitter * rnd(m));
+      m->rec[next].lifetime_armed = 1;
+      after = m->rec[next].created;
+    }
+  }
+  /* "held leases are measured against the new value (a report already
+   * made is not made again)" */
+  for (r = 0; r < M_MAXLEASE; r++) {
+    if (!has(cfg->leak_threshold)) m->lea[r].leak_armed = 0;
+    else if (!has(old.leak_threshold) && m->lea[r].alive) m->lea[r].leak_armed = 1;
+  }
+  for (;;) {
+    int v = idle_oldest(m);
+    if (v == NONE || n_live(m, -1) + n_creating(m, -1) <= cfg->max_live) break;
+    destroy(m, v, CLIENTPOOL_BY_RESIZED);
+  }
+  for (;;) {
+    int v = idle_oldest(m);
+    if (v == NONE || n_idle(m, -1) <= cfg->max_idle) break;
+    destroy(m, v, CLIENTPOOL_BY_MAX_IDLE);
+  }
+  for (k = 0; k < M_MAXKEY; k++) {
+    if (!m->keys[k].used) continue;
+    if (!(cfg->create_backoff > 0)) backoff_reset(m, k);   /* "backoff off ends every window" */
+    shrink_key(m, k);
+    key_maybe_free(m, k);
+  }
+  m->refill_signalled = 0;
+  for (k = 0; k < M_MAXKEY; k++) if (m->keys[k].used) floor_check(m, k);
+  finish(m, now);
+  return 0;
+}
+
+int model_key_caps(model_t *m, int k, int max_live, int max_idle, double now) {
+  now = clamp(m, now);
+  if (!key_ok(m, k) || max_live > m->cfg.max_live || max_idle > m->cfg.max_idle) return CLIENTPOOL_EINVAL;
+  if (m->closed) return CLIENTPOOL_ECLOSED;
+  m->keys[k].cap_live = max_live < 0 ? NONE : max_live;
+  m->keys[k].cap_idle = max_idle < 0 ? NONE : max_idle;
+  shrink_key(m, k);
+  floor_check(m, k);
+  key_maybe_free(m, k);
+  finish(m, now);
+  return 0;
 }
 
 /* "close() ... stop admission, wake queued acquisitions with closed and

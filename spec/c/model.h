@@ -66,6 +66,7 @@ typedef struct m_record {
   int refill;           /* while creating: a warm-floor reservation (no lease) */
   int res_lease;        /* while creating (not refill): the reservation's lease */
   int lifetime_armed;   /* its max_lifetime deadline has not been processed by tick */
+  int lifetime_over;    /* tick found it past max_lifetime while leased */
   double created, expires, idle_since, gl_since;
   unsigned long long cseq;       /* creation order (retire_before(-1)) */
   unsigned long long stack_seq;  /* when it went idle: the key's LIFO top is the highest */
@@ -104,6 +105,7 @@ typedef struct m_key {
   int fails;            /* creates failed in a row */
   int bstate;           /* MB_* */
   double bdeadline;     /* the window's end, or when the failures are forgotten; < 0: none */
+  int cap_live, cap_idle;   /* model_key_caps: the key's own caps, or -1 (the pool's) */
   clientpool_stats_t st;    /* counters only; the gauges are computed */
 } m_key_t;
 
@@ -120,6 +122,7 @@ typedef struct model {
   int floor_on, refill_signalled;
   double retire_before;
   unsigned long long retire_seq;
+  double last_created;  /* creation times are made strictly increasing, as the engine does */
   m_gate_t gate;
   clientpool_stats_t st;    /* counters only */
   m_record_t rec[M_MAXREC];
@@ -154,6 +157,8 @@ int model_abandon(model_t *m, int waiter, unsigned gen, double now);
 int model_leak(model_t *m, int lease, unsigned gen, double now);
 int model_retire(model_t *m, int record, double now);
 int model_destroyed(model_t *m, int record, double now);
+int model_configure(model_t *m, const clientpool_config_t *cfg, double now);
+int model_key_caps(model_t *m, int key, int max_live, int max_idle, double now);
 int model_retire_before(model_t *m, int key, double before, double now);
 int model_retire_upto(model_t *m, int r, double now);
 int model_regrant(model_t *m, int l, unsigned gen, double now, m_grant_t *g);

@@ -370,6 +370,20 @@ static int w_destroyed(clientpool_t *p, int32_t r, double now, const char *file,
 }
 #define DESTROYED(p, r, now) w_destroyed((p), (r), (now), __FILE__, __LINE__)
 
+static int w_configure(clientpool_t *p, const clientpool_config_t *c, double now, const char *file, int line) {
+  int rc = clientpool_configure(p, c, now);
+  after(p, file, line, "clientpool_configure");
+  return rc;
+}
+#define CONFIGURE(p, c, now) w_configure((p), &(c), (now), __FILE__, __LINE__)
+
+static int w_key_caps(clientpool_t *p, int32_t k, int32_t ml, int32_t mi, double now, const char *file, int line) {
+  int rc = clientpool_key_caps(p, k, ml, mi, now);
+  after(p, file, line, "clientpool_key_caps");
+  return rc;
+}
+#define KEY_CAPS(p, k, ml, mi, now) w_key_caps((p), (k), (ml), (mi), (now), __FILE__, __LINE__)
+
 /* ===================================================================== */
 /* helpers                                                               */
 /* ===================================================================== */
@@ -4160,6 +4174,268 @@ static void t_backoff_refill_and_forget(void) {
   CHECK_EQ(clientpool_next_deadline(p), -1);
 }
 
+
+/* ===================================================================== */
+/* 26. configure and per-key caps of a live engine                       */
+/* ===================================================================== */
+
+/* A config clientpool_new would refuse, another capacity or seed: EINVAL,
+ * and nothing changes; a closed pool: ECLOSED. */
+static void t_configure_refuses_and_changes_nothing(void) {
+  clientpool_config_t c = cfg_base(), bad;
+  clientpool_t *p;
+  clientpool_stats_t before;
+  int32_t k;
+  hold_t h;
+  c.max_lifetime = 50; c.leak_threshold = 20;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  (void)h;
+  drain(p);
+  before = pstats(p);
+  bad = c; bad.capacity = 2;
+  CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
+  bad = c; bad.seed = 99;
+  CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
+  bad = c; bad.max_idle = 5;                 /* > max_live */
+  CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
+  bad = c; bad.max_live = 0; bad.max_idle = 0;
+  CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
+  bad = c; bad.create_backoff = 1; bad.create_backoff_max = 0.5;
+  CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
+  CHECK_EQ(clientpool_configure(p, NULL, 1), CLIENTPOOL_EINVAL);
+  drain(p);
+  CHECK_EQ(g_nev, 0);
+  {
+    clientpool_stats_t now_s = pstats(p);
+    CHECK(stats_equal(&before, &now_s));
+  }
+  CHECK(clientpool_next_deadline(p) == 20);  /* the lease's report, as before */
+  CHECK_EQ(CONFIGURE(p, c, 1), 0);           /* the same config: nothing to do */
+  CLOSE(p, 2);
+  CHECK_EQ(CONFIGURE(p, c, 2), CLIENTPOOL_ECLOSED);
+}
+
+/* A lower max_live retires idle clients at once and closes leased ones at
+ * their release while over it; new creates wait until the physical count is
+ * under it; the count never grows meanwhile. */
+static void t_configure_lower_max_live(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h[6];
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  waiter_h w;
+  int i;
+  g_auto_destroy = 0;
+  c.max_live = 6; c.max_idle = 6; c.max_concurrency = 6;
+  p = POOL(c);
+  k = PKEY(p);
+  for (i = 0; i < 6; i++) h[i] = NEW_LEASE(p, k, 0);
+  RELEASE(p, h[4], 1);                       /* two idle, h[4] the older */
+  RELEASE(p, h[5], 2);
+  drain(p);
+  c.max_live = 2; c.max_idle = 2; c.max_concurrency = 2;
+  CHECK_EQ(CONFIGURE(p, c, 3), 0);
+  drain(p);
+  EXPECT_DESTROY(h[4].record, CLIENTPOOL_BY_RESIZED);
+  EXPECT_DESTROY(h[5].record, CLIENTPOOL_BY_RESIZED);
+  s = pstats(p);
+  CHECK(s.live == 4 && s.closing == 2 && s.closed_by[CLIENTPOOL_BY_RESIZED] == 2);
+  RELEASE(p, h[0], 4);                       /* over the cap: closed at release */
+  RELEASE(p, h[1], 4);
+  drain(p);
+  EXPECT_DESTROY(h[0].record, CLIENTPOOL_BY_RESIZED);
+  EXPECT_DESTROY(h[1].record, CLIENTPOOL_BY_RESIZED);
+  CHECK_EQ(pstats(p).live, 2);
+  RELEASE(p, h[2], 5);                       /* at the cap now: kept idle */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  h[2] = REUSE(p, k, 5, &g);
+  MUST_WAIT(p, k, 5);                        /* 2 live + 4 closing: no room */
+  w = WAIT(p, k, -1, 5);
+  for (i = 0; i < 3; i++) CHECK_EQ(DESTROYED(p, h[i == 2 ? 4 : i].record, 6), 0);
+  drain(p);
+  EXPECT_NO_WAKE(w);                         /* 2 live + 1 closing = 3 > 2 */
+  CHECK_EQ(DESTROYED(p, h[5].record, 6), 0);
+  drain(p);
+  EXPECT_NO_WAKE(w);                         /* 2 live: at the cap */
+  RELEASE_AS(p, h[3], CLIENTPOOL_BY_ERROR, 7);
+  CHECK_EQ(DESTROYED(p, h[3].record, 7), 0);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 7, &g), CLIENTPOOL_GRANT_CREATE);
+  s = pstats(p);
+  CHECK(s.live + s.creating + s.closing <= 2);
+}
+
+/* A higher cap serves waiters at once; a lower max_waiting keeps the queued
+ * ones and refuses new ones; a lower max_idle retires idle clients. */
+static void t_configure_raise_and_waiting(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, i1, i2, i3;
+  waiter_h w1, w2, w3;
+  uint32_t gen;
+  clientpool_grant_t g;
+  c.max_live = 1; c.max_idle = 1; c.max_concurrency = 8; c.max_waiting = 4;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  w1 = WAIT(p, k, -1, 0); w2 = WAIT(p, k, -1, 0); w3 = WAIT(p, k, -1, 0);
+  c.max_waiting = 1;
+  CHECK_EQ(CONFIGURE(p, c, 1), 0);
+  CHECK_EQ(pstats(p).waiting, 3);            /* the queued ones stay */
+  CHECK_EQ(WAIT_RAW(p, k, -1, 1, &gen), -CLIENTPOOL_FULL);
+  c.max_live = 4; c.max_idle = 4;
+  CHECK_EQ(CONFIGURE(p, c, 2), 0);           /* room: all three served at once */
+  drain(p);
+  EXPECT_WAKE(w1); EXPECT_WAKE(w2); EXPECT_WAKE(w3);
+  CHECK_STATUS(CLAIM(p, w1, 2, &g), CLIENTPOOL_GRANT_CREATE); CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  i1 = hold_of(&g);
+  CHECK_STATUS(CLAIM(p, w2, 2, &g), CLIENTPOOL_GRANT_CREATE); CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  i2 = hold_of(&g);
+  CHECK_STATUS(CLAIM(p, w3, 2, &g), CLIENTPOOL_GRANT_CREATE); CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  i3 = hold_of(&g);
+  CHECK(WAIT_RAW(p, k, -1, 2, &gen) >= 0);   /* under max_waiting again */
+  RELEASE(p, h, 3); RELEASE(p, i1, 4); RELEASE(p, i2, 5);
+  drain(p);
+  CHECK_EQ(pstats(p).idle, 2);               /* the waiter took the first */
+  RELEASE(p, i3, 6);
+  CHECK_EQ(pstats(p).idle, 3);
+  c.max_idle = 1;
+  CHECK_EQ(CONFIGURE(p, c, 7), 0);
+  drain(p);
+  CHECK_EQ(g_evby[CLIENTPOOL_BY_MAX_IDLE], 2);
+  EXPECT_DESTROY(i1.record, CLIENTPOOL_BY_MAX_IDLE);   /* least recently used first */
+  CHECK_EQ(pstats(p).idle, 1);
+}
+
+/* Durations: lifetimes are scaled (jitter kept), set or dropped; leak
+ * reports follow the new threshold; an earlier deadline is announced. */
+static void t_configure_durations(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, h2;
+  c.max_lifetime = 100; c.leak_threshold = 50;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  h2 = NEW_LEASE(p, k, 10);
+  RELEASE(p, h2, 10);
+  drain(p);
+  CHECK(clientpool_next_deadline(p) == 50);  /* h's leak report */
+  c.max_lifetime = 20; c.leak_threshold = 30;
+  CHECK_EQ(CONFIGURE(p, c, 11), 0);
+  drain(p);
+  CHECK(clientpool_next_deadline(p) == 20);  /* h's lifetime: 0 + 100 * 20/100 */
+  CHECK(last_timer() == 20);
+  TICK(p, 20);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);   /* leased: at its release */
+  CHECK(clientpool_next_deadline(p) == 30);  /* h2 (10 + 20), h's report (0 + 30) */
+  TICK(p, 30);
+  drain(p);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_LIFETIME);
+  CHECK_EQ(n_leak(h.lease, h.gen), 1);
+  c.leak_threshold = 5;                      /* a report made is not made again */
+  CHECK_EQ(CONFIGURE(p, c, 31), 0);
+  TICK(p, 40);
+  drain(p);
+  CHECK_EQ(n_leak(h.lease, h.gen), 0);
+  RELEASE(p, h, 41);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_LIFETIME);
+  /* off, then on again: records that had none get one (created + L) */
+  c.max_lifetime = -1; c.leak_threshold = -1;
+  CHECK_EQ(CONFIGURE(p, c, 42), 0);
+  h = NEW_LEASE(p, k, 42);
+  h2 = NEW_LEASE(p, k, 44);
+  RELEASE(p, h, 44);
+  CHECK(clientpool_next_deadline(p) == -1);
+  c.max_lifetime = 10; c.leak_threshold = 3;
+  CHECK_EQ(CONFIGURE(p, c, 45), 0);
+  CHECK(clientpool_next_deadline(p) == 47);  /* h2's report: 44 + 3 */
+  TICK(p, 47);
+  drain(p);
+  CHECK_EQ(n_leak(h2.lease, h2.gen), 1);
+  CHECK(clientpool_next_deadline(p) == 52);  /* h's lifetime: 42 + 10 */
+  TICK(p, 52);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_LIFETIME);
+  /* idle_timeout from now; backoff off ends a window */
+  c.create_backoff = 1; c.create_backoff_max = 1;
+  CHECK_EQ(CONFIGURE(p, c, 53), 0);
+  {
+    clientpool_grant_t g;
+    int32_t b = PKEY(p);
+    CHECK_STATUS(ACQUIRE(p, b, 53, &g), CLIENTPOOL_GRANT_CREATE);
+    CHECK_EQ(CREATED(p, g.record, 0, 53), 0);
+    CHECK_STATUS(ACQUIRE(p, b, 53, &g), CLIENTPOOL_BACKOFF);
+    c.create_backoff = -1;
+    CHECK_EQ(CONFIGURE(p, c, 53), 0);
+    CHECK_STATUS(ACQUIRE(p, b, 53, &g), CLIENTPOOL_GRANT_CREATE);
+  }
+}
+
+/* A key's own caps (the fleet's share of a key's budget). */
+static void t_key_caps(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, u;
+  hold_t h[3];
+  clientpool_grant_t g;
+  waiter_h w;
+  int i;
+  c.max_live = 4; c.max_idle = 4; c.key_max_live = 3; c.max_concurrency = 4;
+  p = POOL(c);
+  k = PKEY(p);
+  for (i = 0; i < 3; i++) h[i] = NEW_LEASE(p, k, 0);
+  for (i = 0; i < 3; i++) RELEASE(p, h[i], 1 + i);
+  CHECK_EQ(KEY_CAPS(p, k, 5, -1, 4), CLIENTPOOL_EINVAL);    /* > max_live */
+  CHECK_EQ(KEY_CAPS(p, k, -1, 5, 4), CLIENTPOOL_EINVAL);    /* > max_idle */
+  CHECK_EQ(KEY_CAPS(p, 99, 1, 1, 4), CLIENTPOOL_EINVAL);
+  drain(p);
+  CHECK_EQ(KEY_CAPS(p, k, 1, -1, 4), 0);
+  drain(p);
+  EXPECT_DESTROY(h[0].record, CLIENTPOOL_BY_RESIZED);       /* oldest idle first */
+  EXPECT_DESTROY(h[1].record, CLIENTPOOL_BY_RESIZED);
+  CHECK_EQ(KSTATS(p, k).live, 1);
+  h[2] = REUSE(p, k, 5, &g);
+  MUST_WAIT(p, k, 5);                        /* the key's cap: the pool has room */
+  w = WAIT(p, k, -1, 5);
+  CHECK_EQ(KEY_CAPS(p, k, 0, 0, 6), 0);      /* a share of nothing */
+  RELEASE(p, h[2], 7);
+  drain(p);
+  EXPECT_DESTROY(h[2].record, CLIENTPOOL_BY_RESIZED);       /* over the key's cap */
+  EXPECT_NO_WAKE(w);
+  CHECK_EQ(KEY_CAPS(p, k, -1, -1, 8), 0);    /* the pool's per-key caps again */
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 8, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 8), 0);
+  /* a key with caps of its own is kept until they are cleared */
+  u = UKEY(p);
+  CHECK_EQ(KEY_CAPS(p, u, 2, 1, 9), 0);
+  drain(p);
+  CHECK_EQ(KEY_FORGET(p, u), 0);
+  CHECK_EQ(KEY_CAPS(p, u, -1, -1, 9), 0);
+  drain(p);
+  CHECK_EQ(n_key_free(u), 1);
+  /* a warm key's floor is signalled when its min_idle rises */
+  c.min_idle = 2;
+  u = KEY_OPEN(p);
+  CHECK_EQ(KEY_PIN(p, u, 2), 0);
+  CHECK_EQ(CONFIGURE(p, c, 10), 0);
+  clientpool_floor(p, 1, 10);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
+}
+
 #define T(f) { #f, f }
 
 static const test_t tests[] = {
@@ -4274,6 +4550,12 @@ static const test_t tests[] = {
   T(t_backoff_waits_when_a_client_may_come_back),
   T(t_backoff_jitter_by_seed),
   T(t_backoff_refill_and_forget),
+  /* 26 configure, key caps */
+  T(t_configure_refuses_and_changes_nothing),
+  T(t_configure_lower_max_live),
+  T(t_configure_raise_and_waiting),
+  T(t_configure_durations),
+  T(t_key_caps),
 };
 
 /* runs one test; a failed CHECK longjmps back here.  Returns 1 if it failed. */

@@ -202,3 +202,13 @@ const char *wb_corrupt(clientpool_t *p, int what) {
   default: return NULL;
   }
 }
+void wb_dump_keys(const clientpool_t *p) {
+  int32_t k;
+  for (k = 0; k < p->nkeys; k++) {
+    const key_t_ *x = &p->keys[k];
+    if (!x->used) continue;
+    fprintf(stderr, "key %d: pinned %d live %d creating %d closing %d leases %d wrefs %d bstate %d caps %d/%d hold %d kept %d\n",
+            k, x->pinned, x->st.live, x->st.creating, x->st.closing, x->st.leases, x->wrefs, x->bstate, x->cap_live,
+            x->cap_idle, p->hold_key, p->kept);
+  }
+}

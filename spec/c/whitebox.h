@@ -36,6 +36,9 @@ int32_t wb_closing(const clientpool_t *p, int32_t *out, int32_t n);
 /* what a waiter holds: PENDING while queued, else its result and grant */
 void wb_waiter(const clientpool_t *p, int32_t w, int *result, int32_t *rec, int32_t *lease, uint32_t *lgen);
 
+/* what holds each key that is in use, on stderr (a failure's context) */
+void wb_dump_keys(const clientpool_t *p);
+
 /* ---- corrupting (tests of clientpool_check) ---------------------------
  * Applies corruption `what` (0 .. WB_CORRUPTIONS - 1) to a pool in the shape
  * wb_corrupt documents, and returns the text clientpool_check must report,
