@@ -234,10 +234,24 @@ int clientpool_key_forget(clientpool_t *p, int32_t key);
  * there once the destroy is reported, and the waiter is served then. */
 int clientpool_acquire(clientpool_t *p, int32_t key, double now, clientpool_grant_t *g);
 
-/* Queues a waiter for key with an absolute deadline (< 0 = none).  Returns
- * the waiter slot (>= 0) and sets *gen, or CLIENTPOOL_FULL, or
- * CLIENTPOOL_CLOSED (as a negative number: -status). */
+/* Queues a waiter for key with an absolute deadline (< 0 = none), priority
+ * 0.  Returns the waiter slot (>= 0) and sets *gen, or CLIENTPOOL_FULL, or
+ * CLIENTPOOL_CLOSED (as a negative number: -status), or ENOMEM. */
 int32_t clientpool_wait(clientpool_t *p, int32_t key, double deadline, double now, uint32_t *gen);
+
+/* Priorities.  Among the waiters that can use what is freed, a higher
+ * priority is served first, arrival order within one priority, the
+ * cross-key rule and max_waiting as ever.  A waiter of priority n is
+ * placed as if it had arrived n * CLIENTPOOL_PRIORITY_STEP acquisitions
+ * earlier: so a waiter is passed over by at most (P - n) *
+ * CLIENTPOOL_PRIORITY_STEP waiters that queued after it, P the highest
+ * priority among them (the aging bound: every PRIORITY_STEP arrivals after
+ * it count as one step up).  O(log n) per wait and grant. */
+enum { CLIENTPOOL_PRIORITY_STEP = 64 };
+
+/* As clientpool_wait, with a priority (any int32; default 0). */
+int32_t clientpool_wait_priority(clientpool_t *p, int32_t key, double deadline, int32_t priority, double now,
+                                 uint32_t *gen);
 
 /* Reports the outcome of a GRANT_CREATE reservation: ok = 1 makes the record
  * live and its lease valid; ok = 0 forfeits the reservation and hands the

@@ -80,19 +80,20 @@ typedef struct waiter {
   int32_t record, lease;
   uint32_t lease_gen;
   int32_t validate, shared;
-  int32_t prev, next;    /* the key's FIFO queue */
+  int32_t wpos;          /* position in its key's queue (a heap by place), or NONE */
   int32_t hpos;          /* deadline entry, or NONE */
   int32_t next_free;
   int32_t passed;        /* times a younger waiter of another key took an idle record first */
-  int64_t seq;           /* its place: the arrival number, or below every arrival for a
-                          * caller that kept its place (clientpool_regrant) */
+  int64_t seq;           /* its arrival number */
+  int64_t order;         /* its place: seq - priority * CLIENTPOOL_PRIORITY_STEP, or below
+                          * every place for a caller that kept its own (clientpool_regrant) */
   double enq, idle, waited;
 } waiter_t;
 
 typedef struct key {
   int32_t used, pinned;
   int32_t idle_top;      /* top of the LIFO idle stack */
-  int32_t wq_head, wq_tail;
+  int32_t *wheap, wlen, wcap;  /* queued waiters, a heap by place (order, then seq) */
   int32_t rpos;          /* position in its ready heap, or NONE */
   int32_t rheap;         /* which ready heap: RH_IDLE, RH_CREATE or NONE */
   int32_t next_free;
@@ -267,8 +268,19 @@ static void hremove(clientpool_t *p, int32_t *pos) {
  * served in arrival order against the others that can use a free slot, and
  * evicts another key's idle record only when no waiter can take that one. */
 
-static int64_t kseq(const clientpool_t *p, int32_t k) {
-  return p->wai[p->keys[k].wq_head].seq;
+/* Whether waiter a is served before waiter b: by place, then arrival. */
+static int wbefore(const waiter_t *a, const waiter_t *b) {
+  return a->order < b->order || (a->order == b->order && a->seq < b->seq);
+}
+
+/* The head of key k's queue, or NONE. */
+static int32_t qhead(const key_t_ *key) {
+  return key->wlen ? key->wheap[0] : NONE;
+}
+
+/* Whether the head waiter of key a comes before that of key b. */
+static int kbefore(const clientpool_t *p, int32_t a, int32_t b) {
+  return wbefore(&p->wai[p->keys[a].wheap[0]], &p->wai[p->keys[b].wheap[0]]);
 }
 
 static void rset(clientpool_t *p, int h, int32_t i, int32_t k) {
@@ -280,7 +292,7 @@ static void rup(clientpool_t *p, int h, int32_t i) {
   int32_t k = p->rheap[h][i];
   while (i > 0) {
     int32_t parent = (i - 1) / 2;
-    if (kseq(p, p->rheap[h][parent]) <= kseq(p, k)) break;
+    if (!kbefore(p, k, p->rheap[h][parent])) break;
     rset(p, h, i, p->rheap[h][parent]);
     i = parent;
   }
@@ -292,8 +304,8 @@ static void rdown(clientpool_t *p, int h, int32_t i) {
   for (;;) {
     int32_t c = 2 * i + 1;
     if (c >= n) break;
-    if (c + 1 < n && kseq(p, p->rheap[h][c + 1]) < kseq(p, p->rheap[h][c])) c++;
-    if (kseq(p, k) <= kseq(p, p->rheap[h][c])) break;
+    if (c + 1 < n && kbefore(p, p->rheap[h][c + 1], p->rheap[h][c])) c++;
+    if (!kbefore(p, p->rheap[h][c], k)) break;
     rset(p, h, i, p->rheap[h][c]);
     i = c;
   }
@@ -331,7 +343,7 @@ static int gate_blocked(const gate_t *g) {
 
 static int key_ready(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
-  if (key->wq_head == NONE || p->closed || gate_blocked(&key->gate)) return NONE;
+  if (key->wlen == 0 || p->closed || gate_blocked(&key->gate)) return NONE;
   if (key->idle_top != NONE || key->olen > 0) return RH_IDLE;
   if (key_room(p, k)) return RH_CREATE;
   return NONE;
@@ -433,15 +445,17 @@ int32_t clientpool_key_open(clientpool_t *p) {
   key = &p->keys[k];
   p->key_free = key->next_free;
   {
-    int32_t *oh = key->oheap, ocap = key->ocap;
+    int32_t *oh = key->oheap, ocap = key->ocap, *wh = key->wheap, wcap = key->wcap;
     memset(key, 0, sizeof *key);
     key->oheap = oh;
     key->ocap = ocap;
+    key->wheap = wh;
+    key->wcap = wcap;
   }
   key->used = 1;
   key->retire_before = key->retire_upto = -1;
   key->gate.probe_lease = NONE;
-  key->idle_top = key->wq_head = key->wq_tail = key->rpos = key->rheap = key->bpos = NONE;
+  key->idle_top = key->rpos = key->rheap = key->bpos = NONE;
   key->cap_live = key->cap_idle = NONE;
   key->next_free = NONE;
   p->keys_used++;
@@ -890,6 +904,62 @@ static int grant(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) 
 
 /* ---- waiters ---------------------------------------------------------- */
 
+/* ---- a key's queue: a binary heap of its waiters by place ------------- */
+
+static void wset(clientpool_t *p, key_t_ *key, int32_t i, int32_t w) {
+  key->wheap[i] = w;
+  p->wai[w].wpos = i;
+}
+
+static void wup(clientpool_t *p, key_t_ *key, int32_t i) {
+  int32_t w = key->wheap[i];
+  while (i > 0) {
+    int32_t parent = (i - 1) / 2;
+    if (!wbefore(&p->wai[w], &p->wai[key->wheap[parent]])) break;
+    wset(p, key, i, key->wheap[parent]);
+    i = parent;
+  }
+  wset(p, key, i, w);
+}
+
+static void wdown(clientpool_t *p, key_t_ *key, int32_t i) {
+  int32_t w = key->wheap[i];
+  for (;;) {
+    int32_t c = 2 * i + 1;
+    if (c >= key->wlen) break;
+    if (c + 1 < key->wlen && wbefore(&p->wai[key->wheap[c + 1]], &p->wai[key->wheap[c]])) c++;
+    if (!wbefore(&p->wai[key->wheap[c]], &p->wai[w])) break;
+    wset(p, key, i, key->wheap[c]);
+    i = c;
+  }
+  wset(p, key, i, w);
+}
+
+/* (room for one more ensured by the caller: queue_room) */
+static void wpush(clientpool_t *p, key_t_ *key, int32_t w) {
+  wset(p, key, key->wlen++, w);
+  wup(p, key, key->wlen - 1);
+}
+
+static void wremove(clientpool_t *p, key_t_ *key, int32_t w) {
+  int32_t i = p->wai[w].wpos;
+  p->wai[w].wpos = NONE;
+  if (i == --key->wlen) return;
+  wset(p, key, i, key->wheap[key->wlen]);
+  wup(p, key, i);
+  wdown(p, key, p->wai[key->wheap[i]].wpos);
+}
+
+static int queue_room(key_t_ *key) {
+  if (key->wlen < key->wcap) return 1;
+  {
+    int32_t *q = grow(key->wheap, &key->wcap, sizeof *q, key->wlen + 1);
+    if (!q) return 0;
+    key->wheap = q;
+  }
+  return 1;
+}
+
 static waiter_t *waiter_get(clientpool_t *p, int32_t w, uint32_t gen) {
   if (w < 0 || w >= p->nwai) return NULL;
   if (p->wai[w].state == W_FREE || p->wai[w].gen != gen) return NULL;
@@ -901,8 +971,7 @@ static waiter_t *waiter_get(clientpool_t *p, int32_t w, uint32_t gen) {
 static void waiter_dequeue(clientpool_t *p, int32_t w, int32_t status, double now) {
   waiter_t *x = &p->wai[w];
   key_t_ *key = &p->keys[x->key];
-  if (x->prev != NONE) p->wai[x->prev].next = x->next; else key->wq_head = x->next;
-  if (x->next != NONE) p->wai[x->next].prev = x->prev; else key->wq_tail = x->prev;
+  wremove(p, key, w);
   hremove(p, &x->hpos);
   x->state = W_DONE;
   x->result = status;
@@ -992,13 +1061,13 @@ static int32_t next_ready(const clientpool_t *p, int32_t *held) {
     if (!evict_ok(p)) {
       kc = NONE;
     } else if (ki != NONE) {
-      if (kseq(p, kc) > kseq(p, ki)) kc = NONE;
-      else if (p->wai[p->keys[kc].wq_head].passed < p->cfg.max_live) { *held = kc; kc = NONE; }
+      if (kbefore(p, ki, kc)) kc = NONE;
+      else if (p->wai[qhead(&p->keys[kc])].passed < p->cfg.max_live) { *held = kc; kc = NONE; }
     }
   }
   if (ki == NONE) return kc;
   if (kc == NONE) return ki;
-  return kseq(p, kc) < kseq(p, ki) ? kc : ki;
+  return kbefore(p, kc, ki) ? kc : ki;
 }
 
 /* Serves queued waiters in arrival order while anything they can use is free. */
@@ -1009,13 +1078,13 @@ static void dispatch(clientpool_t *p, double now) {
     clientpool_grant_t g;
     waiter_t *x;
     if (k == NONE) break;
-    w = p->keys[k].wq_head;
+    w = qhead(&p->keys[k]);
     /* grant may meet only expired records: destroyed, k is re-sorted */
     if (!grant(p, k, now, &g)) {
-      if (next_ready(p, &held2) == k && p->keys[k].wq_head == w) break;
+      if (next_ready(p, &held2) == k && qhead(&p->keys[k]) == w) break;
       continue;
     }
-    if (held != NONE) p->wai[p->keys[held].wq_head].passed++;
+    if (held != NONE) p->wai[qhead(&p->keys[held])].passed++;
     waiter_dequeue(p, w, g.status, now);
     gate_granted(p, &g);
     x = &p->wai[w];
@@ -1180,7 +1249,7 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
 void clientpool_free(clientpool_t *p) {
   int32_t k;
   if (!p) return;
-  for (k = 0; k < p->nkeys; k++) free(p->keys[k].oheap);
+  for (k = 0; k < p->nkeys; k++) { free(p->keys[k].oheap); free(p->keys[k].wheap); }
   free(p->warm);
   free(p->rec); free(p->lea); free(p->wai); free(p->keys);
   free(p->heap); free(p->rheap[0]); free(p->rheap[1]); free(p->ev);
@@ -1349,7 +1418,7 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
     }
   /* never barge past queued waiters of this key (unless it kept its place
    * ahead of them), nor past the concurrency cap */
-  } else if ((p->keys[k].wq_head == NONE || kept) &&
+  } else if ((p->keys[k].wlen == 0 || kept) &&
              p->st.leases < p->cfg.max_concurrency && grant(p, k, now, g)) {
     gate_granted(p, g);
     key_refresh(p, k);               /* (a kept place may grant past k's waiters) */
@@ -1369,20 +1438,12 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   return g->status;
 }
 
-/* Links queued waiter w into its key's queue, by place: a new arrival at
- * the tail, a kept place after the places kept before it. */
-static void queue_link(clientpool_t *p, int32_t w) {
-  waiter_t *x = &p->wai[w];
-  key_t_ *key = &p->keys[x->key];
-  int32_t after = key->wq_tail;
-  while (after != NONE && p->wai[after].seq > x->seq) after = p->wai[after].prev;
-  x->prev = after;
-  x->next = after == NONE ? key->wq_head : p->wai[after].next;
-  if (x->prev != NONE) p->wai[x->prev].next = w; else key->wq_head = w;
-  if (x->next != NONE) p->wai[x->next].prev = w; else key->wq_tail = w;
+int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now, uint32_t *gen) {
+  return clientpool_wait_priority(p, k, deadline, 0, now, gen);
 }
 
-int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now, uint32_t *gen) {
+int32_t clientpool_wait_priority(clientpool_t *p, int32_t k, double deadline, int32_t priority, double now,
+                                 uint32_t *gen) {
   int32_t w;
   waiter_t *x;
   int kept;
@@ -1395,6 +1456,7 @@ int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now,
     key_maybe_free(p, k);
     return -CLIENTPOOL_FULL;
   }
+  if (!queue_room(&p->keys[k])) return CLIENTPOOL_ENOMEM;
   if (p->wai_free == NONE) {
     int32_t cap = p->nwai, i;
     waiter_t *q = grow(p->wai, &cap, sizeof *q, p->nwai + 1);
@@ -1418,12 +1480,14 @@ int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now,
   x->lease_gen = 0;
   x->validate = 0;
   x->seq = ++p->seq;
-  if (kept) x->seq += INT64_MIN / 2;   /* ahead of every arrival, in the order kept */
+  /* priority: placed as if it arrived PRIORITY_STEP arrivals earlier per
+   * step up, which bounds how long a lower one is passed over */
+  x->order = kept ? INT64_MIN / 2 + x->seq : x->seq - (int64_t)priority * CLIENTPOOL_PRIORITY_STEP;
   x->passed = 0;
   x->enq = now;
   x->idle = x->waited = 0;
   x->hpos = NONE;
-  queue_link(p, w);
+  wpush(p, &p->keys[k], w);
   BOTH(p, k, waiting, 1);
   if (has(deadline) && hpush(p, deadline, H_WAITER, w) != 0) x->hpos = NONE;
   key_refresh(p, k);
@@ -1885,8 +1949,8 @@ void clientpool_close(clientpool_t *p, double now) {
     if (!key->used) continue;
     key->pinned = 0;
     backoff_reset(p, k);
-    while (key->wq_head != NONE) {
-      int32_t w = key->wq_head;
+    while (key->wlen > 0) {
+      int32_t w = key->wheap[0];
       waiter_dequeue(p, w, CLIENTPOOL_CLOSED, now);
       push_event(p, CLIENTPOOL_EV_WAKE, w, (int32_t)p->wai[w].gen, k, 0);
     }
@@ -2012,8 +2076,7 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   if (check_counts(&p->st, &tot, "pool", buf, n)) { free(per); return -1; }
   for (k = 0; k < p->nkeys; k++) {
     const key_t_ *key = &p->keys[k];
-    int32_t w, last = NONE, cnt = 0;
-    int64_t prev = INT64_MIN;
+    int32_t w, cnt = 0;
     if (!key->used) continue;
     used++;
     if (per[k].rejected != key->refilling) FAIL("key %d refilling %d, counted %g", k, key->refilling, per[k].rejected);
@@ -2021,13 +2084,13 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (check_counts(&key->st, &per[k], "key", buf, n)) { free(per); return -1; }
     if (key_cap_live(p, key) >= 0 && key_held(key) > key_cap_live(p, key) && key_held(key) > key->lim_live)
       FAIL("key %d over its max_live", k);
-    for (w = key->wq_head; w != NONE; w = p->wai[w].next) {
-      if (p->wai[w].prev != last) FAIL("key %d queue broken", k);
-      if (p->wai[w].seq <= prev) FAIL("key %d queue out of order", k);
-      prev = p->wai[w].seq; last = w; cnt++;
+    for (i = 0; i < key->wlen; i++) {
+      w = key->wheap[i];
+      if (p->wai[w].wpos != i || p->wai[w].state != W_QUEUED || p->wai[w].key != k)
+        FAIL("key %d queue position %d broken", k, i);
+      if (i > 0 && wbefore(&p->wai[w], &p->wai[key->wheap[(i - 1) / 2]])) FAIL("key %d queue out of order", k);
     }
-    if (last != key->wq_tail) FAIL("key %d queue tail wrong", k);
-    cnt = 0;
+    if (key->wlen != per[k].waiting) FAIL("key %d queue holds %d, counted %d", k, key->wlen, per[k].waiting);
     for (w = key->idle_top; w != NONE; w = p->rec[w].knext) {
       if (p->rec[w].state != R_IDLE || p->rec[w].key != k) FAIL("key %d idle stack broken", k);
       cnt++;
@@ -2058,8 +2121,8 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     for (i = 0; i < p->rlen[h]; i++) {
       int32_t l = 2 * i + 1;
       CHECK(p->keys[a[i]].rpos == i && p->keys[a[i]].rheap == h, "ready heap position wrong");
-      if (l < p->rlen[h]) CHECK(kseq(p, a[i]) <= kseq(p, a[l]), "ready heap order");
-      if (l + 1 < p->rlen[h]) CHECK(kseq(p, a[i]) <= kseq(p, a[l + 1]), "ready heap order");
+      if (l < p->rlen[h]) CHECK(!kbefore(p, a[l], a[i]), "ready heap order");
+      if (l + 1 < p->rlen[h]) CHECK(!kbefore(p, a[l + 1], a[i]), "ready heap order");
     }
   }
   for (i = 0; i < p->hlen; i++) {

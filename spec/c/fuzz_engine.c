@@ -64,7 +64,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 typedef struct { int32_t l; uint32_t gen; int ml; unsigned mgen; } h_lease;
 typedef struct { int32_t r; int32_t l; uint32_t gen; int mr; int ml; unsigned mgen; int refill; } h_res;
-typedef struct { int32_t w; uint32_t gen; int mw; unsigned mgen; int mk; int queued; long arrival; } h_waiter;
+typedef struct {
+  int32_t w; uint32_t gen; int mw; unsigned mgen; int mk; int queued;
+  long arrival;
+  long long place;        /* arrival - priority * PRIORITY_STEP, or (a kept place) below all */
+} h_waiter;
 typedef struct { int32_t e; uint32_t egen; int m; unsigned mgen; } h_dead;
 typedef struct { int valid; int m; unsigned mgen; } h_map;
 typedef struct { int32_t r; int mr; } h_closing;
@@ -277,12 +281,14 @@ static void compare_events(void) {
       hi = h_waiter_index(mw);
       if (hi < 0 || !H.W[hi].queued) fz_fail("EV_WAKE of waiter %d that the driver does not see queued", mw);
       wb_waiter(H.p, e.a, &res, &rec, &lease, &lg);
-      /* FIFO per key: a grant never overtakes an earlier waiter of its key */
+      /* per key: a grant never overtakes a waiter of its key with an earlier
+       * place (priority, then arrival) */
       if (res == CLIENTPOOL_GRANT_IDLE || res == CLIENTPOOL_GRANT_CREATE)
         for (j = 0; j < H.nw; j++)
-          if (j != hi && H.W[j].queued && H.W[j].mk == H.W[hi].mk && H.W[j].arrival < H.W[hi].arrival)
-            fz_fail("FIFO: waiter %d (arrival %ld) granted while waiter %d (arrival %ld) of its key waits",
-                    mw, H.W[hi].arrival, H.W[j].mw, H.W[j].arrival);
+          if (j != hi && H.W[j].queued && H.W[j].mk == H.W[hi].mk &&
+              (H.W[j].place < H.W[hi].place || (H.W[j].place == H.W[hi].place && H.W[j].arrival < H.W[hi].arrival)))
+            fz_fail("order: waiter %d (arrival %ld, place %lld) granted while waiter %d (arrival %ld, place %lld) "
+                    "of its key waits", mw, H.W[hi].arrival, H.W[hi].place, H.W[j].mw, H.W[j].arrival, H.W[j].place);
       H.W[hi].queued = 0;
       break;
     }
@@ -589,30 +595,43 @@ static double deadline_of(int b) {
   return H.now + (double)(b % 24) * 0.25;
 }
 
+/* a waiter's priority: mostly 0, some small ones, now and then an extreme */
+static int32_t priority_of(int b) {
+  switch (b % 8) {
+  case 0: case 1: case 2: case 3: return 0;
+  case 4: return 1;
+  case 5: return 2;
+  case 6: return -1;
+  default: return (b / 8) % 3 == 0 ? INT32_MAX : (b / 8) % 3 == 1 ? INT32_MIN : 3;
+  }
+}
+
 static void op_wait(int mk, int b) {
   double dl = deadline_of(b), t = t_call();
   uint32_t egen = 0;
   unsigned mgen = 0;
-  int32_t ew;
+  int32_t ew, prio = priority_of(byte());
   int mw;
   h_waiter *x = &H.W[H.nw];
   if (H.nw >= MAXH) return;
   begin("wait");
-  ew = clientpool_wait(H.p, H.mk_ek[mk], dl, t, &egen);
+  ew = prio ? clientpool_wait_priority(H.p, H.mk_ek[mk], dl, prio, t, &egen)
+            : clientpool_wait(H.p, H.mk_ek[mk], dl, t, &egen);
   if (ew >= 0) {
     H.cur_ew = ew; H.cur_egen = egen;
     /* the waiter is known before the model's dispatch can wake it */
     x->w = ew; x->gen = egen; x->mk = mk; x->queued = 1; x->arrival = ++H.arrivals;
+    x->place = x->arrival - (long long)prio * CLIENTPOOL_PRIORITY_STEP;
   }
-  mw = model_wait(&H.m, mk, dl, t, &mgen);
-  trace("wait key %d deadline %g -> engine %d, model %d", mk, dl, (int)ew, mw);
+  mw = model_wait_priority(&H.m, mk, dl, prio, t, &mgen);
+  trace("wait key %d deadline %g priority %d -> engine %d, model %d", mk, dl, (int)prio, (int)ew, mw);
   if (ew < 0 || mw < 0) {
     EXPECT_EQ(ew, mw);
     step_end();
     return;
   }
   x->mw = mw; x->mgen = mgen;
-  if (H.m.wai[mw].seq < 0) x->arrival -= 1L << 40;   /* a kept place: ahead of every arrival */
+  if (H.m.wai[mw].order < INT64_MIN / 4) x->place = INT64_MIN / 2 + x->arrival;   /* a kept place */
   H.nw++;
   if (H.ew[ew].valid) fz_fail("engine waiter slot %d handed out while in use", ew);
   map_set(H.ew, ew, mw, mgen);

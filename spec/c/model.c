@@ -487,12 +487,18 @@ static int grant(model_t *m, int k, double now, m_grant_t *g, int who) {
 
 /* ---- waiters ---------------------------------------------------------- */
 
-/* the key's FIFO head: its queued waiter that arrived first */
+/* "a higher priority is served first, arrival order within one priority":
+ * by place, then by arrival */
+static int before(const m_waiter_t *a, const m_waiter_t *b) {
+  return a->order < b->order || (a->order == b->order && a->seq < b->seq);
+}
+
+/* the key's head: its queued waiter with the first place */
 static int queue_head(const model_t *m, int k) {
   int w, best = NONE;
   for (w = 0; w < M_MAXWAIT; w++)
     if (m->wai[w].state == MW_QUEUED && m->wai[w].key == k &&
-        (best == NONE || m->wai[w].seq < m->wai[best].seq)) best = w;
+        (best == NONE || before(&m->wai[w], &m->wai[best]))) best = w;
   return best;
 }
 
@@ -549,9 +555,9 @@ static int next_ready(const model_t *m, int *held) {
     h = queue_head(m, k);
     if (h == NONE) continue;
     if (has_takeable(m, k)) {
-      if (best_take == NONE || m->wai[h].seq < m->wai[queue_head(m, best_take)].seq) best_take = k;
+      if (best_take == NONE || before(&m->wai[h], &m->wai[queue_head(m, best_take)])) best_take = k;
     } else if (under_key_cap(m, k)) {
-      if (best_create == NONE || m->wai[h].seq < m->wai[queue_head(m, best_create)].seq) best_create = k;
+      if (best_create == NONE || before(&m->wai[h], &m->wai[queue_head(m, best_create)])) best_create = k;
     }
   }
   /* no free slot: creating means evicting, allowed only if nobody can take
@@ -562,13 +568,13 @@ static int next_ready(const model_t *m, int *held) {
     } else if (best_take != NONE) {
       const m_waiter_t *c = &m->wai[queue_head(m, best_create)];
       const m_waiter_t *t = &m->wai[queue_head(m, best_take)];
-      if (c->seq < t->seq && c->passed < m->cfg.max_live) *held = best_create;
-      if (c->seq > t->seq || c->passed < m->cfg.max_live) best_create = NONE;
+      if (before(c, t) && c->passed < m->cfg.max_live) *held = best_create;
+      if (before(t, c) || c->passed < m->cfg.max_live) best_create = NONE;
     }
   }
   if (best_take == NONE) return best_create;
   if (best_create == NONE) return best_take;
-  return m->wai[queue_head(m, best_create)].seq < m->wai[queue_head(m, best_take)].seq
+  return before(&m->wai[queue_head(m, best_create)], &m->wai[queue_head(m, best_take)])
     ? best_create : best_take;
 }
 
@@ -744,6 +750,10 @@ int model_acquire(model_t *m, int k, double now, m_grant_t *g) {
 }
 
 int model_wait(model_t *m, int k, double deadline, double now, unsigned *gen) {
+  return model_wait_priority(m, k, deadline, 0, now, gen);
+}
+
+int model_wait_priority(model_t *m, int k, double deadline, int priority, double now, unsigned *gen) {
   int w, kept;
   m_waiter_t *x;
   now = clamp(m, now);
@@ -761,7 +771,10 @@ int model_wait(model_t *m, int k, double deadline, double now, unsigned *gen) {
   x->state = MW_QUEUED;
   x->key = k;
   x->seq = ++m->seq;
-  if (kept) x->seq += INT64_MIN / 2;     /* "without losing its place": ahead of every arrival */
+  /* "A waiter of priority n is placed as if it had arrived n *
+   * CLIENTPOOL_PRIORITY_STEP acquisitions earlier"; a kept place ("without
+   * losing its place") is ahead of every other */
+  x->order = kept ? INT64_MIN / 2 + x->seq : x->seq - (long long)priority * CLIENTPOOL_PRIORITY_STEP;
   x->passed = 0;
   x->enq = now;
   x->deadline = has(deadline) ? deadline : -1;

@@ -85,7 +85,8 @@ typedef struct m_waiter {
   int state;            /* MW_* */
   unsigned gen;
   int key;
-  long long seq;        /* arrival order, pool-wide; a kept place is below every arrival */
+  long long seq;        /* arrival order, pool-wide */
+  long long order;      /* its place: seq - priority * PRIORITY_STEP, or (kept) below every place */
   double enq, deadline;     /* deadline < 0: none */
   int result, record, lease;
   unsigned lease_gen;
@@ -149,6 +150,7 @@ int model_key_pin(model_t *m, int key, int pinned);
 int model_key_forget(model_t *m, int key);
 int model_acquire(model_t *m, int key, double now, m_grant_t *g);
 int model_wait(model_t *m, int key, double deadline, double now, unsigned *gen);
+int model_wait_priority(model_t *m, int key, double deadline, int priority, double now, unsigned *gen);
 int model_created(model_t *m, int record, int ok, double now);
 int model_release(model_t *m, int lease, unsigned gen, int reason, double now);
 int model_claim(model_t *m, int waiter, unsigned gen, double now, m_grant_t *g);

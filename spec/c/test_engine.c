@@ -377,6 +377,7 @@ static int w_configure(clientpool_t *p, const clientpool_config_t *c, double now
 }
 #define CONFIGURE(p, c, now) w_configure((p), &(c), (now), __FILE__, __LINE__)
 
+
 static int w_key_caps(clientpool_t *p, int32_t k, int32_t ml, int32_t mi, double now, const char *file, int line) {
   int rc = clientpool_key_caps(p, k, ml, mi, now);
   after(p, file, line, "clientpool_key_caps");
@@ -490,6 +491,16 @@ static waiter_h wait_at(clientpool_t *p, int32_t k, double deadline, double now,
   return wh;
 }
 #define WAIT(p, k, deadline, now) wait_at((p), (k), (deadline), (now), __FILE__, __LINE__)
+
+static waiter_h wait_prio_at(clientpool_t *p, int32_t k, int32_t prio, double now, const char *file, int line) {
+  waiter_h wh;
+  wh.gen = 0;
+  wh.w = clientpool_wait_priority(p, k, -1, prio, now, &wh.gen);
+  after(p, file, line, "clientpool_wait_priority");
+  if (wh.w < 0) fail_at(file, line, "wait_priority(key %d, %d) gave %d", (int)k, (int)prio, (int)wh.w);
+  return wh;
+}
+#define WAIT_PRIO(p, k, prio, now) wait_prio_at((p), (k), (prio), (now), __FILE__, __LINE__)
 
 static void must_wait_at(clientpool_t *p, int32_t k, double now, const char *file, int line) {
   clientpool_grant_t g;
@@ -3514,7 +3525,9 @@ static void t_oom_new_keys_waiters(void) {
   k = PKEY(p);
   h = NEW_LEASE(p, k, 0);
   MUST_WAIT(p, k, 0);
-  wb_alloc_fail(1);                         /* the waiter array */
+  wb_alloc_fail(1);                         /* the key's queue */
+  CHECK_EQ(WAIT_RAW(p, k, -1, 0, &gen), CLIENTPOOL_ENOMEM);
+  wb_alloc_fail(2);                         /* (the queue again, then) the waiter array */
   CHECK_EQ(WAIT_RAW(p, k, -1, 0, &gen), CLIENTPOOL_ENOMEM);
   (void)WAIT(p, k, -1, 0);
   RELEASE(p, h, 1);
@@ -3546,7 +3559,7 @@ static void t_oom_records_leases_deadlines(void) {
   CHECK_EQ(CREATED(p, g.record, 1, 0), 0);  /* its lifetime is lost */
   h = hold_of(&g);
   MUST_WAIT(p, k, 0);
-  wb_alloc_fail(2);                         /* waiter array, then the heap */
+  wb_alloc_fail(3);                         /* the key's queue, waiter array, then the heap */
   w = WAIT(p, k, 1, 0);
   CHECK(clientpool_next_deadline(p) < 0);   /* nothing armed */
   TICK(p, 100);
@@ -4436,6 +4449,144 @@ static void t_key_caps(void) {
   CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
 }
 
+
+/* ===================================================================== */
+/* 27. priorities                                                        */
+/* ===================================================================== */
+
+/* Which of the n waiters was woken by this drain (-1: none). */
+static int woken_of(const waiter_h *ws, int n) {
+  int i;
+  for (i = 0; i < n; i++) if (n_wake(ws[i].w, ws[i].gen) == 1) return i;
+  return -1;
+}
+
+/* Serves the n waiters one release at a time; order[i] = the index served
+ * i-th. */
+static void serve_in_turn(clientpool_t *p, hold_t h, waiter_h *ws, int n, int *order) {
+  int i;
+  clientpool_grant_t g;
+  for (i = 0; i < n; i++) {
+    int j;
+    RELEASE(p, h, 1 + i);
+    drain(p);
+    j = woken_of(ws, n);
+    CHECK(j >= 0);
+    order[i] = j;
+    CHECK_STATUS(CLAIM(p, ws[j], 1 + i, &g), CLIENTPOOL_GRANT_IDLE);
+    h = hold_of(&g);
+  }
+  RELEASE(p, h, 1 + n);
+}
+
+/* Higher priority first, arrival order within a priority. */
+static void t_priority_order(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  waiter_h ws[6];
+  int order[6], i;
+  static const int prio[6] = { 0, 1, 0, 1, 5, -3 };
+  static const int want[6] = { 4, 1, 3, 0, 2, 5 };
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  for (i = 0; i < 6; i++) ws[i] = WAIT_PRIO(p, k, prio[i], 0);
+  drain(p);
+  serve_in_turn(p, h, ws, 6, order);
+  for (i = 0; i < 6; i++) CHECK_EQ(order[i], want[i]);
+}
+
+/* The aging bound: a waiter is passed over by at most (P - n) *
+ * PRIORITY_STEP waiters that queued after it; then it is served before
+ * every later one, whatever their priority. */
+static void t_priority_aging_bound(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  clientpool_grant_t g;
+  waiter_h low, high[200];
+  int i, served_before = 0, nh = 2 * CLIENTPOOL_PRIORITY_STEP + 8;
+  c.max_live = 1; c.max_idle = 1; c.max_waiting = 300;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  low = WAIT_PRIO(p, k, 0, 0);
+  for (i = 0; i < nh; i++) high[i] = WAIT_PRIO(p, k, i < CLIENTPOOL_PRIORITY_STEP + 4 ? 1 : 2, 0);
+  drain(p);
+  for (;;) {
+    RELEASE(p, h, 1);
+    drain(p);
+    if (n_wake(low.w, low.gen)) {
+      CHECK_STATUS(CLAIM(p, low, 1, &g), CLIENTPOOL_GRANT_IDLE);
+      break;
+    }
+    i = woken_of(high, nh);
+    CHECK(i >= 0);
+    CHECK_STATUS(CLAIM(p, high[i], 1, &g), CLIENTPOOL_GRANT_IDLE);
+    h = hold_of(&g);
+    served_before++;
+  }
+  /* priority 2 waiters that queued within 2 steps, priority 1 within 1 */
+  CHECK_EQ(served_before, (CLIENTPOOL_PRIORITY_STEP - 1) +
+                          (2 * CLIENTPOOL_PRIORITY_STEP - 1 - (CLIENTPOOL_PRIORITY_STEP + 4)));
+  CHECK(served_before <= 2 * CLIENTPOOL_PRIORITY_STEP);
+}
+
+/* Across keys: among the waiters that can use a freed slot, the higher
+ * priority first; one that cannot use it holds nobody up; the extremes of
+ * int32 neither overflow nor pass a kept place. */
+static void t_priority_cross_key_and_extremes(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b, d;
+  hold_t h, hb;
+  waiter_h wa, wb, wd, wmax, wmin;
+  clientpool_grant_t g;
+  c.max_live = 2; c.max_idle = 2; c.key_max_live = 1;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p); d = PKEY(p);
+  h = NEW_LEASE(p, a, 0);
+  hb = NEW_LEASE(p, b, 0);
+  wa = WAIT_PRIO(p, a, 0, 1);               /* a is at its cap: cannot create */
+  wd = WAIT_PRIO(p, d, 0, 1);
+  wb = WAIT_PRIO(p, b, 3, 1);               /* later, higher */
+  RELEASE_AS(p, hb, CLIENTPOOL_BY_ERROR, 2); /* a free slot: b's waiter before d's */
+  drain(p);
+  EXPECT_WAKE(wb);
+  EXPECT_NO_WAKE(wd);
+  EXPECT_NO_WAKE(wa);
+  CHECK_STATUS(CLAIM(p, wb, 2, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  hb = hold_of(&g);
+  wmax = WAIT_PRIO(p, a, INT32_MAX, 3);
+  wmin = WAIT_PRIO(p, a, INT32_MIN, 3);
+  RELEASE(p, h, 4);                         /* a's idle client: the highest of a's */
+  drain(p);
+  EXPECT_WAKE(wmax);
+  CHECK_STATUS(CLAIM(p, wmax, 4, &g), CLIENTPOOL_GRANT_IDLE);
+  h = hold_of(&g);
+  /* a regrant's kept place beats any priority: the invalid record's room
+   * (its destroy is reported after the acquire) goes to the caller, past
+   * wmin, wa and the older wd */
+  wmax = WAIT_PRIO(p, a, INT32_MAX, 5);
+  CHECK_EQ(clientpool_regrant(p, h.lease, h.gen, 5, &g), CLIENTPOOL_MUST_WAIT);
+  MUST_WAIT(p, a, 5);
+  drain(p);
+  {
+    waiter_h wk = WAIT(p, a, -1, 5);
+    drain(p);
+    EXPECT_WAKE(wk);
+  }
+  EXPECT_NO_WAKE(wmax);
+  EXPECT_NO_WAKE(wd);
+  EXPECT_NO_WAKE(wa);
+  EXPECT_NO_WAKE(wmin);
+}
+
 #define T(f) { #f, f }
 
 static const test_t tests[] = {
@@ -4556,6 +4707,10 @@ static const test_t tests[] = {
   T(t_configure_raise_and_waiting),
   T(t_configure_durations),
   T(t_key_caps),
+  /* 27 priorities */
+  T(t_priority_order),
+  T(t_priority_aging_bound),
+  T(t_priority_cross_key_and_extremes),
 };
 
 /* runs one test; a failed CHECK longjmps back here.  Returns 1 if it failed. */

@@ -94,10 +94,8 @@ static int32_t wb_find_free_rec(const clientpool_t *p) { return wb_find_rec(p, R
 static int32_t wb_key_with_waiters(const clientpool_t *p, int n) {
   int32_t k;
   for (k = 0; k < p->nkeys; k++) {
-    int32_t w, c = 0;
     if (!p->keys[k].used) continue;
-    for (w = p->keys[k].wq_head; w != NONE; w = p->wai[w].next) c++;
-    if (c >= n) return k;
+    if (p->keys[k].wlen >= n) return k;
   }
   return NONE;
 }
@@ -151,13 +149,13 @@ const char *wb_corrupt(clientpool_t *p, int what) {
   case 14: p->keys[ka].refilling = 1; return "refilling";
   case 15: p->keys[ka].st.live++; return "key: live";
   case 16: p->cfg.key_max_live = 0; return "over its max_live";
-  case 17: p->wai[p->wai[p->keys[ka].wq_head].next].prev = NONE; return "queue broken";
+  case 17: p->wai[p->keys[ka].wheap[1]].wpos = 0; return "queue position";
   case 18: {
-    int32_t w = p->keys[ka].wq_head;
-    p->wai[p->wai[w].next].seq = p->wai[w].seq;
+    int32_t w = p->keys[ka].wheap[0];
+    p->wai[p->keys[ka].wheap[1]].order = p->wai[w].order - 1;
     return "out of order";
   }
-  case 19: p->keys[ka].wq_tail = p->keys[ka].wq_head; return "tail wrong";
+  case 19: p->keys[ka].wlen--; return "queue holds";
   case 20:
     k = wb_key_without_idle(p);
     if (k == NONE) return NULL;
@@ -182,7 +180,7 @@ const char *wb_corrupt(clientpool_t *p, int what) {
     /* the three keys by arrival s0 < s1 < s2, laid out [s1, s2, s0]: the
      * left child is in order, the right one is not */
     int32_t *a = p->rheap[RH_CREATE];
-    if (kseq(p, a[1]) > kseq(p, a[2])) wb_rswap(p, RH_CREATE, 1, 2);   /* [s0, s1, s2] */
+    if (kbefore(p, a[2], a[1])) wb_rswap(p, RH_CREATE, 1, 2);             /* [s0, s1, s2] */
     wb_rswap(p, RH_CREATE, 0, 1);                                        /* [s1, s0, s2] */
     wb_rswap(p, RH_CREATE, 1, 2);                                        /* [s1, s2, s0] */
     return "ready heap order";
