@@ -303,12 +303,13 @@ static int lcp_release(lua_State *L) {
   return 2;
 }
 
-/* E:wait(key, deadline [, now]) -> waiter, gen, pending | nil, status */
+/* E:wait(key, deadline [, now [, priority]]) -> waiter, gen, pending | nil, status
+ * (priority: an integer, default 0; see clientpool_wait_priority) */
 static int lcp_wait(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   uint32_t gen = 0;
-  int32_t w = clientpool_wait(p, (int32_t)lua_tointeger(L, 2), (double)luaL_optnumber(L, 3, -1),
-                              opt_now(L, 4), &gen);
+  int32_t w = clientpool_wait_priority(p, (int32_t)lua_tointeger(L, 2), (double)luaL_optnumber(L, 3, -1),
+                                       (int32_t)luaL_optinteger(L, 5, 0), opt_now(L, 4), &gen);
   if (w < 0) {
     lua_pushnil(L);
     lua_pushinteger(L, -w);

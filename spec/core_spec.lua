@@ -67,6 +67,36 @@ for _, B in ipairs(backends) do
       e:free()
     end)
 
+    it("wait with a priority: the higher first, arrival order within one", function()
+      local e = core.new(cfg { max_live = 1, max_idle = 1 })
+      local k = e:key_open()
+      local _, rec, l, g = e:acquire(k, 1)
+      e:created(rec, true, 1)
+      local ws = {}
+      for i, prio in ipairs { 0, 1, 0, 2 } do
+        local w, wg = e:wait(k, -1, 1, prio)
+        ws[i] = { w, wg }
+      end
+      local order = {}
+      for _ = 1, 4 do
+        e:release(l, g, -1, 2)
+        for _, ev in ipairs(drain(e)) do
+          if ev[1] == core.EV_WAKE then
+            for i, w in ipairs(ws) do
+              if w[1] == ev[2] and w[2] == ev[3] then
+                order[#order + 1] = i
+                local st
+                st, rec, l, g = e:claim(w[1], w[2], 2)
+                assert.equal(core.GRANT_IDLE, st)
+              end
+            end
+          end
+        end
+      end
+      assert.same({ 4, 2, 1, 3 }, order)
+      e:free()
+    end)
+
     it("configure and key_caps: changes caps live, refuses what cannot change", function()
       local e = core.new(cfg { max_live = 3, max_idle = 3 })
       local k = e:key_open()

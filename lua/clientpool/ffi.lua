@@ -281,11 +281,12 @@ function Engine:regrant(lease, gen, now, sentinel)
   return grant_results(self, st, p, g, sentinel)
 end
 
---- E:wait(key, deadline [, now]) -> waiter, gen, pending | nil, status
-function Engine:wait(key, deadline, now)
+--- E:wait(key, deadline [, now [, priority]]) -> waiter, gen, pending | nil, status
+-- (priority: an integer, default 0; see clientpool_wait_priority)
+function Engine:wait(key, deadline, now, priority)
   local p, gen = self.p, self.u32
   if now == nil then now = monotime() end
-  local w = C.clientpool_wait(p, key, deadline or -1, now, gen)
+  local w = C.clientpool_wait_priority(p, key, deadline or -1, priority or 0, now, gen)
   if w < 0 then return nil, -w end
   return w, gen[0], C.clientpool_pending(p)
 end
