@@ -118,6 +118,13 @@ typedef struct hent {
   int32_t idx;
 } hent_t;
 
+/* A binary heap of deadlines, earliest first; each entry's owner keeps its
+ * position (hpos_of). */
+typedef struct heap {
+  hent_t *a;
+  int32_t len, cap;
+} heap_t;
+
 struct clientpool {
   clientpool_config_t cfg;
   int32_t closed;
@@ -143,7 +150,7 @@ struct clientpool {
   double last_created;          /* the latest record_t.created handed out */
   gate_t gate;
 
-  hent_t *heap; int32_t hlen, hcap;   /* deadlines */
+  heap_t dl;                          /* deadlines */
   int32_t *rheap[2]; int32_t rlen[2]; /* ready keys, each sized nkeys */
 
   clientpool_event_t *ev; int32_t evcap, evhead, evlen;
@@ -207,57 +214,57 @@ static int32_t *hpos_of(clientpool_t *p, const hent_t *e) {
   }
 }
 
-static void hset(clientpool_t *p, int32_t i, hent_t e) {
-  p->heap[i] = e;
-  *hpos_of(p, &p->heap[i]) = i;
+static void hset(clientpool_t *p, heap_t *h, int32_t i, hent_t e) {
+  h->a[i] = e;
+  *hpos_of(p, &h->a[i]) = i;
 }
 
-static void hup(clientpool_t *p, int32_t i) {
-  hent_t e = p->heap[i];
+static void hup(clientpool_t *p, heap_t *h, int32_t i) {
+  hent_t e = h->a[i];
   while (i > 0) {
     int32_t parent = (i - 1) / 2;
-    if (p->heap[parent].t <= e.t) break;
-    hset(p, i, p->heap[parent]);
+    if (h->a[parent].t <= e.t) break;
+    hset(p, h, i, h->a[parent]);
     i = parent;
   }
-  hset(p, i, e);
+  hset(p, h, i, e);
 }
 
-static void hdown(clientpool_t *p, int32_t i) {
-  hent_t e = p->heap[i];
+static void hdown(clientpool_t *p, heap_t *h, int32_t i) {
+  hent_t e = h->a[i];
   for (;;) {
     int32_t c = 2 * i + 1;
-    if (c >= p->hlen) break;
-    if (c + 1 < p->hlen && p->heap[c + 1].t < p->heap[c].t) c++;
-    if (e.t <= p->heap[c].t) break;
-    hset(p, i, p->heap[c]);
+    if (c >= h->len) break;
+    if (c + 1 < h->len && h->a[c + 1].t < h->a[c].t) c++;
+    if (e.t <= h->a[c].t) break;
+    hset(p, h, i, h->a[c]);
     i = c;
   }
-  hset(p, i, e);
+  hset(p, h, i, e);
 }
 
-static int hpush(clientpool_t *p, double t, int32_t kind, int32_t idx) {
+static int hpush(clientpool_t *p, heap_t *h, double t, int32_t kind, int32_t idx) {
   hent_t e;
-  if (p->hlen == p->hcap) {
-    hent_t *q = grow(p->heap, &p->hcap, sizeof *q, p->hlen + 1);
+  if (h->len == h->cap) {
+    hent_t *q = grow(h->a, &h->cap, sizeof *q, h->len + 1);
     if (!q) return CLIENTPOOL_ENOMEM;
-    p->heap = q;
+    h->a = q;
   }
   e.t = t; e.kind = kind; e.idx = idx;
-  p->heap[p->hlen++] = e;
-  hup(p, p->hlen - 1);
+  h->a[h->len++] = e;
+  hup(p, h, h->len - 1);
   return 0;
 }
 
-static void hremove(clientpool_t *p, int32_t *pos) {
+static void hremove(clientpool_t *p, heap_t *h, int32_t *pos) {
   int32_t i = *pos;
   if (i == NONE) return;
   *pos = NONE;
-  p->hlen--;
-  if (i == p->hlen) return;
-  hset(p, i, p->heap[p->hlen]);
-  hup(p, i);
-  hdown(p, *hpos_of(p, &p->heap[i]));
+  h->len--;
+  if (i == h->len) return;
+  hset(p, h, i, h->a[h->len]);
+  hup(p, h, i);
+  hdown(p, h, *hpos_of(p, &h->a[i]));
 }
 
 /* ---- ready keys ------------------------------------------------------
@@ -688,7 +695,7 @@ static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
   int32_t k = x->key;
   if (x->state == R_IDLE) idle_unlink(p, r);
   oremove(p, r);
-  hremove(p, &x->hpos);
+  hremove(p, &p->dl, &x->hpos);
   BOTH(p, k, live, -1);
   BOTH(p, k, closed, 1);
   BOTH(p, k, closed_by[reason], 1);
@@ -710,7 +717,7 @@ static int retired_by_age(const clientpool_t *p, const record_t *x) {
 
 /* Whether a live record is past max_lifetime (or was found so by tick). */
 static int lifetime_over(const clientpool_t *p, const record_t *x, double now) {
-  return (x->retire & LIFETIME_OVER) || (x->hpos != NONE && now >= p->heap[x->hpos].t);
+  return (x->retire & LIFETIME_OVER) || (x->hpos != NONE && now >= p->dl.a[x->hpos].t);
 }
 
 /* Whether the warm floor needs this idle record: idle_timeout spares it. */
@@ -766,7 +773,7 @@ static int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
   x->hpos = NONE;
   p->rec[r].nleases++;
   BOTH(p, p->rec[r].key, leases, 1);
-  if (has(p->cfg.leak_threshold) && hpush(p, now + p->cfg.leak_threshold, H_LEASE, l) != 0)
+  if (has(p->cfg.leak_threshold) && hpush(p, &p->dl, now + p->cfg.leak_threshold, H_LEASE, l) != 0)
     x->hpos = NONE;    /* out of memory: the report is lost, the lease is not */
   return l;
 }
@@ -774,7 +781,7 @@ static int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
 static void lease_free(clientpool_t *p, int32_t l) {
   lease_t *x = &p->lea[l];
   record_t *r = &p->rec[x->record];
-  hremove(p, &x->hpos);
+  hremove(p, &p->dl, &x->hpos);
   r->nleases--;
   BOTH(p, r->key, leases, -1);
   x->record = NONE;
@@ -972,7 +979,7 @@ static void waiter_dequeue(clientpool_t *p, int32_t w, int32_t status, double no
   waiter_t *x = &p->wai[w];
   key_t_ *key = &p->keys[x->key];
   wremove(p, key, w);
-  hremove(p, &x->hpos);
+  hremove(p, &p->dl, &x->hpos);
   x->state = W_DONE;
   x->result = status;
   x->waited = now - x->enq;
@@ -1102,7 +1109,7 @@ static void dispatch(clientpool_t *p, double now) {
 
 double clientpool_next_deadline(const clientpool_t *p) {
   double d = -1;
-  if (p->hlen > 0) d = p->heap[0].t;
+  if (p->dl.len > 0) d = p->dl.a[0].t;
   if (has(p->cfg.idle_timeout) && p->g_oldest != NONE) {
     double t = idle_deadline(&p->rec[p->g_oldest], p->cfg.idle_timeout);
     if (d < 0 || t < d) d = t;
@@ -1139,10 +1146,10 @@ static double clamp(clientpool_t *p, double now) {
 static void backoff_arm(clientpool_t *p, int32_t k, double t) {
   key_t_ *key = &p->keys[k];
   if (key->bpos != NONE) {
-    p->heap[key->bpos].t = t;
-    hup(p, key->bpos);
-    hdown(p, key->bpos);
-  } else if (hpush(p, t, H_BACKOFF, k) != 0) {
+    p->dl.a[key->bpos].t = t;
+    hup(p, &p->dl, key->bpos);
+    hdown(p, &p->dl, key->bpos);
+  } else if (hpush(p, &p->dl, t, H_BACKOFF, k) != 0) {
     key->bpos = NONE;
     key->bstate = B_PROBE;
   }
@@ -1168,7 +1175,7 @@ static void backoff_reset(clientpool_t *p, int32_t k) {
   if (key->bstate == B_NONE) return;
   key->fails = 0;
   key->bstate = B_NONE;
-  hremove(p, &key->bpos);
+  hremove(p, &p->dl, &key->bpos);
   key_refresh(p, k);
 }
 
@@ -1196,8 +1203,8 @@ static void backoff_due(clientpool_t *p, int32_t k, double now) {
 /* An acquisition of k looks at the window before the timer did. */
 static void backoff_check(clientpool_t *p, int32_t k, double now) {
   key_t_ *key = &p->keys[k];
-  if (key->bstate == B_WINDOW && key->bpos != NONE && now >= p->heap[key->bpos].t) {
-    hremove(p, &key->bpos);
+  if (key->bstate == B_WINDOW && key->bpos != NONE && now >= p->dl.a[key->bpos].t) {
+    hremove(p, &p->dl, &key->bpos);
     backoff_due(p, k, now);
   }
 }
@@ -1252,28 +1259,28 @@ void clientpool_free(clientpool_t *p) {
   for (k = 0; k < p->nkeys; k++) { free(p->keys[k].oheap); free(p->keys[k].wheap); }
   free(p->warm);
   free(p->rec); free(p->lea); free(p->wai); free(p->keys);
-  free(p->heap); free(p->rheap[0]); free(p->rheap[1]); free(p->ev);
+  free(p->dl.a); free(p->rheap[0]); free(p->rheap[1]); free(p->ev);
   free(p);
 }
 
 /* ---- configure -------------------------------------------------------- */
 
-/* Every position in the heap again, then heap order (after times changed
- * or entries were dropped). */
-static void heap_rebuild(clientpool_t *p) {
+/* Every position in heap h again, then heap order (after times changed or
+ * entries were dropped). */
+static void heap_rebuild(clientpool_t *p, heap_t *h) {
   int32_t i;
-  for (i = 0; i < p->hlen; i++) *hpos_of(p, &p->heap[i]) = i;
-  for (i = p->hlen / 2 - 1; i >= 0; i--) hdown(p, i);
+  for (i = 0; i < h->len; i++) *hpos_of(p, &h->a[i]) = i;
+  for (i = h->len / 2 - 1; i >= 0; i--) hdown(p, h, i);
 }
 
-/* Drops the heap entries of one kind. */
-static void heap_drop(clientpool_t *p, int32_t kind) {
+/* Drops the entries of one kind from heap h (heap_rebuild follows). */
+static void heap_drop(clientpool_t *p, heap_t *h, int32_t kind) {
   int32_t i, n = 0;
-  for (i = 0; i < p->hlen; i++) {
-    if (p->heap[i].kind == kind) *hpos_of(p, &p->heap[i]) = NONE;
-    else p->heap[n++] = p->heap[i];
+  for (i = 0; i < h->len; i++) {
+    if (h->a[i].kind == kind) *hpos_of(p, &h->a[i]) = NONE;
+    else h->a[n++] = h->a[i];
   }
-  p->hlen = n;
+  h->len = n;
 }
 
 /* The bottom of key k's idle stack (its least recently released). */
@@ -1322,39 +1329,39 @@ int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double
         fresh[nfresh].created = p->rec[i].created;
         fresh[nfresh++].r = i;
       }
-    if (p->hcap - p->hlen < nfresh) {
-      hent_t *q = grow(p->heap, &p->hcap, sizeof *q, p->hlen + nfresh);
+    if (p->dl.cap - p->dl.len < nfresh) {
+      hent_t *q = grow(p->dl.a, &p->dl.cap, sizeof *q, p->dl.len + nfresh);
       if (!q) { free(fresh); return CLIENTPOOL_ENOMEM; }
-      p->heap = q;
+      p->dl.a = q;
     }
     qsort(fresh, (size_t)nfresh, sizeof *fresh, by_age_cmp);
   }
   old = p->cfg;
   p->cfg = *cfg;
   /* durations held in the heap */
-  if (!has(cfg->max_lifetime)) heap_drop(p, H_LIFETIME);
+  if (!has(cfg->max_lifetime)) heap_drop(p, &p->dl, H_LIFETIME);
   else if (has(old.max_lifetime) && cfg->max_lifetime != old.max_lifetime) {
     double f = cfg->max_lifetime / old.max_lifetime;
-    for (i = 0; i < p->hlen; i++)
-      if (p->heap[i].kind == H_LIFETIME) {
-        const record_t *x = &p->rec[p->heap[i].idx];
-        p->heap[i].t = x->created + (p->heap[i].t - x->created) * f;
+    for (i = 0; i < p->dl.len; i++)
+      if (p->dl.a[i].kind == H_LIFETIME) {
+        const record_t *x = &p->rec[p->dl.a[i].idx];
+        p->dl.a[i].t = x->created + (p->dl.a[i].t - x->created) * f;
       }
   }
-  if (!has(cfg->leak_threshold)) heap_drop(p, H_LEASE);
+  if (!has(cfg->leak_threshold)) heap_drop(p, &p->dl, H_LEASE);
   else if (has(old.leak_threshold)) {
-    for (i = 0; i < p->hlen; i++)
-      if (p->heap[i].kind == H_LEASE) p->heap[i].t = p->lea[p->heap[i].idx].since + cfg->leak_threshold;
+    for (i = 0; i < p->dl.len; i++)
+      if (p->dl.a[i].kind == H_LEASE) p->dl.a[i].t = p->lea[p->dl.a[i].idx].since + cfg->leak_threshold;
   }
-  heap_rebuild(p);
+  heap_rebuild(p, &p->dl);
   for (i = 0; i < nfresh; i++) {
     record_t *x = &p->rec[fresh[i].r];
-    hpush(p, x->created + cfg->max_lifetime * (1.0 - cfg->lifetime_jitter * rnd(p)), H_LIFETIME, fresh[i].r);
+    hpush(p, &p->dl, x->created + cfg->max_lifetime * (1.0 - cfg->lifetime_jitter * rnd(p)), H_LIFETIME, fresh[i].r);
   }
   free(fresh);
   if (has(cfg->leak_threshold) && !has(old.leak_threshold))
     for (i = 0; i < p->nlea; i++)
-      if (p->lea[i].record != NONE && hpush(p, p->lea[i].since + cfg->leak_threshold, H_LEASE, i) != 0)
+      if (p->lea[i].record != NONE && hpush(p, &p->dl, p->lea[i].since + cfg->leak_threshold, H_LEASE, i) != 0)
         p->lea[i].hpos = NONE;
   /* caps: what is over stays until it ends, nothing grows past them */
   {
@@ -1489,7 +1496,7 @@ int32_t clientpool_wait_priority(clientpool_t *p, int32_t k, double deadline, in
   x->hpos = NONE;
   wpush(p, &p->keys[k], w);
   BOTH(p, k, waiting, 1);
-  if (has(deadline) && hpush(p, deadline, H_WAITER, w) != 0) x->hpos = NONE;
+  if (has(deadline) && hpush(p, &p->dl, deadline, H_WAITER, w) != 0) x->hpos = NONE;
   key_refresh(p, k);
   *gen = x->gen;
   finish(p, now);
@@ -1535,7 +1542,7 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
   x->created = p->last_created = now > p->last_created ? now : nextafter(p->last_created, HUGE_VAL);
   x->res_lease = NONE;                 /* (its lease is the caller's now) */
   if (has(p->cfg.max_lifetime) &&
-      hpush(p, now + p->cfg.max_lifetime * (1.0 - p->cfg.lifetime_jitter * rnd(p)), H_LIFETIME, r) != 0) {
+      hpush(p, &p->dl, now + p->cfg.max_lifetime * (1.0 - p->cfg.lifetime_jitter * rnd(p)), H_LIFETIME, r) != 0) {
     x->hpos = NONE;
     x->retire |= LIFETIME_OVER;        /* out of memory: its expiry is not kept, so it ends early */
   }
@@ -1908,9 +1915,9 @@ void clientpool_tick(clientpool_t *p, double now) {
       else destroy(p, r, CLIENTPOOL_BY_IDLE);
       continue;
     }
-    if (p->hlen > 0 && p->heap[0].t <= now) {
-      hent_t e = p->heap[0];
-      hremove(p, hpos_of(p, &p->heap[0]));
+    if (p->dl.len > 0 && p->dl.a[0].t <= now) {
+      hent_t e = p->dl.a[0];
+      hremove(p, &p->dl, hpos_of(p, &p->dl.a[0]));
       if (e.kind == H_WAITER) {
         waiter_dequeue(p, e.idx, CLIENTPOOL_TIMEOUT, now);
         push_event(p, CLIENTPOOL_EV_WAKE, e.idx, (int32_t)p->wai[e.idx].gen, p->wai[e.idx].key, 0);
@@ -2125,11 +2132,11 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
       if (l + 1 < p->rlen[h]) CHECK(!kbefore(p, a[l + 1], a[i]), "ready heap order");
     }
   }
-  for (i = 0; i < p->hlen; i++) {
+  for (i = 0; i < p->dl.len; i++) {
     int32_t l = 2 * i + 1;
-    CHECK(*hpos_of((clientpool_t *)p, &p->heap[i]) == i, "deadline heap position wrong");
-    if (l < p->hlen) CHECK(p->heap[i].t <= p->heap[l].t, "deadline heap order");
-    if (l + 1 < p->hlen) CHECK(p->heap[i].t <= p->heap[l + 1].t, "deadline heap order");
+    CHECK(*hpos_of((clientpool_t *)p, &p->dl.a[i]) == i, "deadline heap position wrong");
+    if (l < p->dl.len) CHECK(p->dl.a[i].t <= p->dl.a[l].t, "deadline heap order");
+    if (l + 1 < p->dl.len) CHECK(p->dl.a[i].t <= p->dl.a[l + 1].t, "deadline heap order");
   }
   /* after dispatch nothing queued could have been served */
   {

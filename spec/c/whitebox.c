@@ -123,7 +123,7 @@ const char *wb_corrupt(clientpool_t *p, int what) {
   int32_t idle = wb_find_rec(p, R_IDLE, -1), open = wb_find_rec(p, R_LEASED, 1);
   int32_t full = wb_find_rec(p, R_LEASED, 0), ka = wb_key_with_waiters(p, 2), l, k;
   if (idle == NONE || open == NONE || full == NONE || ka == NONE) return NULL;
-  if (p->rlen[RH_CREATE] < 3 || p->rlen[RH_IDLE] < 1 || p->hlen < 3) return NULL;
+  if (p->rlen[RH_CREATE] < 3 || p->rlen[RH_IDLE] < 1 || p->dl.len < 3) return NULL;
   switch (what) {
   case 0:
     for (k = 0; k < p->nkeys && p->keys[k].used; k++) {}
@@ -185,9 +185,9 @@ const char *wb_corrupt(clientpool_t *p, int what) {
     wb_rswap(p, RH_CREATE, 1, 2);                                        /* [s1, s2, s0] */
     return "ready heap order";
   }
-  case 33: *hpos_of(p, &p->heap[0]) = 1; return "deadline heap position wrong";
-  case 34: p->heap[1].t = p->heap[0].t - 1; return "deadline heap order";
-  case 35: p->heap[1].t = p->heap[0].t + 1; p->heap[2].t = p->heap[0].t - 1; return "deadline heap order";
+  case 33: *hpos_of(p, &p->dl.a[0]) = 1; return "deadline heap position wrong";
+  case 34: p->dl.a[1].t = p->dl.a[0].t - 1; return "deadline heap order";
+  case 35: p->dl.a[1].t = p->dl.a[0].t + 1; p->dl.a[2].t = p->dl.a[0].t - 1; return "deadline heap order";
   case 36: p->cfg.max_concurrency = 1000; return "servable waiter";
   case 37:
     for (l = 0; l < p->nlea && p->lea[l].record == NONE; l++) {}
