@@ -19,7 +19,7 @@ end
 
 -- Kills a coroutine suspended in the scheduler (a task whose hook hangs):
 -- Lua 5.4 closes it; elsewhere a count hook raises in it as soon as it is
--- resumed from here (as spec/clientpool_wait_spec.lua does).
+-- resumed from here (as spec/acquire_wait_spec.lua does).
 local function kill(co)
   assert.equal("suspended", coroutine.status(co))
   if coroutine.close then
@@ -256,10 +256,12 @@ for _, S in ipairs(H.schedulers()) do
           assert.is_nil(l)
           assert.equal("create", code)
           assert.is_true(contains(err, "create exploded"), tostring(err))
+          sched.sleep(0.05)      -- past the create backoff's window (one failure: <= 0.05 s)
           l, code, err = pool:acquire()
           assert.is_nil(l)
           assert.equal("create", code)
           assert.same({ hook = "create" }, err)
+          sched.sleep(0.1)       -- two failures in a row: <= 0.1 s
           -- the third throws after a yield, with a waiter queued behind it
           local second
           ctx.go(function()

@@ -45,10 +45,13 @@ describe("clientpool.metrics", function()
       local doc = assert(P.parse(text))
       local s = pool:stats()
       local l = { pool = "main" }
-      for _, f in ipairs { "live", "idle", "active", "leases", "waiting", "creating" } do
-        assert.equal(s[f], P.value(doc, "clientpool_" .. f, l), f)
-        assert.equal("gauge", doc.types["clientpool_" .. f])
+      for _, f in ipairs { "live", "idle", "active", "leases", "waiting", "creating", "closing" } do
+        if f ~= "closing" or s.closing ~= nil then
+          assert.equal(s[f], P.value(doc, "clientpool_" .. f, l), f)
+          assert.equal("gauge", doc.types["clientpool_" .. f])
+        end
       end
+      assert.equal(0, P.value(doc, "clientpool_floor_spent", l))
       local counters = { opened = "opened_total", reused = "reused_total", timeouts = "timeouts_total",
                          rejected = "rejected_total", cancelled = "cancelled_total",
                          create_failed = "create_failed_total", leaked = "leaked_total",
@@ -161,17 +164,28 @@ describe("clientpool.metrics", function()
       for _, fam in ipairs(doc.order) do assert.is_nil(fam:find("^clientpool_key_"), fam) end
     end)
 
-    it("a fleet name raises until clientpool.fleet exists; fleet_stats is the place it plugs in", function()
-      local ok, err = pcall(metrics.prometheus, { f = "redis-main" })
-      assert.is_false(ok)
-      assert.truthy(tostring(err):find("clientpool.fleet is not available", 1, true), err)
+    it("a fleet name renders clientpool.fleet's fleet-wide gauges; fleet_stats is replaceable", function()
+      local fleet = require "clientpool.fleet"
+      local name = "mspec" .. tostring(os.time()) .. "-" .. math.random(1e6)
+      fleet.new(name, { max_live = 4, members = 4 })
+      local ok, text = pcall(metrics.prometheus, { shared = name })
+      local fs = fleet.stats(name)
+      fleet.remove(name)
+      assert.is_true(ok, text)
+      local doc = assert(P.parse(text))
+      assert.equal(fs.live, P.value(doc, "clientpool_live", { pool = "shared" }))
+      assert.equal(fs.leases, P.value(doc, "clientpool_leases", { pool = "shared" }))
+      assert.equal(0, P.value(doc, "clientpool_paused", { pool = "shared" }))
+      assert.is_nil(doc.types.clientpool_wait_duration_seconds)     -- a fleet keeps no waits
+      assert.is_true(P.promtool(text))
+      assert.is_false((pcall(metrics.prometheus, { f = name })))     -- removed: fleet.stats raises
       local pool, L = busy_pool()
       history(pool, L)
       local saved = metrics.fleet_stats
-      metrics.fleet_stats = function(name) assert.equal("redis-main", name); return pool:stats() end
-      local doc = assert(P.parse(metrics.prometheus { f = "redis-main" }))
+      metrics.fleet_stats = function(n) assert.equal("other", n); return pool:stats() end
+      local doc2 = assert(P.parse(metrics.prometheus { f = "other" }))
       metrics.fleet_stats = saved
-      assert.equal(pool:stats().opened, P.value(doc, "clientpool_opened_total", { pool = "f" }))
+      assert.equal(pool:stats().opened, P.value(doc2, "clientpool_opened_total", { pool = "f" }))
     end)
 
     it("bad input raises a clientpool.metrics error naming it", function()

@@ -7,7 +7,7 @@
 --
 -- Families (all prefixed clientpool_, labelled pool="<name>"):
 --   gauges   live idle active leases waiting creating closing (when the pool's
---            stats have it) paused (1 while paused)
+--            stats have it) paused (1 while paused) floor_spent
 --   counters opened_total reused_total closed_total{reason} timeouts_total
 --            rejected_total cancelled_total create_failed_total leaked_total
 --            waits_total wait_time_seconds_total
@@ -31,8 +31,8 @@
 -- worker="<pid>" (docs/metrics.md has the recipe).
 --
 -- A pool's place in `pools` may hold a fleet name (a string) instead: its
--- statistics then come from metrics.fleet_stats(name), which the fleet
--- step (clientpool.fleet) provides; until then such a name raises.
+-- statistics then come from metrics.fleet_stats(name) (clientpool.fleet's
+-- stats: the fleet-wide gauges, per key too).
 local type, error, pairs, ipairs, tostring, tonumber, pcall, select, setmetatable, getmetatable =
       type, error, pairs, ipairs, tostring, tonumber, pcall, select, setmetatable, getmetatable
 local string_format, string_gsub, string_find, string_sub = string.format, string.gsub, string.find, string.sub
@@ -78,6 +78,7 @@ local COUNTERS = {
 }
 local CLOSED_HELP = "Clients destroyed, by reason."
 local PAUSED_HELP = "1 while admission is paused (pool:pause, a policy), else 0."
+local SPENT_HELP = "1 while the warm floor is spent (refills failed more than `restarts` times in a row), else 0."
 local HIST_HELP = "Seconds acquisitions waited in the queue."
 
 -- The meta of every family name: type, help (serve() needs it for the
@@ -91,6 +92,7 @@ end
 for _, scope in ipairs { "", "key_" } do
   for _, g in ipairs(GAUGES) do family("clientpool_" .. scope .. g[2], "gauge", g[3]) end
   family("clientpool_" .. scope .. "paused", "gauge", PAUSED_HELP)
+  if scope == "" then family("clientpool_floor_spent", "gauge", SPENT_HELP) end
   for _, c in ipairs(COUNTERS) do family("clientpool_" .. scope .. c[2], "counter", c[3]) end
   family("clientpool_" .. scope .. "closed_total", "counter", CLOSED_HELP)
   if scope == "" then family("clientpool_wait_duration_seconds", "histogram", HIST_HELP) end
@@ -195,8 +197,10 @@ end
 -- Collecting: families from pools
 ---------------------------------------------------------------------------
 
---- Statistics of a fleet name: provided by the fleet step (clientpool.fleet
--- with a stats(name) shaped like pool:stats()). Replaceable.
+--- Statistics of a fleet name: clientpool.fleet.stats(name), whose
+-- fleet-wide live, idle, leases, waiting, paused and keys render like a
+-- pool's (a fleet keeps no counters or waits of its own; its members' pools
+-- do). Replaceable, for a fleet of another kind.
 function _M.fleet_stats(name)
   local ok, fleet = pcall(require, "clientpool.fleet")
   if not ok or type(fleet) ~= "table" or type(fleet.stats) ~= "function" then
@@ -235,6 +239,9 @@ local function scope_samples(fams, prefix, s, labels)
   end
   -- (no reason label: reasons such as "http 429" come and go, a series each)
   if s.paused ~= nil then add(fams, prefix .. "paused", prefix .. "paused", labels, s.paused and 1 or 0) end
+  if s.floor_spent ~= nil and prefix == "clientpool_" then
+    add(fams, "clientpool_floor_spent", "clientpool_floor_spent", labels, s.floor_spent and 1 or 0)
+  end
   for _, c in ipairs(COUNTERS) do
     local v = s[c[1]]
     if type(v) == "number" then add(fams, prefix .. c[2], prefix .. c[2], labels, v) end
@@ -307,11 +314,11 @@ local function collect(pools, opts, base, what)
     end
     local labels = with(base, "pool", tostring(name))
     scope_samples(fams, "clientpool_", s, labels)
-    if not h then
+    if not h and s.wait_count then
       -- no distribution: the +Inf bucket alone, exact
-      h = { bounds = {}, counts = {}, sum = s.wait_time or 0, count = s.wait_count or 0 }
+      h = { bounds = {}, counts = {}, sum = s.wait_time or 0, count = s.wait_count }
     end
-    hist_samples(fams, h, labels)
+    if h then hist_samples(fams, h, labels) end   -- (a fleet's stats have no waits)
     if opts.keys ~= false and type(s.keys) == "table" then
       for _, kname in ipairs(sorted_keys(s.keys)) do
         scope_samples(fams, "clientpool_key_", s.keys[kname], with(labels, "key", tostring(kname)))
