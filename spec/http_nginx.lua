@@ -39,7 +39,8 @@ local function read(path)
   return s
 end
 
-local function free_port()
+--- A free 127.0.0.1 port (bound to port 0, read back, closed).
+function N.free_port()
   local socket = require "cqueues.socket"
   local s = socket.listen { host = "127.0.0.1", port = 0 }
   local _, _, port = s:localname()
@@ -95,7 +96,7 @@ function N.start()
   for _, name in ipairs { "keep", "short", "nreq", "h2", "h2goaway", "h2c", "tls11" } do
     local p
     repeat
-      p = free_port()
+      p = N.free_port()
       local dup = false
       for _, q in pairs(ports) do if q == p then dup = true end end
     until not dup

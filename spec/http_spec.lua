@@ -379,6 +379,19 @@ describe("clientpool.http", function()
           return cphttp.key(url(port_of(), path or "/", scheme), tls_of())
         end
 
+        -- eight slow requests at once through a fresh pool of o; returns
+        -- the pool's manager and how many succeeded
+        local function eight(e, t, o)
+          local pool, mgr = e.pool(o)
+          local ok = 0
+          e.run(function()
+            e.par(8, function(i)
+              if cphttp.request(pool, { key = key(), path = t .. "/slow?s=0.6&i=" .. i }) then ok = ok + 1 end
+            end)
+          end)
+          return mgr, ok
+        end
+
         it("streams from many tasks share one connection (capacity = the server's 4 streams)", function()
           local e = env()
           local t = tag()
@@ -401,15 +414,8 @@ describe("clientpool.http", function()
         end)
 
         it("with max_live 2, eight requests at once use two connections, four streams each", function()
-          local e = env()
           local t = tag()
-          local pool = e.pool { version = 2, max_live = 2, capacity = 4 }
-          local ok = 0
-          e.run(function()
-            e.par(8, function(i)
-              if cphttp.request(pool, { key = key(), path = t .. "/slow?s=0.6&i=" .. i }) then ok = ok + 1 end
-            end)
-          end)
+          local _, ok = eight(env(), t, { version = 2, max_live = 2, capacity = 4 })
           assert.equal(8, ok)
           local n, lines = srv:connections(t, 8)
           assert.equal(2, n)
@@ -426,15 +432,8 @@ describe("clientpool.http", function()
         end)
 
         it("a capacity above the server's MAX_CONCURRENT_STREAMS waits for a stream, never refused", function()
-          local e = env()
           local t = tag()
-          local pool, mgr = e.pool { version = 2, max_live = 1, capacity = 8 }
-          local ok = 0
-          e.run(function()
-            e.par(8, function(i)
-              if cphttp.request(pool, { key = key(), path = t .. "/slow?s=0.6&i=" .. i }) then ok = ok + 1 end
-            end)
-          end)
+          local mgr, ok = eight(env(), t, { version = 2, max_live = 1, capacity = 8 })
           assert.equal(8, ok)
           local n, lines = srv:connections(t, 8)
           assert.equal(1, n)

@@ -40,13 +40,12 @@ local http_tls = need "http.tls"
 local h2_error = need "http.h2_error"
 local openssl_ctx = need "openssl.ssl.context"
 
-local type, error, pairs, ipairs, tostring, tonumber, pcall, select, setmetatable, getmetatable =
-      type, error, pairs, ipairs, tostring, tonumber, pcall, select, setmetatable, getmetatable
+local type, error, pairs, ipairs, tostring, tonumber, pcall, setmetatable, getmetatable =
+      type, error, pairs, ipairs, tostring, tonumber, pcall, setmetatable, getmetatable
 local string_format, string_gsub, string_find, string_sub, string_lower, string_match =
       string.format, string.gsub, string.find, string.sub, string.lower, string.match
 local math_floor, math_huge = math.floor, math.huge
 local table_concat = table.concat
-local unpack = table.unpack or unpack -- luacheck: ignore 143
 local monotime = cqueues.monotime
 
 local _M = { _VERSION = "0.1.0" }
@@ -70,21 +69,9 @@ local function fail(fmt, ...)
   error("clientpool.http: " .. string_format(fmt, ...), 0)
 end
 
--- A protected call the function may yield through (cqueues polls). pcall
--- is yieldable on LuaJIT and Lua 5.2+; on PUC Lua 5.1 the function runs in
--- a coroutine of its own whose yields are passed up to the controller.
-local ycall = pcall
-if _VERSION == "Lua 5.1" and not rawget(_G, "jit") then
-  local pack = function(...) return { n = select("#", ...), ... } end
-  ycall = function(fn, ...)
-    local co = coroutine.create(fn)
-    local r = pack(coroutine.resume(co, ...))
-    while r[1] and coroutine.status(co) == "suspended" do
-      r = pack(coroutine.resume(co, coroutine.yield(unpack(r, 2, r.n))))
-    end
-    return unpack(r, 1, r.n)
-  end
-end
+-- A protected call the function may yield through (cqueues polls): pcall
+-- on LuaJIT and Lua 5.2+, a pass-through coroutine on PUC Lua 5.1.
+local ycall = require("clientpool.base").ycall
 
 ---------------------------------------------------------------------------
 -- Keys: an origin and its TLS settings

@@ -28,12 +28,7 @@ local function sh(cmd)
   return ok == true or ok == 0
 end
 
-local function free_port()
-  local s = socket.listen { host = "127.0.0.1", port = 0 }
-  local _, _, port = s:localname()
-  s:close()
-  return port
-end
+local free_port = require("spec.http_nginx").free_port
 
 -- A minimal JSON reader (Prometheus API answers).
 local function json_decode(s)
