@@ -498,8 +498,10 @@ int clientpool_key_pin(clientpool_t *p, int32_t k, int32_t pinned) {
 
 int clientpool_key_forget(clientpool_t *p, int32_t k) {
   if (!key_ok(p, k)) return 0;
-  if (take_kept(p, k)) {             /* the caller that kept its place gave up */
-    int freed = key_maybe_free(p, k);
+  if (p->kept != NONE) {             /* the caller that kept its place gave up, or forgets another key */
+    int freed;
+    take_kept(p, k);
+    freed = key_maybe_free(p, k);
     finish(p, p->now);               /* what was held for it is served */
     return freed;
   }

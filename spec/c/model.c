@@ -168,8 +168,10 @@ static void finish(model_t *m, double now);
 
 int model_key_forget(model_t *m, int k) {
   if (!key_ok(m, k)) return 0;
-  if (take_kept(m, k)) {
-    int freed = key_maybe_free(m, k);
+  if (m->kept != NONE) {
+    int freed;
+    take_kept(m, k);
+    freed = key_maybe_free(m, k);
     finish(m, m->now);                 /* what was held for it is served */
     return freed;
   }
