@@ -44,7 +44,7 @@ describe("clientpool.ffi", function()
     local function new(backend)
       return clientpool.new { max_live = 1, create = function() return {} end, backend = backend }
     end
-    assert(tostring(new("core")._e):find("^clientpool.Pool: "))
+    assert(tostring(new("core")._e):find("^clientpool.Engine: "))
     for _, bad in ipairs { "c", 1, true } do
       local ok, err = pcall(new, bad)
       assert(not ok and tostring(err):find("option 'backend' must be \"core\" or \"ffi\"", 1, true), tostring(err))
@@ -83,7 +83,9 @@ describe("clientpool.ffi", function()
     for k, v in pairs(core) do
       if type(v) == "number" then
         assert(cffi[k] == v, "constant " .. k .. ": core " .. v .. ", ffi " .. tostring(cffi[k]))
-      elseif type(v) == "table" then
+      elseif type(v) == "table" and k ~= "fleet" then
+        -- (core.fleet, the fleet's C binding, has its FFI twin in
+        -- clientpool.fleet_ffi; spec/fleet_spec.lua mirrors the two)
         for name, code in pairs(v) do assert(cffi[k][name] == code, k .. "." .. name) end
         for name in pairs(cffi[k]) do assert(v[name] ~= nil, "ffi " .. k .. "." .. name .. " not in core") end
       elseif type(v) == "function" and k ~= "fastpath" then

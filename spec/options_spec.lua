@@ -1,5 +1,5 @@
--- clientpool.new(): every option rule (DESIGN.md section 3, "Capacity
--- envelope"), the defaults and their effect, and no I/O at construction.
+-- clientpool.new(): every option rule (docs/api.md, "Options"), the
+-- defaults and their effect, and no I/O at construction.
 --
 -- Every bad option must raise a programming error: a message that starts
 -- with "clientpool:" (after the position Lua adds, which must then be the
@@ -204,7 +204,7 @@ describe("clientpool.new options", function()
       local wrong = {}
       for _, case in ipairs(CASES) do
         local msg = new_error(case[2])
-        if not (msg:find("^clientpool:") or msg:find("^[^\n]-clientpool_options_spec%.lua:%d+: clientpool:")) then
+        if not (msg:find("^clientpool:") or msg:find("^[^\n]-options_spec%.lua:%d+: clientpool:")) then
           wrong[#wrong + 1] = case[1] .. ": " .. msg:match("^[^\n]*")
         end
       end
