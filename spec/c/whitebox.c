@@ -113,7 +113,7 @@ static void wb_rswap(clientpool_t *p, int h, int32_t i, int32_t j) {
 }
 
 /*
- * The pool the corruptions expect (spec/c/test_engine.c builds it):
+ * The pool the corruptions expect (spec/c/test_engine_faults.c builds it):
  * capacity 2; key A holds an idle record and two queued waiters; key B a
  * leased record with one lease (open); key C one with two leases;
  * max_concurrency is reached, so A sits in the idle ready heap and three
