@@ -173,13 +173,23 @@ static void t_oom_shared(void) {
 static clientpool_t *corruptible_pool(void) {
   clientpool_config_t c = cfg_base();
   clientpool_t *p;
-  int32_t a, b, k3, d, e, f;
-  hold_t h;
+  int32_t a, b, k3, d, e, f, kg, kc;
+  hold_t h, h2;
   clientpool_grant_t g;
-  c.capacity = 2; c.max_live = 8; c.max_idle = 8; c.max_concurrency = 3;
-  c.leak_threshold = 100; c.max_lifetime = 1000;
+  g_auto_destroy = 0;                       /* kc's record stays closing */
+  c.capacity = 2; c.max_live = 9; c.max_idle = 8; c.max_concurrency = 3;
+  c.leak_threshold = 100; c.max_lifetime = 1000; c.keepalive = 1000;
   p = POOL(c);
-  a = PKEY(p); b = PKEY(p); k3 = PKEY(p); d = PKEY(p); e = PKEY(p); f = PKEY(p);
+  a = PKEY(p); b = PKEY(p); k3 = PKEY(p); d = PKEY(p); e = PKEY(p); f = PKEY(p); kg = PKEY(p); kc = PKEY(p);
+  (void)PKEY(p);                            /* (the key array grows: a slot stays unused) */
+  h = NEW_LEASE(p, kg, 0);                  /* kg: two idle (the keepalive heap holds three) */
+  CHECK_STATUS(ACQUIRE(p, kg, 0, &g), CLIENTPOOL_GRANT_IDLE);   /* its second share */
+  h2 = NEW_LEASE(p, kg, 0);
+  RELEASE(p, h, 0);
+  RELEASE(p, hold_of(&g), 0);
+  RELEASE(p, h2, 0);
+  h = NEW_LEASE(p, kc, 0);
+  RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 0); /* kc: closing */
   h = NEW_LEASE(p, a, 0);
   RELEASE(p, h, 1);                         /* a: idle */
   (void)NEW_LEASE(p, b, 2);                 /* b: open */

@@ -587,6 +587,219 @@ static void t_keepalive_configure(void) {
   CHECK_EQ(CONFIGURE(p, c, 6), CLIENTPOOL_EINVAL);
 }
 
+
+/* ===================================================================== */
+/* 29. edges of the closing state, backoff, configure and keepalive      */
+/* ===================================================================== */
+
+/* Reasons a record out for a keepalive is destroyed at its report when the
+ * timer has not run yet (retire_before, its lifetime, idle_timeout), and
+ * the ones the timer finds while it is out (its lifetime). */
+static void t_edges_keepalive_reasons(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, o[2];
+  hold_t h[2];
+  int i, n;
+  c.keepalive = 1; c.max_live = 4; c.max_idle = 4; c.idle_timeout = 10; c.max_lifetime = 20;
+  p = POOL(c);
+  k = PKEY(p);
+  h[0] = NEW_LEASE(p, k, 0);
+  h[1] = NEW_LEASE(p, k, 1);
+  RELEASE(p, h[0], 0);
+  RELEASE(p, h[1], 1);
+  TICK(p, 2);
+  drain(p);
+  for (i = n = 0; i < g_nev; i++) if (g_ev[i].type == CLIENTPOOL_EV_KEEPALIVE) o[n++] = g_ev[i].a;
+  CHECK_EQ(n, 2);
+  CHECK(o[0] == h[0].record || o[1] == h[0].record);
+  if (o[1] == h[0].record) { o[1] = o[0]; o[0] = h[0].record; }
+  CHECK_EQ(clientpool_retire_before(p, -1, 0.5, 2), 0);   /* h[0], created at 0: retired by age */
+  CHECK_EQ(KEEPALIVE_DONE(p, o[0], 1, 2), 0);
+  drain(p);
+  EXPECT_DESTROY(o[0], CLIENTPOOL_BY_RETIRED);
+  CHECK_EQ(KEEPALIVE_DONE(p, -1, 1, 2), CLIENTPOOL_STALE);
+  /* past idle_timeout at the report (idle since 1), before any tick saw it */
+  CHECK_EQ(clientpool_keepalive_done(p, o[1], 1, 11), 0);
+  drain(p);
+  EXPECT_DESTROY(o[1], CLIENTPOOL_BY_IDLE);
+  /* past its lifetime at the report (no tick), and found so by the tick */
+  for (i = 0; i < 2; i++) h[i] = NEW_LEASE(p, k, 11);
+  for (i = 0; i < 2; i++) RELEASE(p, h[i], 11);
+  TICK(p, 12);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_KEEPALIVE), 2);
+  CHECK_EQ(clientpool_keepalive_done(p, h[0].record, 1, 31.5), 0);   /* its lifetime: 31 */
+  drain(p);
+  EXPECT_DESTROY(h[0].record, CLIENTPOOL_BY_LIFETIME);
+  TICK(p, 32);                               /* h[1]'s lifetime, while out */
+  CHECK(wb_rec_retire(p, h[1].record));
+  CHECK_EQ(KEEPALIVE_DONE(p, h[1].record, 1, 32), 0);
+  drain(p);
+  EXPECT_DESTROY(h[1].record, CLIENTPOOL_BY_LIFETIME);
+}
+
+/* keepalive with the other features: a key backing off whose only client
+ * is out waits instead of failing fast; retire_before passes one that is
+ * out; turning lifetimes on counts one that is out; a leased one gets no
+ * keepalive clock; a deadline earlier than the next keepalive is the timer's;
+ * out of memory an idle record goes without a keepalive. */
+static void t_edges_keepalive_with_the_rest(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, l;
+  clientpool_grant_t g;
+  waiter_h w;
+  c.keepalive = 1; c.max_live = 4; c.max_idle = 4; c.create_backoff = 5; c.create_backoff_max = 5;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  l = NEW_LEASE(p, k, 0);
+  RELEASE(p, h, 0);
+  RELEASE_AS(p, l, CLIENTPOOL_BY_ERROR, 0);
+  TICK(p, 1);                               /* h out */
+  CHECK_STATUS(ACQUIRE(p, k, 1, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 1), 0);  /* a window opens */
+  MUST_WAIT(p, k, 1);                       /* h may come back: no BACKOFF */
+  w = WAIT(p, k, -1, 1);
+  CHECK_EQ(clientpool_retire_before(p, -1, -1, 1), 0);   /* passes h (out): at its report */
+  c.max_lifetime = 100;                     /* lifetimes on: h's too */
+  CHECK_EQ(CONFIGURE(p, c, 1), 0);
+  CHECK_EQ(KEEPALIVE_DONE(p, h.record, 1, 2), 0);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_RETIRED);
+  EXPECT_NO_WAKE(w);
+  CHECK_EQ(CANCEL(p, w, CLIENTPOOL_CANCELLED, 2, &g), CLIENTPOOL_CANCELLED);
+  /* keepalive turned on: the idle record gets a clock, the leased one not;
+   * a deadline before the next keepalive is the timer's */
+  c.keepalive = -1; c.max_lifetime = -1; c.key_max_live = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  {
+    int32_t k2 = PKEY(p);
+    h = NEW_LEASE(p, k2, 0);
+    RELEASE(p, h, 0);
+  }
+  l = NEW_LEASE(p, k, 0);
+  w = WAIT(p, k, 0.5, 0);                   /* k at its cap: it waits */
+  c.keepalive = 2;
+  CHECK_EQ(CONFIGURE(p, c, 0), 0);
+  CHECK(clientpool_next_deadline(p) == 0.5);
+  TICK(p, 0.5);
+  CHECK(clientpool_next_deadline(p) == 2);
+  RELEASE(p, l, 1);
+  (void)w;
+  /* out of memory: a record goes idle without a keepalive */
+  c.keepalive = 1; c.key_max_live = -1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  wb_alloc_fail(1);                         /* the keepalive heap */
+  RELEASE(p, h, 0);
+  wb_alloc_fail(0);
+  CHECK_EQ(pstats(p).idle, 1);
+  CHECK(clientpool_next_deadline(p) == -1);
+}
+
+/* configure: lower max_concurrency and max_keys let what is there stay (and
+ * the check holds it to no more); out of memory nothing changes; a refill
+ * that completes over a lowered cap is closed; key_caps on a closed pool. */
+static void t_edges_configure(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, u[3], r, kk;
+  hold_t h[3];
+  clientpool_grant_t g;
+  int i;
+  c.max_keys = 4; c.max_live = 4; c.max_idle = 4; c.max_concurrency = 4; c.min_idle = 1;
+  p = POOL(c);
+  for (i = 0; i < 3; i++) { u[i] = UKEY(p); h[i] = NEW_LEASE(p, u[i], i); }
+  c.max_keys = 1; c.max_concurrency = 1;
+  CHECK_EQ(CONFIGURE(p, c, 3), 0);
+  CHECK_EQ(KEY_OPEN(p), CLIENTPOOL_EKEYS);
+  CHECK_STATUS(ACQUIRE(p, u[0], 3, &g), CLIENTPOOL_MUST_WAIT);
+  CHECK_EQ(KEY_FORGET(p, u[0]), 0);
+  for (i = 0; i < 3; i++) RELEASE_AS(p, h[i], CLIENTPOOL_BY_ERROR, 4);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_KEY_FREE), 3);
+  k = KEY_OPEN(p);
+  CHECK(k >= 0);
+  CHECK_EQ(KEY_PIN(p, k, 1), 0);
+  /* lifetimes on, in creation order whatever the slots; then out of memory */
+  c.max_keys = 4; c.max_concurrency = 4; c.lifetime_jitter = 0.5;
+  CHECK_EQ(CONFIGURE(p, c, 5), 0);
+  for (i = 0; i < 3; i++) h[i] = NEW_LEASE(p, k, 5 + i);
+  RELEASE(p, h[1], 8);
+  RELEASE(p, h[0], 8);
+  c.max_lifetime = 50;
+  wb_alloc_fail(1);                         /* the records' list */
+  CHECK_EQ(CONFIGURE(p, c, 9), CLIENTPOOL_ENOMEM);
+  CHECK(clientpool_next_deadline(p) == -1);
+  wb_alloc_fail(2);                         /* the heap's growth */
+  CHECK_EQ(CONFIGURE(p, c, 9), CLIENTPOOL_ENOMEM);
+  wb_alloc_fail(0);
+  CHECK_EQ(CONFIGURE(p, c, 9), 0);
+  CHECK(clientpool_next_deadline(p) > 9);
+  /* a refill under way when max_live is lowered below the leased ones */
+  h[0] = REUSE(p, k, 10, &g);
+  h[1] = REUSE(p, k, 10, &g);
+  CHECK_EQ(KEY_PIN(p, k, 2), 0);
+  clientpool_floor(p, 1, 10);
+  r = clientpool_refill(p, 10, &kk);
+  CHECK(r >= 0 && kk == k);
+  c.max_live = 3; c.max_idle = 3;
+  CHECK_EQ(CONFIGURE(p, c, 11), 0);
+  CHECK_EQ(CREATED(p, r, 1, 11), 0);
+  drain(p);
+  EXPECT_DESTROY(r, CLIENTPOOL_BY_RESIZED);
+  /* key caps: a key's own max_idle; on a closed pool */
+  for (i = 0; i < 3; i++) RELEASE(p, h[i], 12);
+  CHECK_EQ(KEY_CAPS(p, k, -1, 1, 12), 0);
+  drain(p);
+  CHECK_EQ(g_evby[CLIENTPOOL_BY_MAX_IDLE], 2);
+  h[0] = REUSE(p, k, 13, &g);               /* (k stays in use after close) */
+  CLOSE(p, 13);
+  CHECK_EQ(KEY_CAPS(p, k, 1, 1, 13), CLIENTPOOL_ECLOSED);
+  RELEASE(p, h[0], 14);
+}
+
+/* The closing state and backoff: a kept place keeps an unpinned key; out of
+ * memory the backoff window goes (one create at a time instead); a key with
+ * caps of its own goes at close. */
+static void t_edges_closing_backoff_caps(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t u;
+  hold_t h;
+  clientpool_grant_t g, g2;
+  c.max_live = 1; c.max_idle = 1; c.create_backoff = 1; c.create_backoff_max = 1;
+  p = POOL(c);
+  u = UKEY(p);
+  h = NEW_LEASE(p, u, 0);
+  RELEASE(p, h, 0);
+  h = REUSE(p, u, 1, &g);
+  CHECK_EQ(clientpool_regrant(p, h.lease, h.gen, 1, &g), CLIENTPOOL_MUST_WAIT);
+  CHECK_EQ(clientpool_destroyed(p, h.record, 1), 0);   /* the key holds nothing now... */
+  drain(p);
+  CHECK_EQ(n_key_free(u), 0);                          /* ...but its caller kept a place */
+  CHECK_STATUS(ACQUIRE(p, u, 1, &g), CLIENTPOOL_GRANT_CREATE);
+  wb_alloc_fail(1);                                    /* the window's deadline */
+  CHECK_EQ(CREATED(p, g.record, 0, 1), 0);
+  wb_alloc_fail(0);
+  CHECK(clientpool_next_deadline(p) == -1);
+  CHECK_STATUS(ACQUIRE(p, u, 1, &g), CLIENTPOOL_GRANT_CREATE);   /* no window: one create */
+  c.max_live = 2; c.max_idle = 2;
+  CHECK_EQ(CONFIGURE(p, c, 1), 0);
+  CHECK_STATUS(ACQUIRE(p, u, 1, &g2), CLIENTPOOL_MUST_WAIT);     /* one in flight */
+  CHECK_EQ(CREATED(p, g.record, 1, 1), 0);
+  CHECK_EQ(KEY_CAPS(p, u, 1, -1, 2), 0);
+  RELEASE(p, hold_of(&g), 2);
+  CLOSE(p, 3);
+  drain(p);
+  CHECK_EQ(n_key_free(u), 1);                          /* caps keep a key until close */
+}
+
 const test_t tests_live[] = {
   /* 26 configure, key caps */
   T(t_configure_refuses_and_changes_nothing),
@@ -603,5 +816,10 @@ const test_t tests_live[] = {
   T(t_keepalive_bounded_and_waiters),
   T(t_keepalive_while_out),
   T(t_keepalive_configure),
+  /* 29 edges */
+  T(t_edges_keepalive_reasons),
+  T(t_edges_keepalive_with_the_rest),
+  T(t_edges_configure),
+  T(t_edges_closing_backoff_caps),
   { NULL, NULL }
 };
