@@ -149,7 +149,7 @@ struct clientpool {
   /* after clientpool_configure lowered a cap: the count then (0: none, or
    * back under the cap), for clientpool_check: nothing grows past a cap,
    * but what was there may stay until it ends */
-  int32_t lim_live, lim_leases, lim_waiting, lim_keys;
+  int32_t lim_live, lim_leases, lim_waiting, lim_keys, lim_any;
   int32_t *warm; int32_t nwarm, warmcap;  /* pinned keys: the warm floor's keys */
   int32_t floor_on, refill_signalled;
   double retire_before, retire_upto;
@@ -556,7 +556,7 @@ static double idle_deadline(const record_t *x, double idle_timeout) {
 }
 
 /* Off its key's LIFO stack. */
-static void stack_unlink(clientpool_t *p, int32_t r) {
+static inline void stack_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
   if (x->kprev != NONE) p->rec[x->kprev].knext = x->knext; else key->idle_top = x->knext;
@@ -564,7 +564,7 @@ static void stack_unlink(clientpool_t *p, int32_t r) {
 }
 
 /* On top of its key's LIFO stack. */
-static void stack_push(clientpool_t *p, int32_t r) {
+static inline void stack_push(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
   x->kprev = NONE;
@@ -574,7 +574,7 @@ static void stack_push(clientpool_t *p, int32_t r) {
 }
 
 /* Off the pool-wide idle list. */
-static void gl_unlink(clientpool_t *p, int32_t r) {
+static inline void gl_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   if (x->gprev != NONE) p->rec[x->gprev].gnext = x->gnext; else p->g_oldest = x->gnext;
   if (x->gnext != NONE) p->rec[x->gnext].gprev = x->gprev; else p->g_newest = x->gprev;
@@ -592,7 +592,7 @@ static void idle_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   stack_unlink(p, r);
   gl_unlink(p, r);
-  hremove(p, &p->ka, &x->kpos);
+  if (x->kpos != NONE) hremove(p, &p->ka, &x->kpos);
   BOTH(p, x->key, idle, -1);
 }
 
@@ -602,7 +602,8 @@ static void idle_push(clientpool_t *p, int32_t r, double now) {
   x->idle_since = now;
   x->gl_ahead = 0;
   stack_push(p, r);
-  ka_arm(p, r, now);
+  x->kpos = NONE;
+  if (has(p->cfg.keepalive)) ka_arm(p, r, now);
   x->gnext = NONE;
   x->gprev = p->g_newest;
   if (p->g_newest != NONE) p->rec[p->g_newest].gnext = r; else p->g_oldest = r;
@@ -1174,15 +1175,21 @@ double clientpool_next_deadline(const clientpool_t *p) {
   return d;
 }
 
+/* What was over a lowered cap (clientpool_configure) and is back under it. */
+static void lim_update(clientpool_t *p) {
+  if (p->lim_live && p->st.live + p->st.creating + p->st.closing <= p->cfg.max_live) p->lim_live = 0;
+  if (p->lim_leases && p->st.leases <= p->cfg.max_concurrency) p->lim_leases = 0;
+  if (p->lim_waiting && p->st.waiting <= p->cfg.max_waiting) p->lim_waiting = 0;
+  if (p->lim_keys && p->keys_used <= p->cfg.max_keys) p->lim_keys = 0;
+  p->lim_any = (p->lim_live | p->lim_leases | p->lim_waiting | p->lim_keys) != 0;
+}
+
 /* Ends every public mutating call: serves waiters and tells the driver about
  * a deadline earlier than its timer. */
 static void finish(clientpool_t *p, double now) {
   double d;
   dispatch(p, now);
-  if (p->lim_live && p->st.live + p->st.creating + p->st.closing <= p->cfg.max_live) p->lim_live = 0;
-  if (p->lim_leases && p->st.leases <= p->cfg.max_concurrency) p->lim_leases = 0;
-  if (p->lim_waiting && p->st.waiting <= p->cfg.max_waiting) p->lim_waiting = 0;
-  if (p->lim_keys && p->keys_used <= p->cfg.max_keys) p->lim_keys = 0;
+  if (p->lim_any) lim_update(p);
   d = clientpool_next_deadline(p);
   if (d >= 0 && (p->armed < 0 || d < p->armed)) {
     p->armed = d;
@@ -1499,6 +1506,7 @@ int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double
     if (p->st.waiting > cfg->max_waiting && p->st.waiting > p->lim_waiting) p->lim_waiting = p->st.waiting;
     if (cfg->max_keys >= 0 && p->keys_used > cfg->max_keys && p->keys_used > p->lim_keys)
       p->lim_keys = p->keys_used;
+    p->lim_any = (p->lim_live | p->lim_leases | p->lim_waiting | p->lim_keys) != 0;
   }
   while (lru_idle(p) != NONE && p->st.live + p->st.creating > cfg->max_live)
     destroy(p, lru_idle(p), CLIENTPOOL_BY_RESIZED);
@@ -1541,7 +1549,7 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   /* expired records destroyed on the way may empty k: it must survive this
    * call (and, on MUST_WAIT, until the driver queues or forgets) */
   p->hold_key = k;
-  backoff_check(p, k, now);
+  if (p->keys[k].bstate == B_WINDOW) backoff_check(p, k, now);
   if (!admits(p, k)) {
     if (p->cfg.pause_fail) {
       BOTH(p, k, rejected, 1);
@@ -1557,7 +1565,7 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   } else if ((p->keys[k].wlen == 0 || kept) &&
              p->st.leases < p->cfg.max_concurrency && grant(p, k, now, g)) {
     gate_granted(p, g);
-    key_refresh(p, k);               /* (a kept place may grant past k's waiters) */
+    if (kept) key_refresh(p, k);     /* (granted past k's waiters: re-sorted) */
   } else if (backoff_refuses(p, k)) {
     g->status = CLIENTPOOL_BACKOFF;
   } else if (p->st.waiting >= p->cfg.max_waiting) {
