@@ -20,7 +20,7 @@ void wb_alloc_fail_all(int on);
 long wb_allocs(void);
 
 /* ---- reading ---------------------------------------------------------- */
-enum { WB_FREE = 0, WB_CREATING, WB_IDLE, WB_LEASED, WB_CLOSING };   /* record states */
+enum { WB_FREE = 0, WB_CREATING, WB_IDLE, WB_LEASED, WB_CLOSING, WB_CHECKING };   /* record states */
 int wb_rec_state(const clientpool_t *p, int32_t r);
 int wb_rec_nleases(const clientpool_t *p, int32_t r);
 int wb_rec_retire(const clientpool_t *p, int32_t r);
@@ -43,7 +43,7 @@ void wb_dump_keys(const clientpool_t *p);
  * Applies corruption `what` (0 .. WB_CORRUPTIONS - 1) to a pool in the shape
  * wb_corrupt documents, and returns the text clientpool_check must report,
  * or NULL if the pool lacks what the corruption needs. */
-#define WB_CORRUPTIONS 41
+#define WB_CORRUPTIONS 54
 const char *wb_corrupt(clientpool_t *p, int what);
 
 #endif
