@@ -725,7 +725,9 @@ function _M.new(opts)
     _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
-  e:set_notify(function() kick(self) end)
+  -- a collected lease is reported at the pool's clock: a grant it makes is
+  -- dated then (its wait, its client's idle time), not at the last call
+  e:set_notify(function() kick(self) end, self._mono and monotime or sched.now)
   install_fastpath(self, mod)
   -- The warm keys are opened and pinned now. Without `keys` the default key
   -- is the warm key, but only a floor (min_idle > 0) needs it open before
