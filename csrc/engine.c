@@ -119,6 +119,8 @@ struct clientpool {
   int32_t hold_key;             /* the key an acquire works on: not forgotten meanwhile */
   int32_t *warm; int32_t nwarm, warmcap;  /* pinned keys: the warm floor's keys */
   int32_t floor_on, refill_signalled;
+  int32_t refilling;            /* warm-floor reservations in flight, all keys */
+  int32_t floor_held;           /* a warm key is short, but max_idle has no room (floor_deficit) */
   double retire_before, retire_upto;
   double last_created;          /* the latest record_t.created handed out */
   gate_t gate;
@@ -588,15 +590,35 @@ static void orefresh(clientpool_t *p, int32_t r) {
 
 /* ---- warm floor ------------------------------------------------------- */
 
-static int32_t floor_deficit(const clientpool_t *p, int32_t k) {
+/* How many refills warm key k needs: min_idle less its idle records and
+ * refills in flight, but no more than max_idle has room for (the idle
+ * records of every key and all refills in flight count), nor the key's
+ * max_idle: a refill past either would be closed as it became idle, and
+ * the floor would open it again. Sets floor_held when max_idle has no room
+ * for a key that is short (room comes when another key's idle record goes). */
+static int32_t floor_deficit(clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
-  return p->cfg.min_idle - key->st.idle - key->refilling;
+  int32_t d = p->cfg.min_idle - key->st.idle - key->refilling;
+  int32_t room = p->cfg.max_idle - p->st.idle - p->refilling;
+  if (p->cfg.key_max_idle >= 0 && p->cfg.key_max_idle - key->st.idle - key->refilling < d)
+    d = p->cfg.key_max_idle - key->st.idle - key->refilling;
+  if (d > 0 && room <= 0) p->floor_held = 1;
+  return room < d ? room : d;
 }
 
-/* Signals the driver (once until it asks) that a warm key fell short. */
+/* Signals the driver (once until it asks) that a warm key fell short: k,
+ * or, while max_idle had no room for one, any (an idle record of k just
+ * went: there may be room now). */
 static void floor_check(clientpool_t *p, int32_t k) {
-  if (!p->floor_on || p->refill_signalled || p->closed || p->keys[k].pinned != 2) return;
-  if (floor_deficit(p, k) <= 0) return;
+  int32_t i;
+  if (!p->floor_on || p->refill_signalled || p->closed) return;
+  if (p->keys[k].pinned != 2 || floor_deficit(p, k) <= 0) {
+    if (!p->floor_held) return;
+    p->floor_held = 0;
+    for (i = 0; i < p->nwarm && floor_deficit(p, p->warm[i]) <= 0; i++) continue;
+    if (i == p->nwarm) return;
+    k = p->warm[i];
+  }
   p->refill_signalled = 1;
   push_event(p, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
 }
@@ -1107,13 +1129,24 @@ int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now,
   return w;
 }
 
+/* Record r (generation gen, key k) just became idle, and dispatch served
+ * whom it could: if it is still idle past max_idle (or its key's), it is
+ * closed. A release and a refill that completes keep the same rule. */
+static void close_past_max_idle(clientpool_t *p, int32_t r, uint32_t gen, int32_t k) {
+  const record_t *x = &p->rec[r];      /* (dispatch may have grown the array) */
+  if (x->state == R_IDLE && x->gen == gen &&
+      (p->st.idle > p->cfg.max_idle ||
+       (p->cfg.key_max_idle >= 0 && p->keys[k].st.idle > p->cfg.key_max_idle)))
+    destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
+}
+
 /* Gives a reservation back: its lease and record slot are freed. */
 static void forfeit(clientpool_t *p, int32_t r, int failed) {
   record_t *x = &p->rec[r];
   int32_t k = x->key;
   BOTH(p, k, creating, -1);
   if (failed) BOTH(p, k, create_failed, 1);
-  if (x->refill) p->keys[k].refilling--;
+  if (x->refill) { p->keys[k].refilling--; p->refilling--; }
   else {
     gate_lease_ended(p, k, x->res_lease, p->lea[x->res_lease].gen);
     lease_free(p, x->res_lease);
@@ -1150,13 +1183,18 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
   push_event(p, CLIENTPOOL_EV_CREATED, r, x->refill, k, 0);
   if (x->refill) {                     /* the warm floor's: straight to idle */
     p->keys[k].refilling--;
+    p->refilling--;
     x->refill = 0;
     x->state = R_LEASED;               /* (not idle yet: destroy needs no unlink) */
     x->opos = NONE;
     if (p->closed) destroy(p, r, CLIENTPOOL_BY_DRAIN);
     else {
+      uint32_t gen = x->gen;
       idle_push(p, r, now);
       key_refresh(p, k);
+      /* releases may have filled max_idle while it was created */
+      dispatch(p, now);
+      close_past_max_idle(p, r, gen, k);
     }
   } else {
     x->state = R_LEASED;
@@ -1207,11 +1245,7 @@ static void release(clientpool_t *p, int32_t l, int32_t reason, double now) {
   key_refresh(p, k);
   gen = x->gen;
   dispatch(p, now);                     /* a waiter of k may take it at once */
-  x = &p->rec[r];                       /* dispatch may have grown the array */
-  if (x->state == R_IDLE && x->gen == gen &&
-      (p->st.idle > p->cfg.max_idle ||
-       (p->cfg.key_max_idle >= 0 && p->keys[k].st.idle > p->cfg.key_max_idle)))
-    destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
+  close_past_max_idle(p, r, gen, k);
 }
 
 int clientpool_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason, double now) {
@@ -1458,6 +1492,7 @@ int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key) {
       rec_init(p, r, k, now);
       p->rec[r].refill = 1;
       p->keys[k].refilling++;
+      p->refilling++;
       BOTH(p, k, creating, 1);
       key_refresh(p, k);              /* k may have reached its cap */
       *key = k;
@@ -1584,7 +1619,7 @@ static int check_counts(const clientpool_stats_t *a, const clientpool_stats_t *b
 
 int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   clientpool_stats_t tot, *per;
-  int32_t i, k, used = 0, ready = 0;
+  int32_t i, k, used = 0, ready = 0, refilling = 0;
   int h;
   const clientpool_config_t *c = &p->cfg;
   memset(&tot, 0, sizeof tot);
@@ -1640,6 +1675,8 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (!key->used) continue;
     used++;
     if (per[k].rejected != key->refilling) FAIL("key %d refilling %d, counted %g", k, key->refilling, per[k].rejected);
+    refilling += key->refilling;
+    if (c->key_max_idle >= 0 && key->st.idle > c->key_max_idle) FAIL("key %d over its max_idle", k);
     per[k].opened = key->st.opened; per[k].closed = key->st.closed;
     if (check_counts(&key->st, &per[k], "key", buf, n)) { free(per); return -1; }
     if (c->key_max_live >= 0 && key->st.live + key->st.creating > c->key_max_live)
@@ -1669,6 +1706,8 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   CHECK(p->st.live + p->st.creating <= c->max_live, "live %d + creating %d > max_live %d",
         p->st.live, p->st.creating, c->max_live);
   CHECK(p->st.leases <= c->max_concurrency, "leases %d > max_concurrency", p->st.leases);
+  CHECK(p->st.idle <= c->max_idle, "idle %d > max_idle %d", p->st.idle, c->max_idle);
+  CHECK(refilling == p->refilling, "refills in flight %d, counted %d", p->refilling, refilling);
   CHECK(p->st.waiting <= c->max_waiting, "waiting %d > max_waiting", p->st.waiting);
   for (h = 0; h < 2; h++) {
     const int32_t *a = p->rheap[h];

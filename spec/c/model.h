@@ -112,6 +112,7 @@ typedef struct model {
   unsigned long long rng, seq, cseq, idle_seq;
   int hold_key;
   int floor_on, refill_signalled;
+  int floor_held;            /* max_idle had no room for a warm key that was short */
   double retire_before;
   unsigned long long retire_seq;
   m_gate_t gate;
