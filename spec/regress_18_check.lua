@@ -102,6 +102,22 @@ elseif what == "pools" then
   if kb1 / kb0 > 1.5 then fail("Lua heap grew: " .. msg) end
   if rss0 and rss1 / rss0 > 1.25 then fail("RSS grew: " .. msg) end
   io.write("OK ", msg, "\n")
+elseif what == "leak-after-run" then
+  -- A lease collected once the program's tasks are done is carried out by
+  -- the next loop.run() alone: its client is destroyed (the destroy hook
+  -- runs), with no pool call in between.
+  local loop = require("clientpool.loop").new { clock = "virtual" }
+  local destroyed = 0
+  local pool = clientpool.new { create = function() return {} end, max_live = 1, scheduler = loop,
+                                destroy = function() destroyed = destroyed + 1 end }
+  loop.spawn(function() local dropped = pool:acquire() end) -- luacheck: ignore dropped
+  loop.run()
+  collectgarbage(); collectgarbage()
+  loop.run()
+  if destroyed ~= 1 then fail("the destroy hook ran " .. destroyed .. " times after loop.run()") end
+  local s = pool:stats()
+  if s.leaked ~= 1 or s.live ~= 0 then fail("leaked " .. s.leaked .. ", live " .. s.live) end
+  io.write("OK destroyed by loop.run()\n")
 else
-  fail("usage: regress_18_check.lua stale-clock virtual|real | pools core|ffi N")
+  fail("usage: regress_18_check.lua stale-clock virtual|real | pools core|ffi N | leak-after-run")
 end

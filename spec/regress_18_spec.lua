@@ -250,4 +250,162 @@ describe("issue 18", function()
       assert.is_false(r.paused)
     end)
   end)
+  -------------------------------------------------------------------------
+  -- The issue's surprising behaviours, decided (docs/decisions.md).
+  describe("decisions", function()
+    it("try_acquire: nothing free is a timeout, also with max_waiting waiters; max_keys is full", function()
+      local loop = vloop()
+      local pool = clientpool.new { max_live = 1, max_waiting = 1, max_keys = 1, scheduler = loop,
+                                    create = function() return {} end }
+      local r = {}
+      loop.spawn(function()
+        local held = assert(pool:acquire("k"))
+        loop.spawn(function() pool:acquire("k", { timeout = 1 }) end)   -- the queue is full now
+        loop.sleep(0)
+        local l, code, detail = pool:try_acquire("k")
+        r.l, r.code, r.reason = l, code, detail and detail.reason
+        r.code2, r.detail2 = select(2, pool:try_acquire("other"))
+        held:release()
+      end)
+      loop.run()
+      assert.is_nil(r.l)
+      assert.equal("timeout", r.code)
+      assert.equal("timeout", r.reason)
+      assert.equal("full", r.code2)
+      assert.equal("max_keys", r.detail2.reason)
+    end)
+
+    it("try_acquire: an idle client whose validate yields is a timeout; validated, it is idle again", function()
+      local loop = vloop()
+      local calls = 0
+      local pool = clientpool.new { max_live = 1, scheduler = loop, create = function() return {} end,
+                                    validate = function() calls = calls + 1; loop.sleep(0.1); return true end,
+                                    validate_after_idle = 1 }
+      local r = {}
+      loop.spawn(function()
+        pool:acquire():release()
+        loop.sleep(2)
+        local l, code = pool:try_acquire()
+        r.code, r.l = code, l
+        loop.sleep(0.2)                    -- the validate ends in the background
+        local s = pool:stats()
+        r.idle, r.leases = s.idle, s.leases
+        local l2 = pool:try_acquire()      -- used just now: no validate
+        r.l2 = l2 ~= nil
+        if l2 then l2:release() end
+      end)
+      loop.run()
+      assert.is_nil(r.l)
+      assert.equal("timeout", r.code)
+      assert.equal(1, r.idle)
+      assert.equal(0, r.leases)
+      assert.is_true(r.l2)
+      assert.equal(1, calls)
+    end)
+
+    it("a lease collected when no task is left is carried out by the next loop.run() alone", function()
+      fresh("leak-after-run")
+    end)
+
+    it("capacity > 1: a share handed out while its client's validate runs is lost if that validate fails", function()
+      local loop = vloop()
+      local f = H.factory(loop)
+      local pool = clientpool.new { max_live = 2, capacity = 2, scheduler = loop, create = f.create,
+                                    destroy = f.destroy,
+                                    validate = function() loop.sleep(0.1); return false end }
+      local r = {}
+      loop.spawn(function()
+        assert(pool:acquire()):release()   -- one idle client
+        loop.spawn(function()
+          local a = assert(pool:acquire())   -- its validate fails: a new client
+          r.a_client = a.client
+          a:release()
+        end)
+        loop.sleep(0.05)
+        local b = assert(pool:acquire())     -- a share of the client being validated
+        r.b_client = b.client
+        loop.sleep(0.1)
+        r.b_lost, r.b_cancelled = b.lost, b:cancelled()
+        b:release()
+      end)
+      loop.run()
+      assert.equal(1, r.b_client.id)
+      assert.is_true(r.b_lost)
+      assert.is_true(r.b_cancelled)
+      assert.equal(2, r.a_client.id)
+      assert.is_false(r.b_client.alive)
+    end)
+
+    it("a token cancelled beforehand: cancelled even with a free client, closed after close()", function()
+      local loop = vloop()
+      local pool = clientpool.new { max_live = 1, scheduler = loop, create = function() return {} end }
+      local tok = clientpool.token()
+      tok:cancel()
+      local r = {}
+      loop.spawn(function()
+        r[1] = select(2, pool:acquire(nil, { cancel = tok }))
+        pool:close()
+        r[2] = select(2, pool:acquire(nil, { cancel = tok }))
+      end)
+      loop.run()
+      assert.same({ "cancelled", "closed" }, r)
+    end)
+
+    it("release(false) and destroy() close the client with reason \"error\"", function()
+      local loop = vloop()
+      local pool = clientpool.new { max_live = 1, scheduler = loop, create = function() return {} end }
+      local reasons = {}
+      pool:on("destroy", function(_, _, reason) reasons[#reasons + 1] = reason end)
+      loop.spawn(function()
+        assert(pool:acquire()):release(false)
+        assert(pool:acquire()):destroy()
+      end)
+      loop.run()
+      assert.same({ "error", "error" }, reasons)
+      assert.equal(2, pool:stats().closed_by.error)
+    end)
+
+    it("a waiter whose grant falls through (validate fails while paused) keeps its deadline", function()
+      local loop = vloop()
+      local pool
+      pool = clientpool.new { max_live = 1, scheduler = loop, create = function() return {} end,
+                              validate = function()
+                                loop.sleep(0.1)
+                                pool:pause("meanwhile")
+                                return false
+                              end }
+      local r = {}
+      loop.spawn(function()
+        local held = assert(pool:acquire())
+        loop.spawn(function()
+          local t0 = loop.now()
+          local l, code = pool:acquire(nil, { timeout = 1 })
+          r.code, r.t = l and "lease" or code, loop.now() - t0
+        end)
+        loop.sleep(0.5)
+        held:release()                       -- to the waiter: validate, which fails
+      end)
+      loop.run()
+      assert.equal("timeout", r.code)
+      assert(math.abs(r.t - 1) < 1e-9, "the waiter ended after " .. r.t .. " s, its timeout was 1 s")
+    end)
+
+    it("a waiter whose shared grant was lost before it ran keeps its deadline", function()
+      local loop = vloop()
+      local pool = clientpool.new { max_live = 1, capacity = 3, scheduler = loop,
+                                    create = function() loop.sleep(0.01); return {} end }
+      local r = {}
+      loop.spawn(function() r.a = assert(pool:acquire()) end)   -- holds the lost client
+      loop.spawn(function() assert(pool:acquire()):release(false) end)
+      loop.spawn(function()
+        local t0 = loop.now()
+        local l, code = pool:acquire(nil, { timeout = 1 })
+        r.code, r.t = l and "lease" or code, loop.now() - t0
+        r.a:release()
+      end)
+      loop.run()
+      assert.equal("timeout", r.code)
+      assert(math.abs(r.t - 1) < 1e-9, "the waiter ended after " .. r.t .. " s, its timeout was 1 s")
+    end)
+  end)
 end)
