@@ -228,8 +228,13 @@ function M.run(seed, opts)
   -- the adapter: the virtual loop, plus who is running (for hook times)
   local S = {}
   S.now, S.current, S.wake = loop.now, loop.current, loop.wake
+  -- a driver that spins (a wait that returns at once, again and again) would
+  -- hang the run: past a bound far above any seed's needs, the seed fails
+  local waits = 0
   function S.wait(h, d)
     local ctx = W.ctx
+    waits = waits + 1
+    if waits > 200000 then error(failure_text("livelock: 200000 waits (a waiter spins?)"), 0) end
     local a, b = loop.wait(h, d)
     W.ctx = ctx
     return a, b
@@ -1096,6 +1101,7 @@ function M.run(seed, opts)
   collectgarbage("restart")
   summary.opened = s.opened
   summary.stats = s
+  summary.pool = setmetatable({ pool }, { __mode = "v" })   -- weakly: the caller checks it is collected
   return summary
 end
 
