@@ -9,5 +9,6 @@ files["lua/clientpool/cdef.lua"] = { max_line_length = false }
 files["spec"] = { std = "+busted" }
 files["spec/nginx"] = { std = "+busted+ngx_lua" }
 files["bench/nginx"] = { std = "+ngx_lua" }
+files["examples/gateway"] = { std = "+ngx_lua" }
 files["lua/clientpool/sched/ngx.lua"] = { std = "+ngx_lua" }
 files["lua/clientpool/ngx.lua"] = { std = "+ngx_lua" }

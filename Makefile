@@ -21,7 +21,9 @@
 #                        the lua5.4 specs (gcc --coverage, build/cov)
 #   make stress          the driver's model-checked random workload, longer
 #                        (STRESS_SEEDS, default 5000, on every interpreter)
-#   make demo | bench | bench-nginx | lint | install | clean | cdef
+#   make demo            the nginx gateway demo (clientpool against bare
+#                        lua-resty-redis under wrk; a table and an SVG)
+#   make demo-lua | bench | bench-nginx | lint | install | clean | cdef
 #
 # Single steps of `make test`: all test-c test-c-asan fuzz-ci test-busted-<interp>
 # test-busted-luajit-ffi test-busted-asan test-valgrind-<interp> test-nginx
@@ -88,7 +90,7 @@ lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LP
 
 LINT_DIRS = $(wildcard lua spec examples bench)
 
-.PHONY: all module test deps check-memory demo bench lint install clean cdef \
+.PHONY: all module test deps check-memory demo demo-lua bench lint install clean cdef \
         test-c test-c-asan test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
         test-busted-luajit-ffi test-nginx bench-nginx
 
@@ -300,7 +302,16 @@ soak-valgrind: build/lua5.4/clientpool/core.so
 
 # ---------------------------------------------------------------- other
 
+# The flagship: an nginx gateway (4 workers) reading redis through
+# lua-resty-redis under wrk, clientpool's cpngx.driver against bare
+# keepalive (pool_size) and backlog; a table and build/demo/connections.svg
+# (examples/gateway/run.sh, about 30 s; everything it starts is stopped).
 demo: deps
+	@$(MAKE) --no-print-directory build/luajit/clientpool/core.so
+	@examples/gateway/run.sh
+
+# The plain-Lua quick start: simulated clients on the built-in loop.
+demo-lua: deps
 	@$(MAKE) --no-print-directory build/lua5.4/clientpool/core.so
 	$(call lua_env,build/lua5.4) lua5.4 examples/quickstart.lua
 

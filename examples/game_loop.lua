@@ -1,5 +1,5 @@
 -- A game server's tick loop waiting on a clientpool: the custom-table
--- scheduler contract (DESIGN.md section 4, docs/decisions.md "Schedulers").
+-- scheduler contract (docs/design.md, docs/hosts.md "A game loop").
 --
 -- The loop runs 60 frames a second of game time and resumes each script (a
 -- coroutine) at most once a frame. NPC scripts make outbound calls to a

@@ -46,5 +46,6 @@ build = {
     ["clientpool.sched.copas"] = "lua/clientpool/sched/copas.lua",
     ["clientpool.sched.ngx"] = "lua/clientpool/sched/ngx.lua",
     ["clientpool.ngx"] = "lua/clientpool/ngx.lua",
+    ["clientpool.ngx.drivers"] = "lua/clientpool/ngx/drivers.lua",
   },
 }

@@ -23,6 +23,8 @@ PACKAGES=(
   lua-cqueues lua-luv lua-socket lua-copas
   # upstreams used by integration specs
   redis-server redis-tools curl wrk
+  # real drivers: lua-resty-redis (installed as nginx/redis.lua)
+  lua-nginx-redis
   # packaging
   luarocks
   # C tooling; llvm-14 gives llvm-symbolizer for readable ASan reports

@@ -1,8 +1,8 @@
 -- clientpool: acquire, try_acquire, with, release/destroy, leaks, stats,
--- events, idle/lifetime expiry, close and create failure (DESIGN.md
--- sections 2 and 3). The whole suite runs once per scheduler entry of
--- spec/helpers.lua. Times are written for a virtual clock, where time only
--- moves when tasks sleep, and multiplied by the entry's scale with T(); on a
+-- events, idle/lifetime expiry, close and create failure (docs/api.md).
+-- The whole suite runs once per scheduler entry of spec/helpers.lua. Times
+-- are written for a virtual clock, where time only moves when tasks sleep,
+-- and multiplied by the entry's scale with T(); on a
 -- real clock (cqueues, luv, copas) a time is checked as a lower bound.
 
 local clientpool = require "clientpool"

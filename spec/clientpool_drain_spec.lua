@@ -1,5 +1,5 @@
 -- clientpool: close, drain, cancel_active, per-acquire on_drain and lease
--- cancellation (DESIGN.md section 3 "Drain"; issue 4 "Drain and
+-- cancellation (docs/api.md "Close and drain"; issue 4 "Drain and
 -- cancellation").
 --
 -- Every scenario runs as a task on each scheduler of H.schedulers(), on a

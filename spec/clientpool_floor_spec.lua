@@ -1,4 +1,4 @@
--- clientpool: the warm floor, pool:run() (DESIGN.md section 3 "Warm floor";
+-- clientpool: the warm floor, pool:run() (docs/api.md "The warm floor";
 -- issue 4 "Warm floor").
 --
 -- Every scenario runs as a task on each scheduler of H.schedulers(), on a

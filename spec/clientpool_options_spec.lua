@@ -1,5 +1,5 @@
--- clientpool.new(): every option rule (DESIGN.md section 3, "Capacity
--- envelope"), the defaults and their effect, and no I/O at construction.
+-- clientpool.new(): every option rule (docs/api.md, "Options"), the
+-- defaults and their effect, and no I/O at construction.
 --
 -- Every bad option must raise a programming error: a message that starts
 -- with "clientpool:" (after the position Lua adds, which must then be the

@@ -1,6 +1,6 @@
 -- clientpool: protocol policies, pause/resume, pause_mode, probe,
 -- resume_after, the ready-made http and redis policies, and pool:retire()
--- (DESIGN.md sections 2 and 3 "Protocol policy"; issue 4 "Protocol policy").
+-- (docs/api.md "Policies, pause and resume"; issue 4 "Protocol policy").
 --
 -- Every scenario runs as a task on each scheduler of H.schedulers(), on a
 -- virtual clock: time only moves when tasks sleep, so resume_after deadlines
@@ -901,7 +901,7 @@ for _, S in ipairs(H.schedulers()) do
 
       it("in a pool: 429 pauses the lease's key only; 200 and 500 change nothing", function()
         run(function(sched)
-          local pool = mkpool(sched, { policy = policy.http() })
+          local pool = mkpool(sched, { policy = policy.http { backoff = { base = 60 } } })
           local l = assert(pool:acquire("api"))
           l:observe(200)
           l:observe({ status = 500, headers = {} })
@@ -915,7 +915,7 @@ for _, S in ipairs(H.schedulers()) do
           assert.is_table((pool:try_acquire("other")))
           local w = waiter(sched, pool, "api")
           sched.sleep(30)
-          assert.is_false(w.done)            -- no Retry-After: no invented resume
+          assert.is_false(w.done)            -- no Retry-After: the policy's backoff (60 s here)
           pool:resume("api")
           settle(sched)
           assert.is_true(w.done)
@@ -944,7 +944,8 @@ for _, S in ipairs(H.schedulers()) do
           assert.is_table(d, name)
           assert.equal(7, d.resume_after, name)
         end
-        assert.is_nil(P({ status = 429, headers = { ["X-Other"] = "7" } }).resume_after)
+        -- no Retry-After: the policy's own backoff, never none
+        assert.equal(policy.BACKOFF.base, P({ status = 429, headers = { ["X-Other"] = "7" } }).resume_after)
       end)
 
       it("turns an HTTP-date Retry-After into the seconds until then", function()
@@ -982,7 +983,7 @@ for _, S in ipairs(H.schedulers()) do
 
       it("accepts the outcome as a status number or a { status, headers } table", function()
         run(function(sched)
-          local pool = mkpool(sched, { policy = policy.http() })
+          local pool = mkpool(sched, { policy = policy.http { backoff = { base = 60 } } })
           local l = assert(pool:acquire("a"))
           l:observe(429)
           local l2 = assert(pool:acquire("b"))
@@ -1000,9 +1001,9 @@ for _, S in ipairs(H.schedulers()) do
 
       it("a pause of the default key (acquire without a key) is lifted by pool:resume()", function()
         run(function(sched)
-          local pool = mkpool(sched, { policy = policy.http() })
+          local pool = mkpool(sched, { policy = policy.http { backoff = { base = 60 } } })
           local l = assert(pool:acquire())
-          l:observe(429)                      -- no Retry-After: the owner resumes
+          l:observe(429)                      -- no Retry-After: a 60 s backoff, or the owner resumes
           local w = waiter(sched, pool, nil, { timeout = 5 })
           sched.sleep(1)
           assert.is_false(w.done)
@@ -1027,7 +1028,7 @@ for _, S in ipairs(H.schedulers()) do
     describe("clientpool.policy.redis", function()
       it("LOADING and BUSY pause the key", function()
         run(function(sched)
-          local pool = mkpool(sched, { policy = policy.redis() })
+          local pool = mkpool(sched, { policy = policy.redis { backoff = { base = 60 } } })
           local l1 = assert(pool:acquire("r1"))
           local l2 = assert(pool:acquire("r2"))
           l1:observe("LOADING Redis is loading the dataset in memory")

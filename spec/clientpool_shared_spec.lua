@@ -1,5 +1,5 @@
--- clientpool: shared leases, capacity > 1 (DESIGN.md sections 2 and 3
--- "Capacity envelope", "Acquire"; issue 4 "Shared leases").
+-- clientpool: shared leases, capacity > 1 (docs/api.md "Shared leases",
+-- "Acquiring"; issue 4 "Shared leases").
 --
 -- Every scenario runs as a task on each scheduler of H.schedulers(), on a
 -- virtual clock.

@@ -1,5 +1,5 @@
--- clientpool: waiting semantics (DESIGN.md section 3, "Acquire", "Waiting",
--- "Create failure"; docs/decisions.md "Acquire, wait, release").
+-- clientpool: waiting semantics (docs/api.md "Acquiring": order, waiting,
+-- create failure; docs/decisions.md "Acquire, wait, release").
 --
 -- Every scenario runs as a task on each scheduler of H.schedulers(). Times
 -- are written for a virtual clock (the built-in loop's: time only moves when

@@ -1,4 +1,4 @@
--- The scheduler adapter contract (DESIGN.md section 4, docs/decisions.md
+-- The scheduler adapter contract (docs/design.md, docs/decisions.md
 -- "Schedulers" and "Hosts"), checked on one host adapter. Each
 -- spec/sched_<host>_spec.lua calls this with the host's entry from
 -- spec/helpers.lua (H.host), then adds its own socket scenarios.

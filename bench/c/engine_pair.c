@@ -1,7 +1,7 @@
 /*
  * bench/c/engine_pair.c - the engine alone, no Lua: what an acquire+release
  * pair costs in C, with and without a clock read per call.  A diagnostic for
- * README "Performance" (`make bench` prints it): it bounds what any binding
+ * docs/performance.md (`make bench` prints it): it bounds what any binding
  * can reach.
  */
 #define _POSIX_C_SOURCE 200809L

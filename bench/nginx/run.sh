@@ -36,7 +36,6 @@ root=$(cd "$here/../.." && pwd)
 run=$root/build/bench/nginx
 nginx_bin=${NGINX:-nginx}
 redis_bin=${REDIS_SERVER:-redis-server}
-mods=${NGINX_MODULES:-/usr/lib/nginx/modules}
 B5_N=${B5_N:-20000}
 B5_ROUNDS=${B5_ROUNDS:-15}
 B5_PING_N=$((B5_N / 40 > 50 ? B5_N / 40 : 50))
@@ -51,129 +50,40 @@ WORKERS=2
 note() { echo "bench-nginx: $*" >&2; }
 die() { note "$*"; exit 1; }
 
-command -v "$nginx_bin" >/dev/null || die "no nginx ($nginx_bin): install nginx libnginx-mod-http-lua lua-resty-core"
-command -v "$redis_bin" >/dev/null || die "no redis-server ($redis_bin)"
-for t in curl redis-cli wrk lua5.1; do command -v $t >/dev/null || die "no $t"; done
-lua5.1 -e 'require "socket"' 2>/dev/null || die "no LuaSocket for lua5.1 (lua-socket)"
-[ -f "$mods/ngx_http_lua_module.so" ] || die "no $mods/ngx_http_lua_module.so (libnginx-mod-http-lua)"
-[ -f "$root/build/luajit/clientpool/core.so" ] || die "build/luajit/clientpool/core.so missing: run make"
+. "$root/scripts/servers.sh"
+need_tools wrk
 
 rm -rf "$run"
 mkdir -p "$run/tmp" "$run/logs" || die "cannot make $run"
 
-free_port() {
-  lua5.1 -e 'local s = assert(require("socket").bind("127.0.0.1", 0)); local _, p = s:getsockname(); print(p); s:close()'
-}
 port=$(free_port); redis_port=$(free_port)
 while [ "$redis_port" = "$port" ]; do redis_port=$(free_port); done
 [ -n "$port" ] && [ -n "$redis_port" ] || die "cannot find free ports"
 
-nginx_pid() { cat "$run/nginx.pid" 2>/dev/null; }
-
-stop_nginx() {
-  local pid workers
-  pid=$(nginx_pid)
-  [ -n "$pid" ] || return 0
-  if kill -0 "$pid" 2>/dev/null; then
-    workers=$(ps -o pid= --ppid "$pid" 2>/dev/null)
-    kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then
-      note "nginx did not stop in 5 s: killing master $pid and workers" $workers
-      kill -KILL "$pid" $workers 2>/dev/null
-    fi
-  fi
-  rm -f "$run/nginx.pid"
-}
-
-stop_redis() {
-  local pid
-  pid=$(cat "$run/redis.pid" 2>/dev/null)
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
-  fi
-}
-
 cleanup() {
   local rc=$?
   [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
-  stop_nginx
-  stop_redis
+  nginx_stop
+  redis_stop
   return $rc
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- redis
-"$redis_bin" --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
-  --daemonize yes --pidfile "$run/redis.pid" --logfile "$run/redis.log" --dir "$run" \
-  || die "redis-server did not start (see $run/redis.log)"
+redis_start "$redis_port"
 rcli() { redis-cli -p "$redis_port" "$@" 2>/dev/null; }
-for _ in $(seq 1 50); do [ "$(rcli ping)" = PONG ] && break; sleep 0.1; done
-[ "$(rcli ping)" = PONG ] || die "redis-server does not answer on $redis_port"
 
 # ---------------------------------------------------------------- nginx
-cat >"$run/bench_conf.lua" <<EOF
--- written by bench/nginx/run.sh
-return { redis_port = $redis_port, pool_size = $POOL_SIZE, backlog = $BACKLOG }
+lua_conf bench_conf redis_port="$redis_port" pool_size="$POOL_SIZE" backlog="$BACKLOG"
+
+nginx_conf $WORKERS "$port" "$here" <<'EOF'
+location = /b2 { content_by_lua_block { require("nginx_bench").b2() } }
+location = /b5 { content_by_lua_block { require("nginx_bench").b5() } }
+location = /b6/cp { content_by_lua_block { require("nginx_bench").b6_cp() } }
+location = /b6/size { content_by_lua_block { require("nginx_bench").b6_size() } }
+location = /b6/backlog { content_by_lua_block { require("nginx_bench").b6_backlog() } }
 EOF
-
-cat >"$run/nginx.conf" <<EOF
-# written by bench/nginx/run.sh
-load_module $mods/ndk_http_module.so;
-load_module $mods/ngx_http_lua_module.so;
-
-worker_processes $WORKERS;
-pid $run/nginx.pid;
-error_log $run/error.log warn;
-
-events { worker_connections 4096; }
-
-http {
-  access_log off;
-  client_body_temp_path $run/tmp/body;
-  proxy_temp_path $run/tmp/proxy;
-  fastcgi_temp_path $run/tmp/fastcgi;
-  uwsgi_temp_path $run/tmp/uwsgi;
-  scgi_temp_path $run/tmp/scgi;
-
-  lua_package_path "$here/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
-  lua_package_cpath "$root/build/luajit/?.so;;";
-
-  server {
-    listen 127.0.0.1:$port;
-
-    location = /ping { return 200 "pong\n"; }
-    location = /b2 { content_by_lua_block { require("nginx_bench").b2() } }
-    location = /b5 { content_by_lua_block { require("nginx_bench").b5() } }
-    location = /b6/cp { content_by_lua_block { require("nginx_bench").b6_cp() } }
-    location = /b6/size { content_by_lua_block { require("nginx_bench").b6_size() } }
-    location = /b6/backlog { content_by_lua_block { require("nginx_bench").b6_backlog() } }
-  }
-}
-EOF
-
-start_nginx() {
-  "$nginx_bin" -p "$run" -c "$run/nginx.conf" -e "$run/error.log" 2>"$run/nginx.start.log" ||
-    { cat "$run/nginx.start.log" >&2; die "nginx did not start"; }
-  for _ in $(seq 1 50); do
-    [ -s "$run/nginx.pid" ] && curl -fs "http://127.0.0.1:$port/ping" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  tail -20 "$run/error.log" >&2
-  die "nginx does not answer on $port"
-}
-
-# redis sees no client but redis-cli itself (the previous nginx is gone)
-redis_quiet() {
-  for _ in $(seq 1 50); do
-    [ "$(rcli info clients | tr -d '\r' | sed -n 's/^connected_clients://p')" = 1 ] && return 0
-    sleep 0.1
-  done
-  note "redis still has clients: $(rcli client list | wc -l)"
-}
 
 tsv=$root/build/bench/nginx.tsv
 : >"$tsv"
@@ -182,7 +92,7 @@ rev=$(git -C "$root" describe --always --dirty 2>/dev/null)
 echo "== clientpool bench in nginx${rev:+ ($rev)}: $("$nginx_bin" -v 2>&1 | sed 's/.*: //'), $WORKERS workers, redis $("$redis_bin" --version | sed 's/.* v=\([^ ]*\).*/\1/') on 127.0.0.1:$redis_port"
 
 # ---------------------------------------------------------------- B5
-start_nginx
+nginx_start "$port"
 prof_dir=$run/profile
 b5() {
   local out prof=
@@ -203,7 +113,7 @@ out=$(curl -fs -m 300 "http://127.0.0.1:$port/b2?n=$B2_N&rounds=$B2_ROUNDS$b2pro
   { tail -20 "$run/error.log" >&2; die "B2 failed"; }
 echo "$out" >>"$run/logs/b2.log"
 echo "$out" | grep -v '^#' >>"$tsv"
-stop_nginx
+nginx_stop
 if [ "${B5_PROFILE:-0}" = 1 ]; then
   for f in bare lease checkout b2-sema b2-lease b2-checkout; do echo "== $prof_dir/jitp-$f.txt"; head -16 "$prof_dir/jitp-$f.txt"; done
   echo "== diagnostics ($prof_dir/diag.txt)"; cat "$prof_dir/diag.txt"
@@ -216,14 +126,14 @@ fi
 # ---------------------------------------------------------------- B6
 b6_run() { # config round
   local cfg=$1 r=$2 log=$run/logs/b6-$1-$2 sample reqs rps errs non2xx max opened
-  redis_quiet
-  start_nginx
+  redis_quiet "$redis_port"
+  nginx_start "$port"
   lua5.1 "$here/sample.lua" "$redis_port" "$(awk -v s="$B6_SECS" 'BEGIN { print s + 0.6 }')" >"$log.sample" 2>&1 &
   sampler=$!
   sleep 0.3
   wrk -t2 -c50 -d"${B6_SECS}s" "http://127.0.0.1:$port/b6/$cfg" >"$log.wrk" 2>&1
   wait "$sampler"; sampler=
-  stop_nginx
+  nginx_stop
   sample=$(cat "$log.sample")
   case $sample in max=*) ;; *) echo "$sample" >&2; die "B6 sampler failed ($cfg)";; esac
   reqs=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' "$log.wrk")

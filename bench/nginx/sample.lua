@@ -1,17 +1,21 @@
 -- bench/nginx/sample.lua: samples a redis-server from outside nginx while
--- bench/nginx/run.sh loads it with wrk (B6). Runs under lua5.1 with
--- LuaSocket, on one connection of its own.
+-- wrk loads it (bench/nginx/run.sh B6, examples/gateway/run.sh: make demo).
+-- Runs under lua5.1 with LuaSocket, on one connection of its own.
 --
--- usage: lua5.1 bench/nginx/sample.lua PORT SECS
+-- usage: lua5.1 bench/nginx/sample.lua PORT SECS [INTERVAL [SERIES]]
 --
--- Every ~1 ms for SECS seconds it reads INFO clients; at the start and the
--- end, INFO stats. Prints one line:
+-- Every INTERVAL seconds (default 0.001) for SECS seconds it reads INFO
+-- clients; at the start and the end, INFO stats. With SERIES, each sample
+-- is also written there as a line "<ms since start> <clients>" (flushed,
+-- so a progress display can read the last one). Prints one line:
 --   max=<most clients seen at once, this connection excluded>
 --   samples=<n> opened=<total_connections_received delta>
 local socket = require "socket"
 
 local port, secs = tonumber(arg[1]), tonumber(arg[2])
-assert(port and secs, "usage: sample.lua PORT SECS")
+local interval = tonumber(arg[3]) or 0.001
+assert(port and secs, "usage: sample.lua PORT SECS [INTERVAL [SERIES]]")
+local series = arg[4] and assert(io.open(arg[4], "w"))
 
 local c = assert(socket.connect("127.0.0.1", port))
 c:settimeout(5)
@@ -32,13 +36,19 @@ end
 
 local opened0 = field(info("stats"), "total_connections_received")
 local max, samples = 0, 0
-local deadline = socket.gettime() + secs
+local start = socket.gettime()
+local deadline = start + secs
 while socket.gettime() < deadline do
   local n = field(info("clients"), "connected_clients") - 1
   if n > max then max = n end
   samples = samples + 1
-  socket.sleep(0.001)
+  if series then
+    series:write(string.format("%d %d\n", (socket.gettime() - start) * 1000, n))
+    series:flush()
+  end
+  socket.sleep(interval)
 end
 local opened = field(info("stats"), "total_connections_received") - opened0
 c:close()
+if series then series:close() end
 io.write(string.format("max=%d samples=%d opened=%d\n", max, samples, opened))

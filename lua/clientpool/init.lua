@@ -844,7 +844,7 @@ end
 
 -- The granted idle record failed unpark or validate: it is retired as
 -- invalid and the same caller granted again at once, keeping its place in
--- the queue (DESIGN: "the same caller looks again"). Returns nil and the new
+-- the queue (docs/api.md, Acquiring: "the same caller looks again"). Returns nil and the new
 -- grant: status, record, lease, gen, validate, idle, sentinel.
 local function regrant(self, l, g, want)
   local st, rec, l2, g2, validate, idle, pending, sentinel = self._e:regrant(l, g, now_of(self), want)

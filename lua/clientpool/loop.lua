@@ -8,7 +8,7 @@
 --
 -- Every function is a plain closure over its instance (`loop.spawn(f)`, not
 -- `loop:spawn(f)`), so an instance doubles as a scheduler adapter table
--- (DESIGN.md section 4, docs/decisions.md "Schedulers").
+-- (docs/design.md, "The scheduler adapter contract").
 --
 -- Internals, in short:
 -- * Each coroutine the loop has seen owns one reusable record (`entry`) in a

@@ -1,4 +1,7 @@
---- clientpool.ngx: a ready-made manager for TCP and TLS upstreams in OpenResty.
+--- clientpool.ngx: ready-made managers for OpenResty: tcp{} (raw cosockets,
+-- TLS) and driver{} (lua-resty drivers: lua-resty-redis, lua-resty-mysql,
+-- lua-resty-http, pgmoon; presets in clientpool.ngx.drivers). User docs:
+-- docs/managers.md.
 --
 -- A cosocket belongs to the handler that made it, so it cannot sit in a pool
 -- across requests. The idle record keeps no socket: `park` hands the
@@ -16,10 +19,15 @@
 --   local key = cpngx.key { host = h, port = 443, ssl = true, server_name = h, ssl_verify = true }
 --   local lease = assert(pool:acquire(key))
 --
+--   -- a lua-resty driver: lease.client is the driver object of this request
+--   local pool = clientpool.new(cpngx.driver { preset = "redis", host = "127.0.0.1", port = 6379,
+--                                              password = pw, database = 1, max_live = 8 })
+--
 -- The nginx pool name of a key is a per-manager prefix plus the key, so two
--- identities (host, port, TLS, SNI, verify mode, client certificate, user
--- parts) never share a connection, and two managers never take each other's
--- parked connections. See docs/decisions.md ("OpenResty").
+-- identities (host, port, TLS, SNI, verify mode, client certificate, user,
+-- database, password, parts) never share a connection, and two managers
+-- never take each other's parked connections. See docs/decisions.md
+-- ("OpenResty").
 local ngx = ngx
 local type, error, pairs, ipairs, tostring, tonumber, pcall, setmetatable =
       type, error, pairs, ipairs, tostring, tonumber, pcall, setmetatable
@@ -59,6 +67,8 @@ end
 
 -- Client certificates by id: a key holds the id, the registry the objects.
 local certs = {}
+-- Passwords by id (a salted md5): a key holds the id, never the password.
+local secrets = {}
 
 local function is_int(v)
   return type(v) == "number" and v == v and v ~= math_huge and v ~= -math_huge and math_floor(v) == v
@@ -128,6 +138,25 @@ local function check_params(o, what)
     end
     p.client_cert_id = id
   end
+  -- credentials and database (drivers AUTH / SELECT / log in with them):
+  -- the user and database as they are, a password by a salted hash only
+  if o.user ~= nil then
+    if type(o.user) ~= "string" or o.user == "" then fail("%s: 'user' must be a non-empty string", what) end
+    p.user = o.user
+  end
+  if o.database ~= nil then
+    local d = o.database
+    if (type(d) ~= "string" or d == "") and not (is_int(d) and d >= 0) then
+      fail("%s: 'database' must be a non-empty string or an integer >= 0, got %s", what, tostring(d))
+    end
+    p.database = tostring(d)
+  end
+  if o.password ~= nil then
+    if type(o.password) ~= "string" then fail("%s: 'password' must be a string, got %s", what, type(o.password)) end
+    local pid = ngx.md5("clientpool.ngx password\0" .. o.password)
+    secrets[pid] = o.password
+    p.password_id = pid
+  end
   local parts = o.parts
   if parts ~= nil then
     if type(parts) == "string" then parts = { parts } end
@@ -155,6 +184,9 @@ local function encode(p)
     if p.ssl_verify then t[#t + 1] = "verify" end
     if p.client_cert_id then t[#t + 1] = "cert=" .. esc(p.client_cert_id) end
   end
+  if p.user then t[#t + 1] = "user=" .. esc(p.user) end
+  if p.database then t[#t + 1] = "db=" .. esc(p.database) end
+  if p.password_id then t[#t + 1] = "pw=" .. p.password_id end
   if p.parts then
     for _, v in ipairs(p.parts) do t[#t + 1] = "u=" .. esc(v) end
   end
@@ -163,10 +195,11 @@ end
 
 --- The pool key of an upstream identity: host, port, ssl, server_name,
 -- ssl_verify, client certificate (client_cert + client_priv_key, PEM or
--- parsed, with client_cert_id; a PEM's id defaults to its md5) and `parts`
--- (a string or list of strings: user name, database, a hash of a password).
--- Different identities give different keys. The key is readable:
--- "host:port|tls|sni=name|verify|cert=id|u=part".
+-- parsed, with client_cert_id; a PEM's id defaults to its md5), user,
+-- database, password (kept by a salted md5; driver{} logs in with it) and
+-- `parts` (a string or list of strings: anything else that makes an
+-- identity). Different identities give different keys. The key is readable:
+-- "host:port|tls|sni=name|verify|cert=id|user=u|db=d|pw=hash|u=part".
 function _M.key(o)
   local ok, p = pcall(check_params, o, "key()")
   if not ok then error(p, 2) end
@@ -200,6 +233,12 @@ function _M.parse(key)
       p.server_name = unesc(string_sub(seg, 5))
     elseif string_sub(seg, 1, 5) == "cert=" then
       p.client_cert_id = unesc(string_sub(seg, 6))
+    elseif string_sub(seg, 1, 5) == "user=" then
+      p.user = unesc(string_sub(seg, 6))
+    elseif string_sub(seg, 1, 3) == "db=" then
+      p.database = unesc(string_sub(seg, 4))
+    elseif string_sub(seg, 1, 3) == "pw=" then
+      p.password_id = string_sub(seg, 4)
     elseif string_sub(seg, 1, 2) == "u=" then
       p.parts = p.parts or {}
       p.parts[#p.parts + 1] = unesc(string_sub(seg, 3))
@@ -236,69 +275,73 @@ local STANDIN = setmetatable({}, STANDIN_MT)
 _M.STANDIN = STANDIN
 
 ---------------------------------------------------------------------------
--- tcp(): the options table with hooks filled in
+-- The manager: hooks around an adapter
 ---------------------------------------------------------------------------
+--
+-- tcp{} and driver{} are one manager. What differs is the adapter `ad`:
+--   ad.open(e)                 a connection for entry e, connected with
+--                              e.copts ({ pool = name, ... }): obj, reused
+--                              (getreusedtimes) or nil, err
+--   ad.setup(obj, e)           a new connection (reused == 0): TLS for tcp,
+--                              a preset's AUTH/SELECT for a driver; true or
+--                              nil, err
+--   ad.keepalive(obj, ms, n)   parks it in nginx's pool: 1 (or true) when
+--                              parked; anything else means it was not
+--   ad.close(obj)
+--   ad.prepare(e)              optional: completes a new entry (a driver's
+--                              connect parameters); nil, err refuses the key
+--   ad.adopt(obj), ad.state(obj), ad.done(obj)   optional (drivers): guard
+--                              the object a caller gets, its state at park
+--                              ("parked", "closed" + why), finished
 
--- tcp()'s own options; everything else goes to clientpool.new.
-local CONN = {
+-- The identity of the default key (cpngx.key's parameters) and the options
+-- every manager takes; everything else goes to clientpool.new.
+local IDENTITY = {
   host = true, port = true, ssl = true, server_name = true, ssl_verify = true,
-  client_cert = true, client_priv_key = true, client_cert_id = true, parts = true,
-  connect_timeout = true, send_timeout = true, read_timeout = true, on_connect = true,
+  client_cert = true, client_priv_key = true, client_cert_id = true,
+  user = true, database = true, password = true, parts = true,
 }
+local COMMON = { connect_timeout = true, send_timeout = true, read_timeout = true, on_connect = true }
 local HOOKS = { "create", "destroy", "park", "unpark" }
 
 local managers = setmetatable({}, { __mode = "k" }) -- options table -> manager
-local tcp_impl
 local nmanagers = 0
 
-local function check_timeout(o, name)
+local function check_timeout(o, name, what)
   local v = o[name]
   if v == nil then return nil end
   if type(v) ~= "number" or v ~= v or v <= 0 or v == math_huge then
-    fail("tcp(): '%s' must be a finite number of seconds > 0, got %s", name, tostring(v))
+    fail("%s: '%s' must be a finite number of seconds > 0, got %s", what, name, tostring(v))
   end
   return math_floor(v * 1000 + 0.5)
 end
 
---- Returns the options table for clientpool.new (create/destroy/park/unpark
--- filled in) and the manager (`mgr.stats`, `mgr.name(key)`).
--- Connection options: host, port, ssl, server_name, ssl_verify,
--- client_cert, client_priv_key, client_cert_id, parts (the default key's
--- identity; leave host out to acquire by cpngx.key{...} only),
--- connect_timeout, send_timeout, read_timeout (seconds) and on_connect(sock,
--- key) (runs on each new connection, after the TLS handshake: AUTH, SELECT;
--- return a false value and an error to fail the connection). Every other
--- option is clientpool.new's; idle_timeout also sets setkeepalive's timeout,
--- and max_live (or per_key.max_live) nginx's pool size.
-function _M.tcp(o)
-  local ok, opts, mgr = pcall(tcp_impl, o)
-  if not ok then error(opts, 2) end
-  return opts, mgr
-end
-
-tcp_impl = function(o)
-  if type(o) ~= "table" then fail("tcp() expects an options table, got %s", type(o)) end
+-- Returns the options table for clientpool.new and the manager. `own`: the
+-- names of the caller's own options (kept out of clientpool.new's);
+-- make_adapter(o, ctx) returns the adapter (ctx: what, ct, st, rt in ms,
+-- idle_ms, pool_size, stats, fail).
+local function new_manager(o, what, own, make_adapter)
+  if type(o) ~= "table" then fail("%s expects an options table, got %s", what, type(o)) end
   for _, h in ipairs(HOOKS) do
-    if o[h] ~= nil then fail("tcp() fills in '%s' itself (use on_connect or validate)", h) end
+    if o[h] ~= nil then fail("%s fills in '%s' itself (use on_connect or validate)", what, h) end
   end
   local opts = {}
   for k, v in pairs(o) do
-    if not CONN[k] then opts[k] = v end
+    if not IDENTITY[k] and not COMMON[k] and not own[k] then opts[k] = v end
   end
-  local ct, st, rt = check_timeout(o, "connect_timeout"), check_timeout(o, "send_timeout"),
-                     check_timeout(o, "read_timeout")
+  local ct, st, rt = check_timeout(o, "connect_timeout", what), check_timeout(o, "send_timeout", what),
+                     check_timeout(o, "read_timeout", what)
   local on_connect = o.on_connect
   if on_connect ~= nil and type(on_connect) ~= "function" then
-    fail("tcp(): 'on_connect' must be a function, got %s", type(on_connect))
+    fail("%s: 'on_connect' must be a function, got %s", what, type(on_connect))
   end
   local default
   if o.host ~= nil then
-    default = check_params(o, "tcp()")
+    default = check_params(o, what)
   else
-    for k in pairs(CONN) do
-      if o[k] ~= nil and k ~= "connect_timeout" and k ~= "send_timeout" and k ~= "read_timeout"
-         and k ~= "on_connect" then
-        fail("tcp(): '%s' without 'host' (give the identity in cpngx.key{...} instead)", k)
+    for k in pairs(IDENTITY) do
+      if o[k] ~= nil then
+        fail("%s: '%s' without 'host' (give the identity in cpngx.key{...} instead)", what, k)
       end
     end
   end
@@ -331,34 +374,46 @@ tcp_impl = function(o)
     lost = 0,           -- unpark found its parked connection gone and opened a new one
     set_aside = 0,      -- parked connections create found, set aside and parked again
     parked = 0,         -- connections handed to nginx's keepalive pool
-    park_failed = 0,    -- setkeepalive failed (the connection was closed)
+    park_failed = 0,    -- setkeepalive failed or was refused (the connection was closed)
     closed = 0,         -- connections closed by destroy
     closed_parked = 0,  -- parked connections taken back and closed by destroy
     closed_exiting = 0, -- released connections closed because the worker is exiting
-    handshakes = 0,     -- TLS handshakes
+    handshakes = 0,     -- TLS handshakes (tcp{}; a driver does its own)
     connect_failed = 0,
   }
   local mgr = { stats = stats, prefix = prefix }
+  local ad = make_adapter(o, { what = what, ct = ct, st = st, rt = rt, idle_ms = idle_ms,
+                               pool_size = pool_size, stats = stats })
+  local ad_state, ad_done, ad_adopt = ad.state, ad.done, ad.adopt
 
-  -- key -> { params, name, connect options }, reset when it grows large
+  -- key -> { p = params, name, copts = connect options, take = { pool = name } },
+  -- reset when it grows large
   local cache, ncache = {}, 0
+  local function new_entry(p, key)
+    local name = prefix .. key
+    local copts = { pool = name, pool_size = pool_size }
+    local e = { p = p, name = name, copts = copts, take = copts }
+    if ad.prepare then
+      local ok, err = ad.prepare(e)
+      if not ok then return nil, "clientpool.ngx: " .. what .. ": " .. tostring(err) end
+    end
+    return e
+  end
   local function entry(key)
     local e = cache[key or false]
     if e then return e end
     local p, err
     if key == nil then
       p = default
-      if not p then return nil, "clientpool.ngx: no host given to tcp(): acquire by cpngx.key{...}" end
-      key = encode(p)
-      local name = prefix .. key
-      e = { p = p, name = name, copts = { pool = name, pool_size = pool_size } }
-      cache[false] = e
-      return e
+      if not p then return nil, "clientpool.ngx: no host given to " .. what .. ": acquire by cpngx.key{...}" end
+      e, err = new_entry(p, encode(p))
+      if e then cache[false] = e end
+      return e, err
     end
     p, err = _M.parse(key)
     if not p then return nil, err end
-    local name = prefix .. key
-    e = { p = p, name = name, copts = { pool = name, pool_size = pool_size } }
+    e, err = new_entry(p, key)
+    if not e then return nil, err end
     if ncache >= 1024 then
       local d = cache[false]
       cache, ncache = { [false] = d }, 0
@@ -366,6 +421,11 @@ tcp_impl = function(o)
     ncache = ncache + 1
     cache[key] = e
     return e
+  end
+  if default then
+    -- a default identity the adapter refuses is a bad option, said now
+    local e, err = entry(nil)
+    if not e then error(err, 0) end
   end
 
   --- The nginx keepalive pool name of a key (nil = the default key).
@@ -375,25 +435,30 @@ tcp_impl = function(o)
     return e.name
   end
 
-  -- A connected cosocket for entry e and its reused count, or nil, err.
+  --- The key of an identity (cpngx.key's parameters).
+  mgr.key = _M.key
+
+  -- A connected object for entry e and its reused count, or nil, err.
   local function open(e)
-    local p = e.p
-    local sock = ngx_tcp()
-    if ct or st or rt then sock:settimeouts(ct, st, rt) end
-    local ok, err
-    if p.port then
-      ok, err = sock:connect(p.host, p.port, e.copts)
-    else
-      ok, err = sock:connect(p.host, e.copts)
-    end
-    if not ok then
+    local obj, reused = ad.open(e)
+    if not obj then
       stats.connect_failed = stats.connect_failed + 1
-      return nil, "connect to " .. p.host .. (p.port and (":" .. p.port) or "") .. ": " .. tostring(err)
+      local p = e.p
+      return nil, "connect to " .. p.host .. (p.port and (":" .. p.port) or "") .. ": " .. tostring(reused)
     end
-    return sock, sock:getreusedtimes()
+    return obj, reused
   end
 
-  -- Connects for key; returns sock, reused count, or nil, err. With fresh
+  -- Parks a connection of no record again (set aside by create, below).
+  local function repark(obj)
+    local pok, ok = pcall(ad.keepalive, obj, idle_ms, pool_size)
+    if not pok or (ok ~= 1 and ok ~= true) then
+      pcall(ad.close, obj)
+      stats.park_failed = stats.park_failed + 1
+    end
+  end
+
+  -- Connects for key; returns obj, reused count, or nil, err. With fresh
   -- (create), a parked connection is never taken: it belongs to an idle
   -- record (the warm floor creates while idle records are parked). Each one
   -- found is set aside until a new connection is open, then parked again.
@@ -414,9 +479,8 @@ tcp_impl = function(o)
         ngx.update_time()
       end
     end
-    local p = e.p
-    local sock, reused = open(e)
-    if not sock then return nil, reused end
+    local obj, reused = open(e)
+    if not obj then return nil, reused end
     if fresh and reused > 0 then
       -- nginx keeps at most pool_size parked connections per name. While
       -- they are set aside (the fresh connect below yields), an unpark of
@@ -425,96 +489,89 @@ tcp_impl = function(o)
       e.aside_until = ngx.now() + (ct or 1000) / 1000 + 0.1   -- see the unpark wait above
       repeat
         n = n + 1
-        aside[n] = sock
-        sock, reused = open(e)
-      until not sock or reused == 0 or n > pool_size
-      for i = 1, n do
-        local s = aside[i]
-        local ok = s:setkeepalive(idle_ms, pool_size)
-        if not ok then
-          pcall(s.close, s)
-          stats.park_failed = stats.park_failed + 1
-        end
-      end
+        aside[n] = obj
+        obj, reused = open(e)
+      until not obj or reused == 0 or n > pool_size
+      for i = 1, n do repark(aside[i]) end
       e.aside_until = nil
       stats.set_aside = stats.set_aside + n
-      if not sock then return nil, reused end
+      if not obj then return nil, reused end
     end
-    local ok
     if reused > 0 then
       stats.reuses = stats.reuses + 1
-      return sock, reused
+      return obj, reused
     end
     stats.connects = stats.connects + 1
-    if p.ssl then
-      if p.client_cert_id then
-        local c = certs[p.client_cert_id]
-        if not c then
-          sock:close()
-          return nil, "clientpool.ngx: unknown client_cert_id '" .. p.client_cert_id .. "'"
-        end
-        if not c.parsed then
-          local ssl = require "ngx.ssl"
-          local cert, pkey = c.cert, c.pkey
-          if type(cert) == "string" then
-            cert, err = ssl.parse_pem_cert(cert)
-            if not cert then sock:close(); return nil, "client_cert: " .. tostring(err) end
-          end
-          if type(pkey) == "string" then
-            pkey, err = ssl.parse_pem_priv_key(pkey)
-            if not pkey then sock:close(); return nil, "client_priv_key: " .. tostring(err) end
-          end
-          c.parsed = { cert, pkey }
-        end
-        ok, err = sock:setclientcert(c.parsed[1], c.parsed[2])
-        if not ok then sock:close(); return nil, "setclientcert: " .. tostring(err) end
-      end
-      local sess
-      sess, err = sock:sslhandshake(nil, p.server_name, p.ssl_verify == true)
-      if not sess then
-        sock:close()
-        return nil, "TLS handshake with " .. p.host .. ": " .. tostring(err)
-      end
-      stats.handshakes = stats.handshakes + 1
+    local ok
+    ok, err = ad.setup(obj, e)
+    if not ok then
+      pcall(ad.close, obj)
+      return nil, err
     end
     if on_connect then
-      local okc, r1, r2 = pcall(on_connect, sock, key)
+      local okc, r1, r2 = pcall(on_connect, obj, key)
       if not okc or not r1 then
-        sock:close()
+        pcall(ad.close, obj)
         return nil, "on_connect: " .. tostring(okc and r2 or r1)
       end
     end
-    return sock, 0
+    return obj, 0
   end
 
   function opts.create(key)
-    local sock, err = connect(key, true)
-    if not sock then return nil, err end
-    return sock
+    local obj, err = connect(key, true)
+    if not obj then return nil, err end
+    if ad_adopt then ad_adopt(obj) end
+    return obj
   end
 
   function opts.unpark(stored, key) -- luacheck: ignore stored
     if not COSOCKET[get_phase()] then return STANDIN end
-    local sock, reused = connect(key)
-    if not sock then return nil, reused end
+    local obj, reused = connect(key)
+    if not obj then return nil, reused end
     -- the parked connection was closed (idle timeout, peer): a new one
     if reused == 0 then stats.lost = stats.lost + 1 end
-    return sock
+    if ad_adopt then ad_adopt(obj) end
+    return obj
   end
 
-  function opts.park(sock, key) -- luacheck: ignore key
-    if sock == STANDIN then return PARKED end
+  function opts.park(obj, key)
+    if obj == STANDIN then return PARKED end
+    if ad_state then
+      local state, why = ad_state(obj)
+      if state == "parked" then
+        -- the caller's own set_keepalive() parked it the pool's way already
+        ad_done(obj)
+        stats.parked = stats.parked + 1
+        return PARKED
+      elseif state == "closed" then
+        ad_done(obj)
+        error("clientpool.ngx: " .. tostring(why) ..
+              ": the record is retired (lease:release(false) retires a connection without this message)", 0)
+      end
+    end
     if worker_exiting() then
-      pcall(sock.close, sock)
+      pcall(ad.close, obj)
+      if ad_done then ad_done(obj) end
       stats.closed_exiting = stats.closed_exiting + 1
       error("clientpool.ngx: worker exiting: connection closed instead of parked", 0)
     end
     local e, err = entry(key)
     local ok
-    if e then ok, err = sock:setkeepalive(idle_ms, pool_size) end
-    if not ok then
-      pcall(sock.close, sock)
+    if e then
+      -- pgmoon raises ("connection is busy") where the others return nil, err
+      local pok
+      pok, ok, err = pcall(ad.keepalive, obj, idle_ms, pool_size)
+      if not pok then ok, err = nil, ok end
+    end
+    if ad_done then ad_done(obj) end
+    if ok ~= 1 and ok ~= true then
+      pcall(ad.close, obj)
       stats.park_failed = stats.park_failed + 1
+      if ad_state then
+        error("clientpool.ngx: " .. what .. ": the driver did not park the connection (" .. tostring(err) ..
+              "): closed and retired", 0)
+      end
       error("clientpool.ngx: setkeepalive failed: " .. tostring(err) ..
             " (a cosocket is closed when the handler that made it ends: release in that handler)", 0)
     end
@@ -522,40 +579,380 @@ tcp_impl = function(o)
     return PARKED
   end
 
+  -- Takes one parked connection of key back from nginx's pool and closes
+  -- it: a connect to "unix:" with pool = name returns a pooled connection if
+  -- there is one and fails at once, without any I/O, if there is none.
+  local function take_back(key)
+    if not COSOCKET[get_phase()] then return end
+    local e = entry(key)
+    if not e then return end
+    local sock = ngx_tcp()
+    local ok = sock:connect("unix:", e.take)
+    if ok then
+      sock:close()
+      stats.closed_parked = stats.closed_parked + 1
+    end
+  end
+
   function opts.destroy(client, key)
-    if client == PARKED or client == STANDIN then
-      -- take one parked connection back from nginx's pool and close it: a
-      -- connect to "unix:" with pool = name returns a pooled connection if
-      -- there is one and fails at once, without any I/O, if there is none
-      if not COSOCKET[get_phase()] then return end
-      local e = entry(key)
-      if not e then return end
-      local sock = ngx_tcp()
-      local ok = sock:connect("unix:", e.copts)
-      if ok then
-        sock:close()
-        stats.closed_parked = stats.closed_parked + 1
-      end
-      return
+    if client == PARKED or client == STANDIN then return take_back(key) end
+    if client == nil then return end
+    if ad_state then
+      local state = ad_state(client)
+      ad_done(client)
+      if state == "parked" then return take_back(key) end   -- its set_keepalive() parked it
+      if state == "closed" or state == "done" then return end
     end
-    if client ~= nil then
-      -- another handler's socket raises "bad request": nginx closes it when
-      -- that handler ends
-      local ok, r = pcall(client.close, client)
-      if ok and r then stats.closed = stats.closed + 1 end
-    end
+    -- another handler's socket raises "bad request": nginx closes it when
+    -- that handler ends
+    local ok, r = pcall(ad.close, client)
+    if ok and r then stats.closed = stats.closed + 1 end
   end
 
   managers[opts] = mgr
   return opts, mgr
 end
 
---- The manager of an options table made by tcp() (its stats and names).
+---------------------------------------------------------------------------
+-- tcp(): raw cosockets, TLS
+---------------------------------------------------------------------------
+
+local function tcp_adapter(o, ctx)
+  for _, k in ipairs { "user", "password", "database" } do
+    if o[k] ~= nil then
+      fail("tcp(): '%s': tcp() does not log in (AUTH in on_connect, or use driver{ preset = \"redis\" })", k)
+    end
+  end
+  local ct, st, rt, stats = ctx.ct, ctx.st, ctx.rt, ctx.stats
+  local ad = {}
+  function ad.open(e)
+    local p = e.p
+    local sock = ngx_tcp()
+    if ct or st or rt then sock:settimeouts(ct, st, rt) end
+    local ok, err
+    if p.port then
+      ok, err = sock:connect(p.host, p.port, e.copts)
+    else
+      ok, err = sock:connect(p.host, e.copts)
+    end
+    if not ok then return nil, err end
+    return sock, sock:getreusedtimes()
+  end
+  function ad.setup(sock, e)
+    local p = e.p
+    if not p.ssl then return true end
+    local err
+    if p.client_cert_id then
+      local c = certs[p.client_cert_id]
+      if not c then return nil, "clientpool.ngx: unknown client_cert_id '" .. p.client_cert_id .. "'" end
+      if not c.parsed then
+        local ssl = require "ngx.ssl"
+        local cert, pkey = c.cert, c.pkey
+        if type(cert) == "string" then
+          cert, err = ssl.parse_pem_cert(cert)
+          if not cert then return nil, "client_cert: " .. tostring(err) end
+        end
+        if type(pkey) == "string" then
+          pkey, err = ssl.parse_pem_priv_key(pkey)
+          if not pkey then return nil, "client_priv_key: " .. tostring(err) end
+        end
+        c.parsed = { cert, pkey }
+      end
+      local ok
+      ok, err = sock:setclientcert(c.parsed[1], c.parsed[2])
+      if not ok then return nil, "setclientcert: " .. tostring(err) end
+    end
+    local sess
+    sess, err = sock:sslhandshake(nil, p.server_name, p.ssl_verify == true)
+    if not sess then return nil, "TLS handshake with " .. p.host .. ": " .. tostring(err) end
+    stats.handshakes = stats.handshakes + 1
+    return true
+  end
+  function ad.keepalive(sock, ms, n) return sock:setkeepalive(ms, n) end
+  function ad.close(sock) return sock:close() end
+  return ad
+end
+
+--- Returns the options table for clientpool.new (create/destroy/park/unpark
+-- filled in) and the manager (`mgr.stats`, `mgr.name(key)`, `mgr.key{...}`).
+-- Connection options: host, port, ssl, server_name, ssl_verify,
+-- client_cert, client_priv_key, client_cert_id, user, database, password,
+-- parts (the default key's identity; leave host out to acquire by
+-- cpngx.key{...} only), connect_timeout, send_timeout, read_timeout
+-- (seconds) and on_connect(sock, key) (runs on each new connection, after
+-- the TLS handshake: AUTH, SELECT; return a false value and an error to
+-- fail the connection). Every other option is clientpool.new's;
+-- idle_timeout also sets setkeepalive's timeout, and max_live (or
+-- per_key.max_live) nginx's pool size.
+function _M.tcp(o)
+  local ok, opts, mgr = pcall(new_manager, o, "tcp()", {}, tcp_adapter)
+  if not ok then error(opts, 2) end
+  return opts, mgr
+end
+
+---------------------------------------------------------------------------
+-- driver(): any lua-resty driver of the common shape
+---------------------------------------------------------------------------
+
+-- driver()'s own options (IDENTITY and COMMON aside).
+local DRIVER = {
+  preset = true, new = true, connect = true, connect_options = true, keepalive = true, close = true,
+  reused = true,
+}
+
+-- Private fields a driver object gets when a caller is handed it (rawset:
+-- resty.redis makes a command method of every name its __index is asked).
+local F_STATE, F_WHY, F_KA, F_CLOSE = "__clientpool_state", "__clientpool_why", "__clientpool_ka",
+                                       "__clientpool_close"
+
+-- Whether obj has a method `name`, without asking its __index function
+-- (resty.redis would make a Redis command of any name).
+local function has_method(obj, name)
+  if type(rawget(obj, name)) == "function" then return true end
+  local mt = getmetatable(obj)
+  local idx = type(mt) == "table" and rawget(mt, "__index")
+  while type(idx) == "table" do
+    if type(rawget(idx, name)) == "function" then return true end
+    local m2 = getmetatable(idx)
+    idx = type(m2) == "table" and rawget(m2, "__index")
+  end
+  return false
+end
+
+local function driver_adapter(o, ctx)
+  local what, stats = ctx.what, ctx.stats
+  local preset
+  if o.preset ~= nil then
+    if type(o.preset) ~= "string" then fail("%s: 'preset' must be a string, got %s", what, type(o.preset)) end
+    preset = rawget(require("clientpool.ngx.drivers"), o.preset)
+    if type(preset) ~= "function" then
+      fail("%s: unknown preset '%s' (redis, mysql, http, pgmoon)", what, o.preset)
+    end
+  end
+  preset = preset and preset(o, fail, what) or {}
+  local new = o.new
+  if new == nil then new = preset.new end
+  if type(new) ~= "function" then
+    fail("%s: 'new' must be the driver's constructor (a function), got %s", what, type(new))
+  end
+  local connect = o.connect or preset.connect
+  if connect ~= nil and type(connect) ~= "function" then
+    fail("%s: 'connect' must be a function(obj, c, copts), got %s", what, type(connect))
+  end
+  local reused = o.reused or preset.reused
+  if reused ~= nil and type(reused) ~= "function" then
+    fail("%s: 'reused' must be a function(obj), got %s", what, type(reused))
+  end
+  local KA, CLOSE = o.keepalive or preset.keepalive or "set_keepalive", o.close or preset.close or "close"
+  if type(KA) ~= "string" then fail("%s: 'keepalive' must be a method name, got %s", what, type(KA)) end
+  if type(CLOSE) ~= "string" then fail("%s: 'close' must be a method name, got %s", what, type(CLOSE)) end
+  local extra = o.connect_options
+  if extra ~= nil then
+    if type(extra) ~= "table" then fail("%s: 'connect_options' must be a table, got %s", what, type(extra)) end
+    for _, k in ipairs { "pool", "pool_size", "pool_name" } do
+      if extra[k] ~= nil then
+        fail("%s: connect_options.%s: clientpool names and sizes nginx's pool itself", what, k)
+      end
+    end
+  end
+  if not connect and (o.user ~= nil or o.password ~= nil or o.database ~= nil) and not preset.setup then
+    fail("%s: user/password/database need a preset or a 'connect' function that uses them", what)
+  end
+  local ct, st, rt, idle_ms, pool_size = ctx.ct, ctx.st, ctx.rt, ctx.idle_ms, ctx.pool_size
+  local new_args, setup, make_args = preset.new_args, preset.setup, preset.args
+  local timeouts -- how this driver's objects take timeouts (found on the first object)
+
+  local ad = {}
+
+  function ad.prepare(e)
+    local p = e.p
+    if p.client_cert_id then
+      return nil, "client certificates: give the driver's own option in connect_options (tcp{} takes them)"
+    end
+    local c = { host = p.host, port = p.port, ssl = p.ssl, server_name = p.server_name,
+                ssl_verify = p.ssl_verify, user = p.user, database = p.database, parts = p.parts }
+    if p.password_id then
+      c.password = secrets[p.password_id]
+      if c.password == nil then
+        return nil, "unknown password id '" .. p.password_id .. "' (make the key with cpngx.key{...} in this process)"
+      end
+    end
+    if preset.check then
+      local ok, err = preset.check(c)
+      if not ok then return nil, err end
+    end
+    -- the driver's options, then the pool's: copts is what connect gets
+    local copts = {}
+    if extra then for k, v in pairs(extra) do copts[k] = v end end
+    copts.pool, copts.pool_size = e.name, pool_size
+    if not make_args and p.ssl then
+      -- lua-resty-redis's (0.28+) names, the common ones
+      copts.ssl, copts.server_name, copts.ssl_verify = true, p.server_name, p.ssl_verify == true
+    end
+    e.c, e.copts, e.take = c, copts, { pool = e.name }
+    if make_args then e.args = make_args(c, copts) end
+    return true
+  end
+
+  local function find_timeouts(obj)
+    if has_method(obj, "set_timeouts") then return "set_timeouts" end
+    if has_method(obj, "set_timeout") then return "set_timeout" end
+    if has_method(obj, "settimeout") then return "settimeout" end
+    return false
+  end
+
+  function ad.open(e)
+    local c, copts = e.c, e.copts
+    local obj, err
+    if new_args then obj, err = new(new_args(c, copts, e.args)) else obj, err = new() end
+    if type(obj) ~= "table" then
+      if obj == nil then return nil, "new(): " .. tostring(err) end
+      return nil, "new() must return a driver object (a table), got " .. type(obj)
+    end
+    if timeouts == nil then
+      -- the first object: its methods (never through __index functions,
+      -- which make a resty.redis command of any name)
+      for _, m in ipairs { KA, CLOSE } do
+        if not has_method(obj, m) then return nil, "the driver object has no method '" .. m .. "'" end
+      end
+      if not connect and not has_method(obj, "connect") then return nil, "the driver object has no method 'connect'" end
+      if not reused and not has_method(obj, "get_reused_times") then
+        return nil, "the driver object has no method 'get_reused_times' (give reused = function(obj))"
+      end
+      timeouts = find_timeouts(obj)
+    end
+    if timeouts == "set_timeouts" then
+      if ct or st or rt then obj:set_timeouts(ct, st, rt) end
+    elseif timeouts and ct then
+      obj[timeouts](obj, ct)
+    end
+    local ok
+    if connect then
+      ok, err = connect(obj, c, copts, e.args)
+    elseif c.port then
+      ok, err = obj:connect(c.host, c.port, copts)
+    else
+      ok, err = obj:connect(c.host, copts)
+    end
+    if not ok then
+      -- a driver may fail after the TCP connect (a refused login)
+      local close = obj[CLOSE]
+      if type(close) == "function" then pcall(close, obj) end
+      return nil, err
+    end
+    if timeouts and timeouts ~= "set_timeouts" and (rt or st) then obj[timeouts](obj, rt or st) end
+    local n
+    if reused then
+      n, err = reused(obj)
+    else
+      n, err = obj:get_reused_times()
+    end
+    if type(n) ~= "number" then
+      pcall(obj[CLOSE], obj)
+      return nil, "get_reused_times: " .. tostring(err)
+    end
+    return obj, n
+  end
+
+  function ad.setup(obj, e)
+    if not setup then return true end
+    return setup(obj, e.c)
+  end
+
+  -- The driver's own methods (a guarded object has them in private fields).
+  local function real(obj, name, field)
+    local f = rawget(obj, field)
+    if f then return f end
+    f = obj[name]
+    if type(f) ~= "function" then fail("%s: the driver object has no method '%s'", what, name) end
+    return f
+  end
+  function ad.keepalive(obj, ms, n) return real(obj, KA, F_KA)(obj, ms, n) end
+  function ad.close(obj) return real(obj, CLOSE, F_CLOSE)(obj) end
+
+  -- Counts a habit; its first one is a line in the error log, naming the fix.
+  local warned = {}
+  local function habit(name, method, does)
+    stats[name] = stats[name] + 1
+    if warned[name] then return end
+    warned[name] = true
+    ngx.log(ngx.WARN, "clientpool.ngx: ", what, ": ", method, "() on a leased driver object ", does,
+            " (logged once per pool)")
+  end
+  -- A leased object's set_keepalive() (a habit from the bare driver) parks
+  -- it the pool's way at once (the pool's timeout and size, not the
+  -- caller's): lease:release() then only books it. A refusal (subscribed
+  -- state, a transaction, unread data) is returned as the driver says it;
+  -- the connection stays with the lease and its release retires it.
+  -- docs/decisions.md ("Drivers") says why this is not an error.
+  local function habit_keepalive(obj)
+    if rawget(obj, F_STATE) ~= "leased" then return 1 end  -- parked or released already
+    habit("habit_keepalive", KA, "parks it through the pool; lease:release() is enough")
+    if worker_exiting() then return 1 end     -- its release closes it
+    local pok, ok, err = pcall(rawget(obj, F_KA), obj, idle_ms, pool_size)
+    if not pok then ok, err = nil, ok end
+    if ok == 1 or ok == true then
+      rawset(obj, F_STATE, "parked")
+      return 1
+    end
+    if ok then
+      -- not parked, though the driver said ok (lua-resty-http: 2, "connection must be closed")
+      rawset(obj, F_STATE, "closed")
+      rawset(obj, F_WHY, KA .. "() closed the connection (" .. tostring(err) .. ")")
+    end
+    return ok, err
+  end
+  -- A leased object's close() closes the connection; its lease's release
+  -- then retires the record (counted), with a line in the error log.
+  local function habit_close(obj)
+    if rawget(obj, F_STATE) ~= "leased" then return nil, "closed" end
+    habit("habit_close", CLOSE, "closes the connection; lease:release(false) retires it the pool's way")
+    rawset(obj, F_STATE, "closed")
+    rawset(obj, F_WHY, "the connection was closed by " .. CLOSE .. "() before its lease was released")
+    return rawget(obj, F_CLOSE)(obj)
+  end
+  stats.habit_keepalive, stats.habit_close = 0, 0
+
+  function ad.adopt(obj)
+    rawset(obj, F_KA, real(obj, KA, F_KA))
+    rawset(obj, F_CLOSE, real(obj, CLOSE, F_CLOSE))
+    rawset(obj, KA, habit_keepalive)
+    rawset(obj, CLOSE, habit_close)
+    rawset(obj, F_STATE, "leased")
+  end
+  function ad.state(obj)
+    return rawget(obj, F_STATE), rawget(obj, F_WHY)
+  end
+  function ad.done(obj)
+    if rawget(obj, F_STATE) then rawset(obj, F_STATE, "done") end
+  end
+  return ad
+end
+
+--- Returns the options table for clientpool.new and the manager, for a
+-- lua-resty driver (lua-resty-redis, lua-resty-mysql, lua-resty-http,
+-- pgmoon, or any of the same shape). lease.client is the connected driver
+-- object of this request. Options: preset ("redis", "mysql", "http",
+-- "pgmoon": the driver's connect signature, methods and login); new (the
+-- driver's constructor; a preset finds its module); connect(obj, c, copts)
+-- (how to connect; default obj:connect(host, port, copts)); connect_options
+-- (the driver's own options, copied into every connect); keepalive, close
+-- (method names); reused(obj) (default obj:get_reused_times()); tcp{}'s
+-- identity options (user, database, password log in through a preset) and
+-- timeouts; on_connect(obj, key), once per new connection, after the
+-- driver's own handshake. Everything else is clientpool.new's.
+function _M.driver(o)
+  local ok, opts, mgr = pcall(new_manager, o, "driver()", DRIVER, driver_adapter)
+  if not ok then error(opts, 2) end
+  return opts, mgr
+end
+
+--- The manager of an options table made by tcp() or driver() (its stats and names).
 function _M.manager(opts)
   return managers[opts]
 end
 
---- The counters of an options table made by tcp().
+--- The counters of an options table made by tcp() or driver().
 function _M.stats(opts)
   local m = managers[opts]
   return m and m.stats

@@ -2,7 +2,7 @@
 -- that resume no coroutines themselves (luv, copas).
 --
 -- `taskq.new{ now = clock }` makes an instance with the adapter functions of
--- DESIGN.md section 4 (now, current, wait, wake, spawn, background, sleep)
+-- docs/design.md (now, current, wait, wake, spawn, background, sleep)
 -- plus what a host needs to drive it: `turn()` runs the coroutines that are
 -- ready (timers due included), `deadline()` is the time of the next timer,
 -- and `changed` (an option) is called when a coroutine becomes ready or a

@@ -1,7 +1,7 @@
 /*
  * model.c - the reference model of the engine (see model.h).
  *
- * Read it next to DESIGN.md section 3 and docs/decisions.md.  Each public
+ * Read it next to docs/api.md and docs/decisions.md.  Each public
  * function follows the same steps as its clientpool.h counterpart; the
  * comments quote the rule being applied.  Clarity over speed: every count is
  * a scan, every "first" or "earliest" is a scan for the smallest sequence

@@ -2,7 +2,7 @@
  * model.h - a reference model of the clientpool engine, for the fuzz harness
  * (spec/c/fuzz_engine.c).
  *
- * The model restates the rules of DESIGN.md section 3 and docs/decisions.md
+ * The model restates the rules of docs/api.md and docs/decisions.md
  * ("Engine and driver", "Acquire, wait, release", pause/probe, warm floor,
  * shared leases) as plainly as possible: objects live in small fixed arrays,
  * every count (live, idle, active, leases, creating, waiting) is recomputed

@@ -7,6 +7,8 @@
 --       acquire, hold S seconds, release (or destroy); says
 --       "ok <client id> waited=<s>" or "err <code> <detail>"
 --   /app/redis_ping?pool=P[&key=K]     acquire, PING, release
+--   /app/driver_cmd?pool=P[&habit=keepalive|close]   a cpngx.driver pool's
+--                                      resty.redis object: SET, GET, the habit, release
 --   /app/sched_wait?id=X[&timeout=S]   a raw adapter wait, woken by a spec
 --   /app/wait_abort?pool=P            says "waiting", then acquires (abort tests)
 --   /app/sample?name=N&secs=S         samples redis CLIENT LIST for S seconds,
@@ -171,17 +173,38 @@ function A.http_request(sock, path)
   return { status = status, headers = headers, body = body }
 end
 
---- A pool of keep-alive HTTP connections to this nginx (clientpool.ngx).
-function A.http_pool(name, o)
-  local conf = require "spec_conf"
-  local opts = { host = "127.0.0.1", port = conf.port, connect_timeout = 1, read_timeout = 10,
-                 scheduler = "ngx" }
+--- A pool made by a clientpool.ngx manager (make: cpngx.tcp or cpngx.driver)
+-- from `defaults` and then `o`, registered as app.pools[name] and
+-- app.managers[name]. Returns pool, manager.
+function A.manager_pool(name, make, defaults, o)
+  local opts = {}
+  for k, v in pairs(defaults) do opts[k] = v end
   for k, v in pairs(o or {}) do opts[k] = v end
-  local popts, mgr = cpngx.tcp(opts)
+  local popts, mgr = make(opts)
   local pool = clientpool.new(popts)
   A.pools[name] = pool
   A.managers[name] = mgr
   return pool, mgr
+end
+
+--- A pool of keep-alive HTTP connections to this nginx (clientpool.ngx).
+function A.http_pool(name, o)
+  local conf = require "spec_conf"
+  return A.manager_pool(name, cpngx.tcp, { host = "127.0.0.1", port = conf.port, connect_timeout = 1,
+                                           read_timeout = 10, scheduler = "ngx" }, o)
+end
+
+-- An acquire from app.pools[?pool=] for a handler: the lease, or nil after
+-- "err nopool" or a 503 "err <code> <detail>".
+local function acquire_or_503()
+  local pool = A.pools[arg("pool")]
+  if not pool then ngx.say("err nopool"); return nil end
+  local lease, code, detail = pool:acquire(arg("key"))
+  if not lease then
+    ngx.status = 503
+    ngx.say("err ", tostring(code), " ", tostring(detail))
+  end
+  return lease
 end
 
 local handlers = {}
@@ -208,14 +231,8 @@ function handlers.acquire()
 end
 
 function handlers.redis_ping()
-  local pool = A.pools[arg("pool")]
-  if not pool then ngx.say("err nopool"); return end
-  local lease, code, detail = pool:acquire(arg("key"))
-  if not lease then
-    ngx.status = 503
-    ngx.say("err ", tostring(code), " ", tostring(detail))
-    return
-  end
+  local lease = acquire_or_503()
+  if not lease then return end
   local sock = lease.client
   local reused = sock:getreusedtimes()
   local r, err = harness().command(sock, "PING")
@@ -229,6 +246,37 @@ function handlers.redis_ping()
   if hold then ngx.sleep(hold) end
   lease:release()
   ngx.say("PONG reused=", reused)
+end
+
+-- /app/driver_cmd?pool=P[&habit=keepalive|close]: acquire a lua-resty-redis
+-- object from a cpngx.driver pool, SET and GET a key through it, then the
+-- caller's habit from the bare driver (red:set_keepalive(10000, 100) or
+-- red:close()), then release. Says "ok reused=<n> habit=<what it returned>".
+local driver_n = 0
+function handlers.driver_cmd()
+  local lease = acquire_or_503()
+  if not lease then return end
+  local red = lease.client
+  driver_n = driver_n + 1
+  local k = "cp-driver:" .. driver_n
+  local reused = red:get_reused_times()
+  local ok, err = red:set(k, driver_n)
+  local v
+  if ok then v, err = red:get(k) end
+  if tonumber(v) ~= driver_n then
+    lease:release(false)
+    ngx.status = 502
+    ngx.say("err command ", tostring(err or v))
+    return
+  end
+  local habit, r1, r2 = arg("habit"), nil, nil
+  if habit == "keepalive" then
+    r1, r2 = red:set_keepalive(10000, 100)
+  elseif habit == "close" then
+    r1, r2 = red:close()
+  end
+  lease:release()
+  ngx.say("ok reused=", reused, " habit=", tostring(r1), " ", tostring(r2))
 end
 
 function handlers.http_get()
@@ -392,7 +440,7 @@ function A.init_worker()
   step("acquire", function() pool:acquire(); return "returned" end)
   step("release", function() if held then held:release() end; return pool:stats().idle end)
   step("created", function() return f.created end)
-  -- the warm floor, as README's init_worker block starts it (the runner
+  -- the warm floor, as docs/hosts.md's init_worker block starts it (the runner
   -- counts its connections before the first request; cases/floor.lua)
   local floor = require "redis_pool"
   A.pools.floor = floor

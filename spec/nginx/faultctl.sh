@@ -8,8 +8,8 @@
 # usage: faultctl.sh RUN_DIR REDIS_SERVER PORT
 #
 # A case writes a command to RUN_DIR/ctl/redis2.cmd (cases/redis_restart.lua); this
-# script carries it out, writes the outcome to RUN_DIR/ctl/redis2.status and
-# removes the command file:
+# script removes the command file, carries it out and writes the outcome to
+# RUN_DIR/ctl/redis2.status:
 #   start   start a second redis-server on PORT (no persistence), wait until
 #           it answers PING; status "up" (or "error ...")
 #   kill    SIGKILL it (a crash: its clients' connections are reset), wait
@@ -58,13 +58,15 @@ start_redis() {
 while kill -0 "$parent" 2>/dev/null; do
   if [ -f "$ctl/redis2.cmd" ]; then
     cmd=$(cat "$ctl/redis2.cmd")
+    # removed before the status is written: a case may send its next
+    # command as soon as it reads the status
+    rm -f "$ctl/redis2.cmd"
     case $cmd in
       start) start_redis ;;
       kill) stop_redis; status=down ;;
       *) status="error: unknown command '$cmd'" ;;
     esac
     echo "$status" >"$ctl/redis2.status.tmp" && mv "$ctl/redis2.status.tmp" "$ctl/redis2.status"
-    rm -f "$ctl/redis2.cmd"
   fi
   sleep 0.02
 done

@@ -124,13 +124,47 @@ function H.command(sock, ...)
   return read_reply(sock)
 end
 
---- A fresh connection to the private redis (not pooled).
-function H.redis()
+--- A fresh connection to the private redis (not pooled), or to the one
+-- on `port` (the second redis, conf.redis2_port); `password`: AUTH first.
+function H.redis(port, password)
   local sock = ngx.socket.tcp()
   sock:settimeouts(1000, 2000, 5000)
-  local ok, err = sock:connect("127.0.0.1", conf.redis_port)
+  local ok, err = sock:connect("127.0.0.1", port or conf.redis_port)
   if not ok then return nil, err end
-  return setmetatable({ sock = sock }, Redis)
+  local r = setmetatable({ sock = sock }, Redis)
+  if password then
+    ok, err = r:cmd("AUTH", password)
+    if not ok then sock:close(); return nil, err end
+  end
+  return r
+end
+
+--- Asks spec/nginx/faultctl.sh to "start" or "kill" the second redis-server
+-- (conf.redis2_port); returns its status line ("up", "down" or "error ...").
+-- A case cannot start a server itself (faultctl.sh says why).
+function H.fault(cmd, secs)
+  local ctl = conf.run .. "/ctl/"
+  os.remove(ctl .. "redis2.status")
+  local f, err = io.open(ctl .. "redis2.cmd.tmp", "w")
+  assert(f, "spec/nginx/faultctl.sh is not running (" .. tostring(err) .. ")")
+  f:write(cmd)
+  f:close()
+  assert(os.rename(ctl .. "redis2.cmd.tmp", ctl .. "redis2.cmd"))
+  return H.wait_until(function()
+    local sf = io.open(ctl .. "redis2.status")
+    if not sf then return nil end
+    local s = sf:read("*l")
+    sf:close()
+    return s
+  end, secs or 5) or "no answer from faultctl.sh"
+end
+
+--- The real lua-resty-redis: resty.redis, or Debian's lua-nginx-redis,
+-- which installs it as nginx.redis.
+function H.resty_redis()
+  local ok, redis = pcall(require, "resty.redis")
+  if ok then return redis end
+  return require "nginx.redis"
 end
 
 function Redis:cmd(...)
@@ -159,8 +193,13 @@ end
 
 --- INFO clients' connected_clients (this connection included).
 function Redis:connected_clients()
-  local info = assert(self:cmd("INFO", "clients"))
-  return tonumber(info:match("connected_clients:(%d+)"))
+  return self:info("clients", "connected_clients")
+end
+
+--- A number of INFO <section> (e.g. "stats", "total_connections_received").
+function Redis:info(section, field)
+  local info = assert(self:cmd("INFO", section))
+  return tonumber(info:match(field .. ":(%d+)"))
 end
 
 ---------------------------------------------------------------------------

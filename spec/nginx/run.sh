@@ -11,11 +11,16 @@
 # harness runs the file inside nginx and answers TAP-like lines); then the
 # external checks (wrk load against a pool while redis is sampled; the old
 # worker exits quickly after a reload). Before any request: the warm floor
-# (README "Warm floor": its init_worker block, taken from README.md as it is
+# (the init_worker block of docs/hosts.md, taken from the file as it is
 # written) runs in a second nginx with two workers, and redis must see
 # min_idle connections per worker, and none once that nginx stopped; the
-# main nginx's floor is checked the same way before its first request. The
-# exiting-worker case, which sends nginx a HUP, runs last. Ends with "N
+# README's OpenResty quick start (its nginx.conf and redis_pool.lua, as
+# written) runs in a third nginx and answers +PONG; the main nginx's floor
+# is checked the same way before its first request. Code blocks come from
+# the documentation by their markers, <!-- spec:NAME nginx --> (doc_block;
+# docs/testing.md). The exiting-worker case, which sends nginx a HUP, runs
+# last; then make demo's gateway for a second per configuration
+# (examples/gateway/run.sh). Ends with "N
 # passed, M failed"; exit status 1 on any failure. The run dir stays for
 # inspection (error.log, redis.log).
 #
@@ -62,6 +67,7 @@ command -v redis-cli >/dev/null || die "no redis-cli (redis-tools)"
 
 rm -rf "$run"
 mkdir -p "$run/tmp" "$run/logs" || die "cannot make $run"
+. "$root/scripts/servers.sh"   # nginx_preamble, nginx_temp_paths
 
 # Free loopback ports: bind port 0 and read back what the kernel gave.
 free_port() {
@@ -91,6 +97,7 @@ stop_nginx() {
 cleanup() {
   local rc=$?
   stop_nginx "$(cat "$run/floor/nginx.pid" 2>/dev/null)"
+  stop_nginx "$(cat "$run/quickstart/nginx.pid" 2>/dev/null)"
   if [ "${KEEP:-0}" = 1 ]; then
     note "KEEP=1: nginx (pid $(nginx_pid)) and redis (port $redis_port) left running"
     return $rc
@@ -149,13 +156,21 @@ return {
 }
 EOF
 
+# ---------------------------------------------------------------- doc blocks
+# The code block marked <!-- spec:NAME nginx --> in README.md or docs/*.md,
+# as written (spec/docs_spec.lua checks that every such block is named here).
+doc_block() {
+  awk -v mark="<!-- spec:$1 nginx -->" '$0 == mark { m = 1; next }
+       m && !b && /^```/ { b = 1; next }
+       m && !b { m = 0 }
+       b && /^```/ { exit }
+       b { print }' "$root/README.md" "$root"/docs/*.md
+}
+
 # ---------------------------------------------------------------- warm floor
-# README "Warm floor": the init_worker block of OpenResty, as written there.
+# docs/hosts.md, OpenResty: the init_worker block that starts the floor.
 floor_min_idle=2   # spec/nginx/floor/redis_pool.lua
-floor_block=$(awk '/<!-- spec:nginx-floor -->/ { m = 1; next }
-                   m && /^```nginx/ { b = 1; next }
-                   b && /^```/ { exit }
-                   b { print }' "$root/README.md")
+floor_block=$(doc_block nginx-floor)
 
 # Every worker of nginx (master pid $1, $2 workers) has exactly $3
 # connections named cp-floor-<worker pid> in redis.
@@ -193,23 +208,14 @@ no_floor_left() {
 floor_nginx() {
   local dir=$run/floor pid
   mkdir -p "$dir/tmp" || return 1
-  [ -n "$floor_block" ] || { echo "    no <!-- spec:nginx-floor --> nginx block in README.md"; return 1; }
+  [ -n "$floor_block" ] || { echo "    no <!-- spec:nginx-floor nginx --> block in README.md or docs/"; return 1; }
   cat >"$dir/nginx.conf" <<EOF2
-# written by spec/nginx/run.sh: README's warm floor in two workers
-load_module $mods/ndk_http_module.so;
-load_module $mods/ngx_http_lua_module.so;
+# written by spec/nginx/run.sh: the documentation's warm floor in two workers
+$(nginx_preamble "$dir" 2 info 64)
 $([ "$(id -u)" = 0 ] && echo "user root;")
-worker_processes 2;
 env CLIENTPOOL_BACKEND;
-pid $dir/nginx.pid;
-error_log $dir/error.log info;
-events { worker_connections 64; }
 http {
-  client_body_temp_path $dir/tmp/body;
-  proxy_temp_path $dir/tmp/proxy;
-  fastcgi_temp_path $dir/tmp/fastcgi;
-  uwsgi_temp_path $dir/tmp/uwsgi;
-  scgi_temp_path $dir/tmp/scgi;
+$(nginx_temp_paths "$dir")
   lua_package_path "$root/spec/nginx/floor/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
   lua_package_cpath "$root/build/luajit/?.so;;";
 
@@ -229,31 +235,82 @@ floor_nginx_stops() {
     ! grep -E '\[(alert|emerg|error)\]|exited on signal' "$run/floor/error.log"
 }
 
-check "warm floor (README's init_worker block), 2 workers, no request: redis sees min_idle=$floor_min_idle connections per worker" floor_nginx
+check "warm floor (docs/hosts.md's init_worker block), 2 workers, no request: redis sees min_idle=$floor_min_idle connections per worker" floor_nginx
 check "that nginx stops at once (QUIT), its floor connections go, no error in its error.log" floor_nginx_stops
+
+# ---------------------------------------------------------------- quick start
+# README's OpenResty quick start as written: its nginx.conf, with the paths
+# and the port put in and what a private nginx needs added (modules, pid,
+# logs, temp paths), and its redis_pool.lua, with the redis port put in.
+# GET /ping answers +PONG, wrk -c20 gets nothing but 200s, and redis accepts
+# at most max_live (8) connections per worker.
+qs_max_live=8
+quickstart_nginx() {
+  local dir=$run/quickstart conf pool qport pid body conns0 conns1 new workers
+  mkdir -p "$dir/tmp" "$dir/app" || return 1
+  conf=$(doc_block openresty-conf); pool=$(doc_block openresty-pool)
+  [ -n "$conf" ] && [ -n "$pool" ] || { echo "    no openresty-conf / openresty-pool block in README.md"; return 1; }
+  grep -q "max_live = $qs_max_live," <<<"$pool" || { echo "    redis_pool.lua no longer says max_live = $qs_max_live"; return 1; }
+  sed "s/port = 6379,/port = $redis_port,/" <<<"$pool" >"$dir/app/redis_pool.lua"
+  grep -q "port = $redis_port," "$dir/app/redis_pool.lua" || { echo "    redis_pool.lua names no port = 6379"; return 1; }
+  qport=$(free_port)
+  {
+    echo "# written by spec/nginx/run.sh: README's OpenResty quick start"
+    echo "load_module $mods/ndk_http_module.so;"
+    echo "load_module $mods/ngx_http_lua_module.so;"
+    [ "$(id -u)" = 0 ] && echo "user root;"
+    echo "pid $dir/nginx.pid;"
+    echo "error_log $dir/error.log info;"
+    echo "env CLIENTPOOL_BACKEND;"
+    sed -e "s#/path/to/clientpool#$root#g" -e "s#/path/to/app#$dir/app#g" \
+        -e "s#listen 8080;#listen 127.0.0.1:$qport;#" <<<"$conf" |
+      awk -v d="$dir" '{ print }
+        /^http \{$/ { print "  access_log off;"; print "  client_body_temp_path " d "/tmp/body;";
+                      print "  proxy_temp_path " d "/tmp/proxy;"; print "  fastcgi_temp_path " d "/tmp/fastcgi;";
+                      print "  uwsgi_temp_path " d "/tmp/uwsgi;"; print "  scgi_temp_path " d "/tmp/scgi;" }'
+  } >"$dir/nginx.conf"
+  grep -q "listen 127.0.0.1:$qport;" "$dir/nginx.conf" && ! grep -q "/path/to" "$dir/nginx.conf" &&
+    grep -q "scgi_temp_path" "$dir/nginx.conf" || { echo "    the quick start's nginx.conf changed shape:"; cat "$dir/nginx.conf"; return 1; }
+  conns0=$(redis-cli -p "$redis_port" INFO stats | tr -d '\r' | sed -n 's/^total_connections_received://p')
+  "$nginx_bin" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" 2>"$dir/start.log" ||
+    { cat "$dir/start.log"; return 1; }
+  for _ in $(seq 1 50); do [ -s "$dir/nginx.pid" ] && break; sleep 0.1; done
+  pid=$(cat "$dir/nginx.pid" 2>/dev/null)
+  [ -n "$pid" ] || return 1
+  for _ in $(seq 1 50); do
+    body=$(curl -s -m 5 "http://127.0.0.1:$qport/ping") && [ -n "$body" ] && break
+    sleep 0.1
+  done
+  [ "$body" = "+PONG" ] || { echo "    GET /ping answered: $body"; tail -5 "$dir/error.log"; return 1; }
+  wrk -t2 -c20 -d1s "http://127.0.0.1:$qport/ping" >"$dir/wrk.log" 2>&1
+  grep -q 'requests in' "$dir/wrk.log" && ! grep -qE 'Non-2xx|Socket errors' "$dir/wrk.log" ||
+    { cat "$dir/wrk.log"; return 1; }
+  workers=$(ps -o pid= --ppid "$pid" | grep -c .)
+  conns1=$(redis-cli -p "$redis_port" INFO stats | tr -d '\r' | sed -n 's/^total_connections_received://p')
+  new=$((conns1 - conns0 - 1))   # the second redis-cli is the one more
+  echo "    quick start: $workers workers, $(grep 'requests in' "$dir/wrk.log" | tr -s ' '), redis accepted $new connections"
+  [ "$new" -ge 1 ] && [ "$new" -le $((workers * qs_max_live)) ]
+}
+
+quickstart_nginx_stops() {
+  stop_nginx "$(cat "$run/quickstart/nginx.pid" 2>/dev/null)" &&
+    ! grep -E '\[(alert|emerg)\]|exited on signal' "$run/quickstart/error.log"
+}
+
+check "README's OpenResty quick start as written: /ping answers +PONG, wrk -c20 all 200, at most max_live connections per worker" quickstart_nginx
+check "that nginx stops at once (QUIT), no alert or crash in its error.log" quickstart_nginx_stops
 
 # ---------------------------------------------------------------- nginx
 
 cat >"$run/nginx.conf" <<EOF
 # written by spec/nginx/run.sh
-load_module $mods/ndk_http_module.so;
-load_module $mods/ngx_http_lua_module.so;
-
+$(nginx_preamble "$run" 1 info 1024)
 $([ "$(id -u)" = 0 ] && echo "user root;  # as root (CI): the exiting spec signals the master")
-worker_processes 1;
 env CLIENTPOOL_BACKEND;  # core or ffi (the default on LuaJIT)
-pid $run/nginx.pid;
-error_log $run/error.log info;
-
-events { worker_connections 1024; }
 
 http {
   access_log off;
-  client_body_temp_path $run/tmp/body;
-  proxy_temp_path $run/tmp/proxy;
-  fastcgi_temp_path $run/tmp/fastcgi;
-  uwsgi_temp_path $run/tmp/uwsgi;
-  scgi_temp_path $run/tmp/scgi;
+$(nginx_temp_paths "$run")
 
   lua_package_path "${EXTRA_LUA_PATH:-}$root/spec/nginx/?.lua;$root/spec/nginx/floor/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
   lua_package_cpath "$root/build/luajit/?.so;;";
@@ -406,6 +463,25 @@ for c in "${cases[@]}"; do
     check "the exiting worker is gone within 5 s of the reload" old_worker_gone
   fi
 done
+
+# make demo's gateway, briefly (examples/gateway/run.sh, its own nginx and
+# redis): the clientpool row stays within its cap (4 workers x 8), no
+# request fails, the picture is written.
+demo_smoke() {
+  local row max errs
+  DEMO_SECS=1 "$root/examples/gateway/run.sh" >"$run/logs/demo.log" 2>&1 ||
+    { tail -20 "$run/logs/demo.log" | sed 's/^/    /'; return 1; }
+  row=$(grep '^| clientpool' "$run/logs/demo.log")
+  echo "    $row"
+  max=$(echo "$row" | awk -F'|' '{ gsub(/ /, "", $3); print $3 }')
+  errs=$(echo "$row" | awk -F'|' '{ gsub(/ /, "", $7); print $7 }')
+  [ -n "$max" ] && [ "$max" -ge 1 ] && [ "$max" -le 32 ] && [ "$errs" = 0 ] &&
+    grep -q '</svg>' "$root/build/demo/connections.svg"
+}
+if [ $# -eq 0 ]; then
+  check "make demo's gateway (1 s per configuration): clientpool within 32 connections, no errors, the SVG written" \
+    demo_smoke
+fi
 
 # nginx must not have crashed or logged alerts
 if grep -E '\[(alert|emerg)\]|exited on signal' "$run/error.log" >"$run/logs/alerts.log"; then

@@ -1,7 +1,7 @@
 --- clientpool.sched.ngx: the scheduler adapter for OpenResty (lua-nginx-module).
 --
--- The adapter contract is DESIGN.md section 4 and docs/decisions.md
--- ("Schedulers"); the choices made for nginx are in docs/decisions.md
+-- The adapter contract is in docs/design.md ("The scheduler adapter
+-- contract"); the choices made for nginx are in docs/decisions.md
 -- ("OpenResty"). In short:
 --
 -- * current() returns a fresh handle in the phases where a light thread can

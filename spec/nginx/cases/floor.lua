@@ -1,5 +1,5 @@
 -- The warm floor in a real nginx (issue 4). app.init_worker starts the pool
--- of spec/nginx/floor/redis_pool.lua (min_idle = 2) as README's init_worker
+-- of spec/nginx/floor/redis_pool.lua (min_idle = 2) as docs/hosts.md's init_worker
 -- block does: ngx.timer.at(0, function() pool:run() end). spec/nginx/run.sh
 -- checks that redis sees its two connections before the first request; here:
 -- they are parked in nginx's keepalive pool, requests pick them up, and the

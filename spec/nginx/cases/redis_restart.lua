@@ -16,42 +16,13 @@ local app = require "app"
 local MAX_LIVE = 4
 local NAME = "cp-restart"
 
--- Asks spec/nginx/faultctl.sh to "start" or "kill" the second redis-server;
--- returns its status line ("up", "down" or "error ...").
-local function fault(cmd, secs)
-  local ctl = H.conf.run .. "/ctl/"
-  os.remove(ctl .. "redis2.status")
-  local f, err = io.open(ctl .. "redis2.cmd.tmp", "w")
-  assert(f, "spec/nginx/faultctl.sh is not running (" .. tostring(err) .. ")")
-  f:write(cmd)
-  f:close()
-  assert(os.rename(ctl .. "redis2.cmd.tmp", ctl .. "redis2.cmd"))
-  return H.wait_until(function()
-    local sf = io.open(ctl .. "redis2.status")
-    if not sf then return nil end
-    local s = sf:read("*l")
-    sf:close()
-    return s
-  end, secs or 5) or "no answer from faultctl.sh"
-end
-
-local function redis2()
-  local sock = ngx.socket.tcp()
-  sock:settimeouts(1000, 1000, 1000)
-  local ok, err = sock:connect("127.0.0.1", H.conf.redis2_port)
-  if not ok then return nil, err end
-  return sock
-end
+local fault = H.fault
 
 -- Connections named NAME that the second redis sees.
 local function named_clients()
-  local sock = assert(redis2())
-  local list = assert(H.command(sock, "CLIENT", "LIST"))
-  sock:close()
-  local n = 0
-  for line in list:gmatch("[^\n]+") do
-    if line:match(" name=(%S*)") == NAME then n = n + 1 end
-  end
+  local r = assert(H.redis(H.conf.redis2_port))
+  local n = r:clients(NAME)
+  r:close()
   return n
 end
 

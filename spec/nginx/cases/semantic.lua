@@ -68,7 +68,7 @@ package.loaded["spec.helpers"] = helpers
 local KILL = "kills or resumes a waiting coroutine from outside the scheduler (debug hook, coroutine.resume), " ..
              "which ngx_lua does not allow for light threads; ngx.thread.kill and client aborts: kill.lua"
 local YIELD = "a hook that yields inside try_acquire: in nginx a sleep or I/O inside a coroutine suspends " ..
-              "whoever resumed it, so try_acquire waits for such a hook (README, OpenResty)"
+              "whoever resumed it, so try_acquire waits for such a hook (docs/decisions.md, OpenResty)"
 local SKIP = {
   ["a waiting coroutine killed by an error never swallows a grant"] = KILL,
   ["a dead waiter granted a free slot (not a client) hands the slot on"] = KILL,

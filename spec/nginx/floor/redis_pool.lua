@@ -1,6 +1,6 @@
--- spec/nginx/floor/redis_pool.lua: the pool of the README's warm-floor
--- pattern for OpenResty ("Warm floor"): one pool per worker, made at the first
--- require, started by the README's init_worker block (spec/nginx/run.sh uses
+-- spec/nginx/floor/redis_pool.lua: the pool of the warm-floor pattern for
+-- OpenResty (docs/hosts.md, OpenResty): one pool per worker, made at the first
+-- require, started by the init_worker block there (spec/nginx/run.sh uses
 -- that block as it is written). Its connections are named
 -- cp-floor-<worker pid> in redis, so the runner can count them per worker.
 local clientpool = require "clientpool"
