@@ -60,7 +60,7 @@ SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
 BASEFLAGS  = $(WARNFLAGS) -fPIC -Icsrc
 LIBS      := -lm
 
-CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c
+CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c csrc/lfastpath.c
 ENGINE_SRCS := csrc/engine.c csrc/clock.c
 CTEST_SRC   := spec/c/test_engine.c
 # The C tests link the engine through spec/c/whitebox.c: csrc/engine.c as
@@ -293,7 +293,8 @@ SOAK_VALGRIND_ARGS ?= --coroutines 1000 --acquisitions 100000 --margin 0.25
 # look; valgrind caught one. About a minute for both.
 test-valgrind-%: build/%/clientpool/core.so
 	@BUSTED_PREFIX="valgrind --quiet --error-exitcode=99" CLIENTPOOL_BACKEND=core scripts/busted-run.sh $* \
-	  '--lpath=$(LPATH)' '--cpath=./build/$*/?.so' spec/checkout_spec.lua spec/clientpool_acquire_spec.lua
+	  '--lpath=$(LPATH)' '--cpath=./build/$*/?.so' spec/checkout_spec.lua spec/acquire_spec.lua spec/lease_spec.lua \
+	  spec/leak_spec.lua spec/stats_spec.lua
 
 soak-valgrind: build/lua5.4/clientpool/core.so
 	$(call lua_env,build/lua5.4) valgrind --quiet --error-exitcode=99 --leak-check=full \

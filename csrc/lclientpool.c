@@ -2,34 +2,27 @@
  * lclientpool.c - the Lua C API binding of the engine: clientpool.core.
  *
  * Thin on purpose: it converts arguments and results and nothing more; every
- * decision is the engine's, every action the Lua driver's (init.lua).
+ * decision is the engine's, every action the Lua driver's (lua/clientpool/).
+ * The fast path of checkout/checkin and acquire/release is lfastpath.c.
  *
  * Objects:
- *   clientpool.Pool   an engine handle (the driver's, not the user's pool)
- *   clientpool.Lease  a leak sentinel: on Lua 5.1 and LuaJIT, where tables
- *                     have no __gc, a lease table holds one so a lease
- *                     collected while held is reported to the engine.
- * Both point at a shared, reference-counted box, so a sentinel collected
- * after its pool never touches freed memory.
+ *   clientpool.Engine    an engine handle (the driver's, not the user's pool)
+ *   clientpool.Sentinel  a leak sentinel: on Lua 5.1 and LuaJIT, where tables
+ *                        have no __gc, a lease table holds one so a lease
+ *                        collected while held is reported to the engine.
+ * Both point at a shared, reference-counted box (lcp_box, lbinding.h), so a
+ * sentinel collected after its engine never touches freed memory.
  *
  * A `now` argument left out (nil) means CLOCK_MONOTONIC read here, so a hot
  * call is one C call, not two.
  */
-#include "clientpool.h"
+#include "lbinding.h"
 #include "compat.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define POOL_MT "clientpool.Pool"
-#define LEASE_MT "clientpool.Lease"
-
 enum { UV_GUARDS = 1, UV_SPARE = 2 };   /* the pool's private table's arrays */
-
-typedef struct lcp_box {
-  clientpool_t *p;     /* NULL once the pool is freed */
-  int refs;
-} lcp_box;
 
 typedef struct lcp_sentinel {
   lcp_box *box;
@@ -46,11 +39,11 @@ static void box_unref(lcp_box *b) {
 static clientpool_t *lcp_self(lua_State *L) {
   lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
   int same;
-  if (u == NULL || !lua_getmetatable(L, 1)) luaL_argerror(L, 1, "clientpool.Pool expected");
+  if (u == NULL || !lua_getmetatable(L, 1)) luaL_argerror(L, 1, LCP_ENGINE_MT " expected");
   same = lua_rawequal(L, -1, lua_upvalueindex(1));
   lua_pop(L, 1);
-  if (!same) luaL_argerror(L, 1, "clientpool.Pool expected");
-  if (*u == NULL || (*u)->p == NULL) luaL_argerror(L, 1, "clientpool.Pool is freed");
+  if (!same) luaL_argerror(L, 1, LCP_ENGINE_MT " expected");
+  if (*u == NULL || (*u)->p == NULL) luaL_argerror(L, 1, LCP_ENGINE_MT " is freed");
   return (*u)->p;
 }
 
@@ -174,17 +167,17 @@ static int lcp_pool__gc(lua_State *L) {
 
 static int lcp_pool__tostring(lua_State *L) {
   lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
-  if (u && *u) lua_pushfstring(L, POOL_MT ": %p", (void *)u);
-  else lua_pushfstring(L, POOL_MT ": %p (freed)", (void *)u);
+  if (u && *u) lua_pushfstring(L, LCP_ENGINE_MT ": %p", (void *)u);
+  else lua_pushfstring(L, LCP_ENGINE_MT ": %p (freed)", (void *)u);
   return 1;
 }
 
 /* Pushes a leak sentinel for (lease, gen) of the pool at index 1: a lease
  * table holds one, so a lease collected while held is reported to the
  * engine.  A released lease's sentinel is nobody's any more and is armed
- * again for a later lease (recycle_sentinel): no finalizer runs per lease,
+ * again for a later lease (lcp_recycle_sentinel): no finalizer runs per lease,
  * and a lease table needs no __gc of its own. */
-static void push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
+void lcp_push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
   lcp_guard *s;
   int n;
   lcp_getuservalue(L, e);                      /* uv */
@@ -200,7 +193,7 @@ static void push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
     s = (lcp_guard *)lua_newuserdata(L, sizeof *s);
     s->box = *u;
     s->box->refs++;
-    luaL_getmetatable(L, LEASE_MT);
+    luaL_getmetatable(L, LCP_SENTINEL_MT);
     lua_setmetatable(L, -2);
     lua_pushvalue(L, -3);
     lcp_setuservalue(L, -2);
@@ -217,7 +210,7 @@ static void push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
 
 /* The lease (lease, gen) ended: its sentinel, if the driver dropped it (the
  * lease table no longer refers to it), goes to the spares. */
-static void recycle_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
+void lcp_recycle_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
   lcp_guard *s;
   lcp_getuservalue(L, e);                      /* uv */
   lua_rawgeti(L, -1, UV_GUARDS);               /* uv guards */
@@ -237,7 +230,7 @@ static void recycle_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
 /* E:sentinel(lease, gen) -> a leak sentinel */
 static int lcp_sentinel(lua_State *L) {
   lcp_self(L);
-  push_sentinel(L, 1, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3));
+  lcp_push_sentinel(L, 1, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3));
   return 1;
 }
 
@@ -245,7 +238,7 @@ static int lcp_sentinel(lua_State *L) {
  * takes one only while its hooks run: the handle holds the lease after). */
 static int lcp_disarm(lua_State *L) {
   lcp_self(L);
-  recycle_sentinel(L, 1, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3));
+  lcp_recycle_sentinel(L, 1, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3));
   return 0;
 }
 
@@ -253,7 +246,7 @@ static int lcp_disarm(lua_State *L) {
  * [, waited] [, sentinel]: the sentinel only for a grant and when asked for
  * (sentinel: the engine's stack index, or 0), so a hot acquire stays one C
  * call on every Lua. */
-static int push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p, int waited, int sentinel) {
+int lcp_push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p, int waited, int sentinel) {
   int n;
   lua_pushinteger(L, g->status);
   lua_pushinteger(L, g->record);
@@ -265,7 +258,7 @@ static int push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p
   n = 7;
   if (waited) { lua_pushnumber(L, g->waited); n++; }
   if (sentinel && (g->status == CLIENTPOOL_GRANT_IDLE || g->status == CLIENTPOOL_GRANT_CREATE)) {
-    push_sentinel(L, sentinel, g->lease, g->lease_gen);
+    lcp_push_sentinel(L, sentinel, g->lease, g->lease_gen);
     n++;
   }
   return n;
@@ -276,7 +269,7 @@ static int lcp_acquire(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   clientpool_grant_t g;
   clientpool_acquire(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3), &g);
-  return push_grant(L, &g, p, 0, lua_toboolean(L, 4) ? 1 : 0);
+  return lcp_push_grant(L, &g, p, 0, lua_toboolean(L, 4) ? 1 : 0);
 }
 
 /* E:release_closes(lease, gen [, now]) -> boolean (nil for a stale lease) */
@@ -295,8 +288,8 @@ static int lcp_regrant(lua_State *L) {
   int32_t lease = (int32_t)lua_tointeger(L, 2);
   uint32_t gen = (uint32_t)lua_tointeger(L, 3);
   clientpool_regrant(p, lease, gen, opt_now(L, 4), &g);
-  if (g.status != CLIENTPOOL_STALE) recycle_sentinel(L, 1, lease, gen);
-  return push_grant(L, &g, p, 0, lua_toboolean(L, 5) ? 1 : 0);
+  if (g.status != CLIENTPOOL_STALE) lcp_recycle_sentinel(L, 1, lease, gen);
+  return lcp_push_grant(L, &g, p, 0, lua_toboolean(L, 5) ? 1 : 0);
 }
 
 /* E:release(lease, gen, reason [, now]) -> ok, pending */
@@ -305,7 +298,7 @@ static int lcp_release(lua_State *L) {
   int32_t lease = (int32_t)lua_tointeger(L, 2);
   uint32_t gen = (uint32_t)lua_tointeger(L, 3);
   int rc = clientpool_release(p, lease, gen, (int32_t)luaL_optinteger(L, 4, -1), opt_now(L, 5));
-  if (rc == 0) recycle_sentinel(L, 1, lease, gen);
+  if (rc == 0) lcp_recycle_sentinel(L, 1, lease, gen);
   lua_pushboolean(L, rc == 0);
   lua_pushinteger(L, clientpool_pending(p));
   return 2;
@@ -333,7 +326,7 @@ static int lcp_claim(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   clientpool_grant_t g;
   clientpool_claim(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3), opt_now(L, 4), &g);
-  return push_grant(L, &g, p, 1, lua_toboolean(L, 5) ? 1 : 0);
+  return lcp_push_grant(L, &g, p, 1, lua_toboolean(L, 5) ? 1 : 0);
 }
 
 /* E:cancel(waiter, gen, status [, now [, sentinel]]) -> as claim */
@@ -342,7 +335,7 @@ static int lcp_cancel(lua_State *L) {
   clientpool_grant_t g;
   clientpool_cancel(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
                     (int32_t)lua_tointeger(L, 4), opt_now(L, 5), &g);
-  return push_grant(L, &g, p, 1, lua_toboolean(L, 6) ? 1 : 0);
+  return lcp_push_grant(L, &g, p, 1, lua_toboolean(L, 6) ? 1 : 0);
 }
 
 static int push_rc(lua_State *L, int rc, clientpool_t *p) {
@@ -580,7 +573,7 @@ static int lcp_stats(lua_State *L) {
 }
 
 static int lcp_lease__gc(lua_State *L) {
-  lcp_guard *s = (lcp_guard *)luaL_checkudata(L, 1, LEASE_MT);
+  lcp_guard *s = (lcp_guard *)luaL_checkudata(L, 1, LCP_SENTINEL_MT);
   if (s->box) {
     int reported = 0;
     /* at the driver's time (a grant this report makes is dated then; the
@@ -599,7 +592,7 @@ static int lcp_lease__gc(lua_State *L) {
 }
 
 static int lcp_lease__tostring(lua_State *L) {
-  lua_pushfstring(L, LEASE_MT ": %p", lua_touserdata(L, 1));
+  lua_pushfstring(L, LCP_SENTINEL_MT ": %p", lua_touserdata(L, 1));
   return 1;
 }
 
@@ -611,371 +604,6 @@ static int lcp_monotime(lua_State *L) {
 static int lcp_sleep(lua_State *L) {
   clientpool_sleep((double)luaL_checknumber(L, 1));
   return 0;
-}
-
-/* ---- the zero-allocation form's common case --------------------------
- * core.fastpath(engine, pool, parts) -> { checkout, checkin, acquire, release,
- *                                        direct }
- * parts: the driver's tables and functions, named as in fp_parts below.
- *
- * On PUC Lua most of a checkout/checkin pair was the driver's Lua (table
- * reads, handle arithmetic), not the engine.  These two C closures do what
- * Pool:checkout and Pool:checkin do when nothing unusual happens, reading
- * the driver's tables (their upvalues), and give the rest back to it:
- *
- *   checkout(pool, key) -> client, h               an idle client, done
- *                        | nil, false, k, status, record, lease, gen,
- *                          validate, idle, pending acquired: the driver goes
- *                                                  on from this grant
- *                        | (nothing)               nothing done: the driver
- *                                                  does it all
- *   checkin(pool, h, reuse) -> true                done (or a no-op)
- *                            | false, record, pending, lease
- *                                                  released: the driver
- *                                                  drains the events
- *                            | (nothing)           nothing done
- *
- * acquire and release follow the same pattern for the lease form (below);
- * acquire is always wrapped in Lua, as its option errors are Lua's.
- *
- * On Lua 5.3 and 5.4 fastpath returns checkout and checkin closures that
- * finish the job themselves: they raise their argument errors (at the
- * caller's line, as the Lua code does) and call the Lua functions they are
- * given for the rest, with a continuation, so a checkout may still wait.
- * The pool installs those as its own checkout and checkin (a Lua wrapper
- * is one call more per method).  On Lua 5.1 and LuaJIT (no continuations)
- * it returns the two above, for init.lua to wrap.
- *
- * init.lua installs them only for pools that read the real clock and have
- * capacity 1, no probe and no park hook (its install_fastpath); what they
- * check each call (waiters, drain, listeners, parked, validate) they read
- * from the same tables the Lua code does, so the two paths never disagree.
- */
-/* The closures' upvalues: the engine, the pool and the parts table's
- * fields named in fp_parts (same order), then strings they look up. */
-enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
-       FP_DEFAULT, FP_HBASE, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
-       FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE,
-       FP_S_NWAITERS, FP_S_DRAIN, FP_S_ACQUIRE, FP_S_RELEASE, FP_N };
-static const char *const fp_parts[] = {
-  "kids", "clients", "parked", "co_rec", "co_key", "on", "default", "hbase", "validate",
-  "checkout", "checkin", "checkout_from", "checkin_rest", "held",
-  "lease_mt", "pump", "drain_wake", NULL
-};
-#define FP(i) lua_upvalueindex(FP_##i)
-#define HSLOTS 2097152   /* as init.lua: lease slots in a handle's low bits */
-
-static clientpool_t *fp_engine(lua_State *L) {
-  lcp_box **u = (lcp_box **)lua_touserdata(L, FP(ENGINE));
-  return (u && *u) ? (*u)->p : NULL;
-}
-
-/* Whether t[field] (field a string upvalue) is nil. */
-static int fp_unset(lua_State *L, int t, int field) {
-  int none;
-  lua_pushvalue(L, field);
-  lua_rawget(L, t);
-  none = lua_isnil(L, -1);
-  lua_pop(L, 1);
-  return none;
-}
-
-/* What checkout and acquire share.  The name of the key in argument 2 goes
- * to index top + 1 (arguments above 2 are kept), its id to top + 2; then,
- * unless a waiter may need reaping (Lua's reap_if_full), the engine's
- * acquire.  Returns -1 when nothing was done (the driver does it all),
- * else 1 when the grant is the common case (an idle client, unparked, no
- * validate, no event pending, no acquire listener), 0 when the driver must
- * go on from it (fp_push_grant). */
-static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k, clientpool_t **pp) {
-  clientpool_t *p;
-  int parked;
-  if (!lua_rawequal(L, 1, FP(POOL))) return -1;
-  luaL_checkstack(L, 24, NULL);          /* 11 results over 5 slots, and push_sentinel's */
-  lua_settop(L, nargs);
-  lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* nargs + 1: name */
-  lua_pushvalue(L, -1);
-  lua_rawget(L, FP(KIDS));                                /* nargs + 2: key id */
-  if (lua_isnil(L, -1) || (p = fp_engine(L)) == NULL) return -1;
-  lua_pushvalue(L, FP(S_NWAITERS));
-  lua_rawget(L, 1);
-  if (lua_tonumber(L, -1) > 0) return -1;
-  lua_pop(L, 1);
-  *k = (int32_t)lua_tointeger(L, -1);
-  *pp = p;
-  clientpool_acquire(p, *k, clientpool_monotime(), g);
-  if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= HSLOTS ||
-      (g->validate && lua_toboolean(L, FP(VALIDATE))) || !fp_unset(L, FP(ON), FP(S_ACQUIRE)))
-    return 0;
-  lua_rawgeti(L, FP(PARKED), g->record);
-  parked = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  return !parked;
-}
-
-/* The grant fp_acquire did not finish: nil, false, k, then push_grant's. */
-static int fp_push_grant(lua_State *L, int32_t k, const clientpool_grant_t *g, clientpool_t *p, int sentinel) {
-  lua_pushnil(L);
-  lua_pushboolean(L, 0);
-  lua_pushinteger(L, k);
-  return 3 + push_grant(L, g, p, 0, sentinel);
-}
-
-static int fast_checkout(lua_State *L) {
-  clientpool_grant_t g;
-  clientpool_t *p;
-  int32_t k;
-  int fast = fp_acquire(L, 2, &g, &k, &p);                /* 3: name */
-  if (fast < 0) return 0;
-  if (fast) {
-    uint32_t base = (uint32_t)lua_tointeger(L, FP(HBASE));
-    lua_pushinteger(L, g.record);
-    lua_rawseti(L, FP(CO_REC), g.lease + 1);
-    lua_pushvalue(L, 3);
-    lua_rawseti(L, FP(CO_KEY), g.lease + 1);
-    lua_rawgeti(L, FP(CLIENTS), g.record);
-    lua_pushinteger(L, (lua_Integer)((int64_t)(uint32_t)(g.lease_gen + base) * HSLOTS + g.lease));
-    return 2;
-  }
-  return fp_push_grant(L, k, &g, p, 0);
-}
-
-/* The release reason for a reuse argument at index i: false retires. */
-static int32_t fp_reason(lua_State *L, int i) {
-  return lua_type(L, i) == LUA_TBOOLEAN && !lua_toboolean(L, i) ? CLIENTPOOL_BY_ERROR : -1;
-}
-
-/* Argument 2 as a checkout handle (an integer in [0, 2^53)), or -1. */
-static int64_t fp_handle(lua_State *L) {
-  lua_Number d;
-#if LUA_VERSION_NUM >= 503
-  if (lua_isinteger(L, 2)) {
-    lua_Integer i = lua_tointeger(L, 2);
-    return i >= 0 && i < ((lua_Integer)1 << 53) ? (int64_t)i : -1;
-  }
-#endif
-  if (lua_type(L, 2) != LUA_TNUMBER) return -1;
-  d = lua_tonumber(L, 2);
-  if (!(d >= 0 && d < 9007199254740992.0) || (lua_Number)(int64_t)d != d) return -1;
-  return (int64_t)d;
-}
-
-static int fast_checkin(lua_State *L) {
-  clientpool_t *p;
-  int64_t h;
-  int32_t l, rec, pending;
-  uint32_t gen;
-  int reuse_type = lua_type(L, 3), rc;
-  if (!lua_rawequal(L, 1, FP(POOL)) || (h = fp_handle(L)) < 0) return 0;   /* Lua raises */
-  if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
-  if (!fp_unset(L, 1, FP(S_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) return 0;
-  if ((p = fp_engine(L)) == NULL) return 0;
-  l = (int32_t)(h % HSLOTS);
-  lua_rawgeti(L, FP(CO_REC), l + 1);
-  if (lua_isnil(L, -1)) { lua_pushboolean(L, 1); return 1; }   /* no checkout holds the slot */
-  rec = (int32_t)lua_tointeger(L, -1);
-  gen = (uint32_t)(h / HSLOTS) - (uint32_t)lua_tointeger(L, FP(HBASE));
-  rc = clientpool_release(p, l, gen, fp_reason(L, 3), clientpool_monotime());
-  if (rc != 0) { lua_pushboolean(L, 1); return 1; }          /* stale: not this holder's */
-  lua_pushnil(L);
-  lua_rawseti(L, FP(CO_REC), l + 1);
-  if ((pending = clientpool_pending(p)) == 0) { lua_pushboolean(L, 1); return 1; }
-  lua_pushboolean(L, 0);
-  lua_pushinteger(L, rec);
-  lua_pushinteger(L, pending);
-  lua_pushinteger(L, l);
-  return 4;
-}
-
-#if LUA_VERSION_NUM >= 503
-static int fp_return(lua_State *L, int status, lua_KContext base) {
-  (void)status;
-  return lua_gettop(L) - (int)base;
-}
-
-/* Calls fn (an upvalue) with the n values pushed after it, returning what
- * it returns, even across a yield. */
-static int fp_call(lua_State *L, int base, int n) {
-  lua_callk(L, n, LUA_MULTRET, (lua_KContext)base, fp_return);
-  return fp_return(L, LUA_OK, (lua_KContext)base);
-}
-
-/* Nothing was done: the Lua method (upvalue fn) does it all, with the
- * nargs arguments this call got. */
-static int fp_lua(lua_State *L, int fn, int nargs) {
-  int base = lua_gettop(L), i;
-  lua_pushvalue(L, fn);
-  for (i = 1; i <= nargs; i++) lua_pushvalue(L, i);
-  return fp_call(L, base, nargs);
-}
-
-static int lcp_direct_checkout(lua_State *L) {
-  int n, top, base, t;
-  lua_settop(L, 2);
-  t = lua_type(L, 2);
-  if (t != LUA_TNIL && t != LUA_TSTRING && lua_rawequal(L, 1, FP(POOL)))
-    return luaL_error(L, "clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got %s)",
-                      lua_typename(L, t));
-  luaL_checkstack(L, 32, NULL);          /* (more than LUA_MINSTACK: results, then a call) */
-  n = fast_checkout(L);
-  if (n == 2) return 2;
-  if (n == 0) return fp_lua(L, FP(LUA_CHECKOUT), 2);
-  top = base = lua_gettop(L);
-  /* acquired: checkout_from(pool, key, k, name, status .. pending) */
-  lua_pushvalue(L, FP(CHECKOUT_FROM));
-  lua_pushvalue(L, 1);
-  lua_pushvalue(L, 2);
-  lua_pushvalue(L, top - 7);
-  lua_pushvalue(L, 3);
-  for (n = top - 6; n <= top; n++) lua_pushvalue(L, n);
-  return fp_call(L, base, 11);
-}
-
-static int lcp_direct_checkin(lua_State *L) {
-  int n, top, t;
-  lua_settop(L, 3);
-  if (fp_handle(L) < 0)
-    return luaL_error(L, "clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got %s)",
-                      luaL_tolstring(L, 2, NULL));
-  t = lua_type(L, 3);
-  if (t != LUA_TNIL && t != LUA_TBOOLEAN)
-    return luaL_error(L, "clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got %s)",
-                      lua_typename(L, t));
-  luaL_checkstack(L, 32, NULL);
-  n = fast_checkin(L);
-  if (n == 1) return 0;
-  if (n == 0) return fp_lua(L, FP(LUA_CHECKIN), 3);
-  top = lua_gettop(L);
-  /* released, events pending: checkin_rest(pool, h, rec, client, reuse, pending, name) */
-  lua_pushvalue(L, FP(CHECKIN_REST));
-  lua_pushvalue(L, 1);
-  lua_pushvalue(L, 2);
-  lua_pushvalue(L, top - 2);
-  lua_rawgeti(L, FP(CLIENTS), lua_tointeger(L, top - 2));
-  lua_pushvalue(L, 3);
-  lua_pushvalue(L, top - 1);
-  lua_rawgeti(L, FP(CO_KEY), lua_tointeger(L, top) + 1);
-  return fp_call(L, top, 7);
-}
-#endif
-
-/* acquire(pool, key, opts): the lease form's common case, as checkout's:
- * -> lease | nil, false, k, status, record, lease, gen, validate, idle,
- * pending, sentinel (acquired: the driver's acquire_from goes on) | nothing.
- * Only without opts (the driver checks them) and never for a pool with
- * leak_threshold (each lease records a traceback there). */
-static int fast_acquire(lua_State *L) {
-  clientpool_grant_t g;
-  clientpool_t *p;
-  int32_t k;
-  int fast;
-  if (!lua_isnoneornil(L, 3)) return 0;
-  fast = fp_acquire(L, 3, &g, &k, &p);                   /* 3: opts (nil), 4: name */
-  if (fast < 0) return 0;
-  if (fast) {                            /* as the driver's new_lease */
-    lua_createtable(L, 0, 8);
-    lua_rawgeti(L, FP(CLIENTS), g.record);
-    lua_setfield(L, -2, "client");
-    lua_pushvalue(L, 1);
-    lua_setfield(L, -2, "_p");
-    lua_pushvalue(L, 4);
-    lua_setfield(L, -2, "_key");
-    lua_pushinteger(L, g.record);
-    lua_setfield(L, -2, "_r");
-    lua_pushinteger(L, g.lease);
-    lua_setfield(L, -2, "_l");
-    lua_pushinteger(L, (lua_Integer)g.lease_gen);
-    lua_setfield(L, -2, "_g");
-    push_sentinel(L, FP(ENGINE), g.lease, g.lease_gen);
-    lua_setfield(L, -2, "_s");
-    lua_pushvalue(L, FP(LEASE_MT));
-    lua_setmetatable(L, -2);
-    lua_pushvalue(L, -1);
-    lua_rawseti(L, FP(HELD), g.lease);
-    return 1;
-  }
-  return fp_push_grant(L, k, &g, p, FP(ENGINE));   /* (a sentinel for a grant) */
-}
-
-/* release(lease, reuse) -> true when done (Lease.release calls it after its
- * own checks, for a lease of this pool); false when nothing was done. */
-static int lcp_fast_release(lua_State *L) {
-  clientpool_t *p;
-  int32_t l, rc;
-  uint32_t gen;
-  lua_settop(L, 2);
-  lua_getfield(L, 1, "_p");
-  lua_getfield(L, 1, "_l");
-  lua_getfield(L, 1, "_g");                               /* 3 _p, 4 _l, 5 _g */
-  if (!lua_rawequal(L, 3, FP(POOL)) || !lua_isnumber(L, 5) || (p = fp_engine(L)) == NULL ||
-      !fp_unset(L, FP(POOL), FP(S_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
-  l = (int32_t)lua_tointeger(L, 4);
-  gen = (uint32_t)lua_tointeger(L, 5);
-  /* as the driver's finish_lease: the lease lets go of its sentinel first */
-  lua_pushnil(L);
-  lua_setfield(L, 1, "_g");
-  lua_pushnil(L);
-  lua_setfield(L, 1, "_s");
-  lua_rawgeti(L, FP(HELD), l);
-  if (lua_rawequal(L, -1, 1)) {
-    lua_pushnil(L);
-    lua_rawseti(L, FP(HELD), l);
-  }
-  lua_pop(L, 1);
-  rc = clientpool_release(p, l, gen, fp_reason(L, 2), clientpool_monotime());
-  if (rc == 0) recycle_sentinel(L, FP(ENGINE), l, gen);
-  if (clientpool_pending(p) > 0) {       /* release never yields: plain calls */
-    lua_pushvalue(L, FP(PUMP));
-    lua_pushvalue(L, FP(POOL));
-    lua_call(L, 1, 0);
-    if (!fp_unset(L, FP(POOL), FP(S_DRAIN))) {   /* a drain began meanwhile */
-      lua_pushvalue(L, FP(DRAIN_WAKE));
-      lua_pushvalue(L, FP(POOL));
-      lua_call(L, 1, 0);
-    }
-  }
-  lua_pushnil(L);
-  lua_setfield(L, 1, "client");
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-static int lcp_fastpath(lua_State *L) {
-  int i;
-  luaL_checkudata(L, 1, POOL_MT);
-  luaL_checktype(L, 2, LUA_TTABLE);
-  luaL_checktype(L, 3, LUA_TTABLE);
-  lua_settop(L, 3);
-  luaL_checkstack(L, 2 * FP_N + 4, NULL);   /* the upvalues, and a copy for each closure */
-  for (i = 0; fp_parts[i]; i++) lua_getfield(L, 3, fp_parts[i]);
-  lua_remove(L, 3);                      /* 1 engine, 2 pool, 3.. the parts */
-  lua_pushliteral(L, "_nwaiters");
-  lua_pushliteral(L, "_drain_hs");
-  lua_pushliteral(L, "acquire");
-  lua_pushliteral(L, "release");
-  lua_createtable(L, 0, 5);
-  {
-    static const struct { const char *name; lua_CFunction fn; } made[] = {
-#if LUA_VERSION_NUM >= 503
-      {"checkout", lcp_direct_checkout}, {"checkin", lcp_direct_checkin},
-#else
-      {"checkout", fast_checkout}, {"checkin", fast_checkin},
-#endif
-      {"acquire", fast_acquire}, {"release", lcp_fast_release}, {NULL, NULL}
-    };
-    for (i = 0; made[i].name; i++) {
-      int j;
-      for (j = 1; j < FP_N; j++) lua_pushvalue(L, j);
-      lua_pushcclosure(L, made[i].fn, FP_N - 1);
-      lua_setfield(L, -2, made[i].name);
-    }
-  }
-  lua_pushboolean(L, LUA_VERSION_NUM >= 503);
-  lua_setfield(L, -2, "direct");
-  return 1;
 }
 
 static const luaL_Reg pool_methods[] = {
@@ -1002,7 +630,7 @@ int luaopen_clientpool_core(lua_State *L) {
     {"monotime", lcp_monotime}, {"sleep", lcp_sleep}, {"fastpath", lcp_fastpath}, {NULL, NULL}
   };
   /* Lease sentinel metatable */
-  luaL_newmetatable(L, LEASE_MT);
+  luaL_newmetatable(L, LCP_SENTINEL_MT);
   lua_pushcfunction(L, lcp_lease__gc);
   lua_setfield(L, -2, "__gc");
   lua_pushcfunction(L, lcp_lease__tostring);
@@ -1011,7 +639,7 @@ int luaopen_clientpool_core(lua_State *L) {
 
   lcp_newlib(L, funcs);
   /* Pool metatable: methods carry it as upvalue 1 */
-  luaL_newmetatable(L, POOL_MT);
+  luaL_newmetatable(L, LCP_ENGINE_MT);
   lua_pushvalue(L, -1);
   lcp_setfuncs(L, pool_methods, 1);
   lua_pushvalue(L, -1);

@@ -6,8 +6,9 @@ package = "clientpool"
 version = "scm-1"
 
 source = {
-  -- `luarocks make` builds the working tree and never fetches this.
-  url = "git+file:///dev/null",
+  -- The project's repository; `luarocks make` builds the working tree and
+  -- never fetches it (`luarocks install` of this rockspec would clone it).
+  url = "git+https://github.com/clientpool/clientpool.git",
 }
 
 description = {
@@ -31,16 +32,30 @@ build = {
   type = "builtin",
   modules = {
     ["clientpool.core"] = {
-      sources = { "csrc/engine.c", "csrc/clock.c", "csrc/lclientpool.c" },
+      sources = { "csrc/engine.c", "csrc/clock.c", "csrc/lclientpool.c", "csrc/lfastpath.c" },
       incdirs = { "csrc" },
     },
     ["clientpool"] = "lua/clientpool/init.lua",
+    ["clientpool.base"] = "lua/clientpool/base.lua",
+    ["clientpool.options"] = "lua/clientpool/options.lua",
+    ["clientpool.token"] = "lua/clientpool/token.lua",
+    ["clientpool.events"] = "lua/clientpool/events.lua",
+    ["clientpool.keys"] = "lua/clientpool/keys.lua",
+    ["clientpool.leak"] = "lua/clientpool/leak.lua",
+    ["clientpool.stats"] = "lua/clientpool/stats.lua",
+    ["clientpool.floor"] = "lua/clientpool/floor.lua",
+    ["clientpool.lease"] = "lua/clientpool/lease.lua",
+    ["clientpool.admission"] = "lua/clientpool/admission.lua",
+    ["clientpool.drain"] = "lua/clientpool/drain.lua",
+    ["clientpool.acquire"] = "lua/clientpool/acquire.lua",
+    ["clientpool.checkout"] = "lua/clientpool/checkout.lua",
     ["clientpool.loop"] = "lua/clientpool/loop.lua",
     ["clientpool.ffi"] = "lua/clientpool/ffi.lua",
     ["clientpool.cdef"] = "lua/clientpool/cdef.lua",
     ["clientpool.policy"] = "lua/clientpool/policy.lua",
     ["clientpool.sched.loop"] = "lua/clientpool/sched/loop.lua",
-    ["clientpool.taskq"] = "lua/clientpool/taskq.lua",
+    ["clientpool.sched.core"] = "lua/clientpool/sched/core.lua",
+    ["clientpool.sched.hosted"] = "lua/clientpool/sched/hosted.lua",
     ["clientpool.sched.cqueues"] = "lua/clientpool/sched/cqueues.lua",
     ["clientpool.sched.luv"] = "lua/clientpool/sched/luv.lua",
     ["clientpool.sched.copas"] = "lua/clientpool/sched/copas.lua",

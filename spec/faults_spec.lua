@@ -19,7 +19,7 @@ end
 
 -- Kills a coroutine suspended in the scheduler (a task whose hook hangs):
 -- Lua 5.4 closes it; elsewhere a count hook raises in it as soon as it is
--- resumed from here (as spec/clientpool_wait_spec.lua does).
+-- resumed from here (as spec/acquire_wait_spec.lua does).
 local function kill(co)
   assert.equal("suspended", coroutine.status(co))
   if coroutine.close then

@@ -44,7 +44,7 @@ describe("clientpool.ffi", function()
     local function new(backend)
       return clientpool.new { max_live = 1, create = function() return {} end, backend = backend }
     end
-    assert(tostring(new("core")._e):find("^clientpool.Pool: "))
+    assert(tostring(new("core")._e):find("^clientpool.Engine: "))
     for _, bad in ipairs { "c", 1, true } do
       local ok, err = pcall(new, bad)
       assert(not ok and tostring(err):find("option 'backend' must be \"core\" or \"ffi\"", 1, true), tostring(err))

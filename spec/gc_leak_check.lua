@@ -1,4 +1,4 @@
--- Run by spec/clientpool_acquire_spec.lua in a fresh interpreter: a lease
+-- Run by spec/leak_spec.lua in a fresh interpreter: a lease
 -- collected while held counts as leaked. A fresh process, because inside a
 -- long busted run a stale slot somewhere can keep one particular lease
 -- alive for a while, which made the in-process version flaky.

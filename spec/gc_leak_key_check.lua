@@ -1,4 +1,4 @@
--- Run by spec/clientpool_acquire_spec.lua in a fresh interpreter (see
+-- Run by spec/leak_spec.lua in a fresh interpreter (see
 -- spec/gc_leak_check.lua for why): a lease collected while held empties its
 -- key and destroys its client from a finalizer, and the driver learns of it
 -- only when it drains the engine's events. A call for that key made before

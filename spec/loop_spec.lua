@@ -660,4 +660,24 @@ describe("clientpool.loop", function()
       assert.same({ "early", "late" }, order)
     end)
   end)
+
+  -- The adapter contract every scheduler keeps (spec/sched_contract.lua), on
+  -- a real-clock instance (the contract asks for a monotonic clock).
+  describe("on the real clock", function()
+    if not has_core then
+      pending("not run: the real clock needs clientpool.core")
+      return
+    end
+    local S = {
+      name = "loop (real clock)", lib = "loop", scale = 0.01, real = true,
+      new = function() return loop.new() end,
+      run = function(sched, fn, ...)
+        local args = { n = select("#", ...), ... }
+        sched.spawn(function() fn(unpack(args, 1, args.n)) end)
+        sched.run()
+      end,
+      finish = function() end,
+    }
+    require "spec.sched_contract"(S, { describe = describe, it = it, after_each = after_each, assert = assert })
+  end)
 end)

@@ -1,7 +1,9 @@
--- The scheduler adapter contract (docs/design.md, docs/decisions.md
--- "Schedulers" and "Hosts"), checked on one host adapter. Each
+-- The scheduler adapter contract (docs/design.md "The scheduler adapter contract", docs/decisions.md
+-- "Schedulers" and "Hosts"), checked on one adapter. Each
 -- spec/sched_<host>_spec.lua calls this with the host's entry from
--- spec/helpers.lua (H.host), then adds its own socket scenarios.
+-- spec/helpers.lua (H.host), then adds its own socket scenarios;
+-- spec/loop_spec.lua runs it on a real-clock clientpool.loop and
+-- spec/sched_hosted_spec.lua on a host built on clientpool.sched.hosted.
 --
 -- Times are spec seconds multiplied by S.scale; on a real clock they are
 -- lower bounds (H.time).
@@ -53,8 +55,10 @@ return function(S, bf)
       assert.is_true(math.abs(t1 - require("clientpool.core").monotime()) < 1)
     end)
 
-    it("is found by name: scheduler = \"" .. S.lib .. "\"", function()
-      local pool = clientpool.new { create = function() return {} end, max_live = 1, scheduler = S.lib }
+    -- (S.lib nil: an adapter with no name of its own, such as a host built
+    -- on clientpool.sched.hosted, is given as the table itself)
+    it(S.lib and "is found by name: scheduler = \"" .. S.lib .. "\"" or "is taken as an adapter table", function()
+      local pool = clientpool.new { create = function() return {} end, max_live = 1, scheduler = S.lib or S.new() }
       local l = assert(pool:try_acquire())
       l:release()
       pool:close()

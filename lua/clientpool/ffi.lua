@@ -74,16 +74,16 @@ local sentinel_t = ffi.typeof("struct { int32_t lease; uint32_t gen; }")
 local Engine = {}
 local engine_mt = { __index = Engine }
 engine_mt.__tostring = function(self)
-  return "clientpool.Pool: " .. tostring(ffi_cast("void *", self.p)):match("0x%x+")
+  return "clientpool.Engine: " .. tostring(ffi_cast("void *", self.p)):match("0x%x+")
 end
 
 -- After free(): every method raises, as the C binding's do.
 local freed_mt = {
   __index = function(_, name)
     if name == "free" then return function() end end
-    return function() error("bad argument #1 to '" .. tostring(name) .. "' (clientpool.Pool is freed)", 2) end
+    return function() error("bad argument #1 to '" .. tostring(name) .. "' (clientpool.Engine is freed)", 2) end
   end,
-  __tostring = function() return "clientpool.Pool: (freed)" end,
+  __tostring = function() return "clientpool.Engine: (freed)" end,
 }
 
 local WEAK_VALUES = { __mode = "v" }
@@ -315,68 +315,57 @@ function Engine:cancel(waiter, gen, status, now, sentinel)
   return claim_results(self, st, p, g, sentinel)
 end
 
+-- The results of a call that returns a status and queues events: ok, pending.
+local function done(p, rc)
+  return rc == 0, C.clientpool_pending(p)
+end
+
 --- E:created(record, ok [, now]) -> ok, pending
 function Engine:created(record, ok, now)
   local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_created(p, record, ok and 1 or 0, now)
-  return rc == 0, C.clientpool_pending(p)
+  return done(p, C.clientpool_created(p, record, ok and 1 or 0, now or monotime()))
 end
 
 --- E:abandon(waiter, gen [, now]) -> ok, pending
 function Engine:abandon(waiter, gen, now)
   local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_abandon(p, waiter, gen, now)
-  return rc == 0, C.clientpool_pending(p)
+  return done(p, C.clientpool_abandon(p, waiter, gen, now or monotime()))
 end
 
 --- E:leak(lease, gen [, now]) -> ok, pending
 function Engine:leak(lease, gen, now)
   local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_leak(p, lease, gen, now)
-  return rc == 0, C.clientpool_pending(p)
+  return done(p, C.clientpool_leak(p, lease, gen, now or monotime()))
 end
 
 --- E:retire(record [, now]) -> ok, pending
 function Engine:retire(record, now)
   local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_retire(p, record, now)
-  return rc == 0, C.clientpool_pending(p)
+  return done(p, C.clientpool_retire(p, record, now or monotime()))
 end
 
 --- E:retire_before(key, before [, now]) -> ok, pending (key < 0: the pool)
 function Engine:retire_before(key, before, now)
   local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_retire_before(p, key, before or 0, now)
-  return rc == 0, C.clientpool_pending(p)
+  return done(p, C.clientpool_retire_before(p, key, before or 0, now or monotime()))
 end
 
 --- E:retire_upto(record [, now]) -> ok, pending
 function Engine:retire_upto(record, now)
   local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_retire_upto(p, record, now)
-  return rc == 0, C.clientpool_pending(p)
+  return done(p, C.clientpool_retire_upto(p, record, now or monotime()))
 end
 
 --- E:pause(key [, now]) -> ok, pending
 function Engine:pause(key, now)
   local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_pause(p, key, now)
-  return rc == 0, C.clientpool_pending(p)
+  return done(p, C.clientpool_pause(p, key, now or monotime()))
 end
 
 --- E:resume(key, probe [, now]) -> ok, pending
 function Engine:resume(key, probe, now)
   local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_resume(p, key, probe and 1 or 0, now)
-  return rc == 0, C.clientpool_pending(p)
+  return done(p, C.clientpool_resume(p, key, probe and 1 or 0, now or monotime()))
 end
 
 --- E:probe_ok(lease, gen [, now]) -> was_probe, pending

@@ -2,7 +2,7 @@
 --
 -- Copas resumes coroutines when their sockets are ready; Debian's copas (1.x)
 -- has no timers and no wakeup. The adapter keeps its own ready queue and
--- timer heap (clientpool.taskq) and drives them between copas.step calls
+-- timer heap (clientpool.sched.hosted) and drives them between copas.step calls
 -- whose select timeout is the next deadline. Coroutines move between the two
 -- by copas' own yield protocol, `coroutine.yield(object, queue)` answered by
 -- `queue:insert(object); queue:push(object, co)` (kept by copas up to 4.x):
@@ -26,10 +26,10 @@
 -- autoclose: close its socket yourself.
 
 local copas = require "copas"
-local taskq = require "clientpool.taskq"
+local hosted = require "clientpool.sched.hosted"
 local core = require "clientpool.core"
 
-local error, tostring = error, tostring
+local error = error
 local monotime = core.monotime
 
 local NAME = "clientpool.sched.copas"
@@ -41,15 +41,9 @@ new = function()
   -- end_in_turn: copas 1.x to 4.x close the socket a coroutine waited on
   -- last when it ends while copas resumed it; a task ending right after
   -- its last receive would lose the pooled connection it read from
-  local q = taskq.new { now = monotime, name = NAME, end_in_turn = true }
-
+  local q = hosted.new { now = monotime, name = NAME, end_in_turn = true }
   A.now = monotime
-  A.current = q.current
-  A.wait = q.wait
-  A.wake = q.wake
-  A.spawn = q.spawn
-  A.background = q.background
-  A.sleep = q.sleep
+  hosted.adapt(A, q)   -- current, wait, wake, spawn, background, sleep, stats, log
 
   -- select timeout until the adapter needs the CPU again (nil = none)
   local function timeout(max)
@@ -92,14 +86,6 @@ new = function()
       end
       copas.step(timeout(nil))
     end
-  end
-
-  --- Debug counters of the queue: ready, timers, tasks.
-  A.stats = q.stats
-
-  --- Reports a message (listener and destroy-hook errors) on stderr.
-  function A.log(msg)
-    io.stderr:write(tostring(msg), "\n")
   end
 
   A.new = new

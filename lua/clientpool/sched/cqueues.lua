@@ -41,6 +41,7 @@
 local cqueues = require "cqueues"
 local condition = require "cqueues.condition"
 local core = require "clientpool.core"
+local sched_core = require "clientpool.sched.core"
 
 local coroutine, debug = coroutine, debug
 local error, pairs, pcall, select, setmetatable, tostring, type =
@@ -48,7 +49,6 @@ local error, pairs, pcall, select, setmetatable, tostring, type =
 local unpack = table.unpack or unpack
 
 local co_running, co_status, co_yield = coroutine.running, coroutine.status, coroutine.yield
-local co_isyieldable = coroutine.isyieldable
 local co_close = coroutine.close
 local cq_running = cqueues.running
 local monotime = core.monotime
@@ -68,11 +68,9 @@ function Entry:timeout()
   return self.t
 end
 
-local function running_co()
-  local co, ismain = co_running()
-  if co == nil or ismain then return nil end
-  return co
-end
+-- (the scheduler core's helpers: one definition of waking and its checks)
+local running_co, cannot_wait = sched_core.running_co, sched_core.cannot_wait
+local wait_start, check_sleep, lost_wake = sched_core.wait_start, sched_core.check_sleep, sched_core.lost_wake
 
 local new
 
@@ -88,18 +86,6 @@ new = function(bound)
   local queues = setmetatable({}, { __mode = "k" })  -- cq -> FIFO of spawned functions
   local live = setmetatable({}, { __mode = "k" })    -- cq -> foreground tasks not finished
   local tasks = setmetatable({}, { __mode = "k" })   -- started foreground task -> cq
-
-  -- A wake that never reached its coroutine (killed first, say with
-  -- coroutine.close): the waker's give-back runs, so a grant it carried is
-  -- not swallowed. e may be nil.
-  local function lost_wake(e)
-    local f = e and e.lost
-    if f then
-      local a, b, c = e.la, e.lb, e.lc
-      e.lost, e.la, e.lb, e.lc = nil, nil, nil, nil
-      f(a, b, c)
-    end
-  end
 
   local function entry_of(co)
     local e = entries[co]
@@ -134,8 +120,8 @@ new = function(bound)
   -- reason where it cannot wait.
   function A.current()
     local co = running_co()
-    if not co then return nil, "not in a coroutine" end
-    if co_isyieldable and not co_isyieldable() then return nil, "coroutine cannot yield here" end
+    local why = cannot_wait(co)
+    if why then return nil, why end
     local cq = cq_running()
     if not cq then return nil, "not in a coroutine run by a cqueues controller" end
     if not bound then last = cq end
@@ -146,13 +132,8 @@ new = function(bound)
   -- deadline (nil = none): true when woken (or resumed by someone else),
   -- nil, "timeout" at the deadline.
   function A.wait(h, deadline)
-    local co = running_co()
-    if not co then return nil, "not in a coroutine" end
-    if co_isyieldable and not co_isyieldable() then return nil, "coroutine cannot yield here" end
-    if h ~= co then error(NAME .. ": wait: handle is not the running coroutine", 2) end
-    if deadline ~= nil and (type(deadline) ~= "number" or deadline ~= deadline) then
-      error(NAME .. ": wait: deadline must be a number or nil", 2)
-    end
+    local co, why = wait_start(NAME, h, deadline)
+    if not co then return nil, why end
     local e = entry_of(co)
     if e.woke then
       e.woke = false
@@ -206,13 +187,7 @@ new = function(bound)
   --- Suspends the running coroutine for s seconds (s >= 0); returns after
   -- every thread ready by then had its turn. A wake does not cut it short.
   function A.sleep(s)
-    local co = running_co()
-    if not co or (co_isyieldable and not co_isyieldable()) then
-      error(NAME .. ": sleep outside a coroutine", 2)
-    end
-    if type(s) ~= "number" or s ~= s or s < 0 or s == huge then
-      error(NAME .. ": sleep expects a finite number of seconds >= 0", 2)
-    end
+    check_sleep(NAME, s)
     if s > 0 then
       local t_end = monotime() + s
       repeat
@@ -313,9 +288,7 @@ new = function(bound)
   end
 
   --- Reports a message (listener and destroy-hook errors) on stderr.
-  function A.log(msg)
-    io.stderr:write(tostring(msg), "\n")
-  end
+  A.log = sched_core.log
 
   A.new = new
   return A

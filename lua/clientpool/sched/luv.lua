@@ -1,7 +1,7 @@
 --- Scheduler adapter "luv": waiting inside a libuv event loop (luv).
 --
 -- libuv runs callbacks, not coroutines, so the adapter keeps its own ready
--- queue and timer heap (clientpool.taskq: clientpool.loop's scheduling) and
+-- queue and timer heap (clientpool.sched.hosted: clientpool.loop's core) and
 -- drives them from one uv timer on the default loop: armed at 0 ms while
 -- something is ready, else at the next deadline. The timer is referenced
 -- only while foreground work is ready or has a deadline, so uv.run() returns
@@ -23,7 +23,7 @@
 --   callback resumes coroutine.running()) is left alone until it waits here
 --   again.
 -- * On PUC Lua 5.1 the driver runs hooks in a pass-through coroutine; the
---   adapter learns the outer coroutine from the relayed yield (taskq's yield
+--   adapter learns the outer coroutine from the relayed yield (the hosted yield
 --   protocol) and resumes that one, which passes the resume down.
 -- * await(start) runs a luv request and waits for its callback through the
 --   adapter: the way to use luv's callback APIs inside hooks.
@@ -32,7 +32,7 @@
 --   traceback) when the loop was started by someone else.
 
 local uv = require "luv"
-local taskq = require "clientpool.taskq"
+local hosted = require "clientpool.sched.hosted"
 local core = require "clientpool.core"
 
 local error, pcall, select, tostring = error, pcall, select, tostring
@@ -97,15 +97,9 @@ new = function()
     if not aok then report(aerr) end
   end
 
-  q = taskq.new { now = monotime, name = NAME, changed = function() arm() end }
-
+  q = hosted.new { now = monotime, name = NAME, changed = function() arm() end }
   A.now = monotime
-  A.current = q.current
-  A.wait = q.wait
-  A.wake = q.wake
-  A.spawn = q.spawn
-  A.background = q.background
-  A.sleep = q.sleep
+  hosted.adapt(A, q)   -- current, wait, wake, spawn, background, sleep, stats, log
 
   --- Runs the uv default loop until no foreground task, timer or ready
   -- coroutine of this adapter is left. Other handles (a server, say) are
@@ -162,14 +156,6 @@ new = function()
     end)
     while not r do q.wait(h) end
     return unpack(r, 1, r.n)
-  end
-
-  --- Debug counters of the queue: ready, timers, tasks.
-  A.stats = q.stats
-
-  --- Reports a message (listener and destroy-hook errors) on stderr.
-  function A.log(msg)
-    io.stderr:write(tostring(msg), "\n")
   end
 
   --- Retires the instance: closes its uv timer, and nothing it holds runs

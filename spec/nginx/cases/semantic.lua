@@ -1,5 +1,6 @@
--- The shared semantic suite (spec/clientpool_wait_spec.lua and
--- spec/clientpool_acquire_spec.lua, written once for every adapter) on the
+-- The shared semantic suite (spec/acquire_wait_spec.lua, spec/acquire_spec.lua,
+-- spec/lease_spec.lua, spec/leak_spec.lua and spec/stats_spec.lua, written
+-- once for every adapter) on the
 -- ngx adapter, inside nginx, on its real clock: 1 spec second = 10 ms, times
 -- checked as lower bounds, as for the other hosts (spec/helpers.lua).
 --
@@ -92,7 +93,7 @@ env.it = function(desc, fn, ...)
   if why then return env.pending(desc .. " [not in nginx: " .. why .. "]") end
   return it(desc, fn, ...)
 end
-for _, name in ipairs { "clientpool_wait_spec", "clientpool_acquire_spec" } do
+for _, name in ipairs { "acquire_wait_spec", "acquire_spec", "lease_spec", "leak_spec", "stats_spec" } do
   local chunk = assert(loadfile(H.conf.root .. "/spec/" .. name .. ".lua"))
   setfenv(chunk, env)
   describe(name, chunk)

@@ -204,7 +204,7 @@ describe("clientpool.new options", function()
       local wrong = {}
       for _, case in ipairs(CASES) do
         local msg = new_error(case[2])
-        if not (msg:find("^clientpool:") or msg:find("^[^\n]-clientpool_options_spec%.lua:%d+: clientpool:")) then
+        if not (msg:find("^clientpool:") or msg:find("^[^\n]-options_spec%.lua:%d+: clientpool:")) then
           wrong[#wrong + 1] = case[1] .. ": " .. msg:match("^[^\n]*")
         end
       end

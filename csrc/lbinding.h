@@ -1,0 +1,48 @@
+/*
+ * lbinding.h - what the two files of the Lua binding (clientpool.core)
+ * share: lclientpool.c (the engine's methods, leak sentinels) and
+ * lfastpath.c (the C fast path of checkout/checkin and acquire/release).
+ * Internal: not part of the C ABI (clientpool.h), and hidden from the
+ * shared object's dynamic symbols, which an nginx process full of modules
+ * shares.
+ */
+#ifndef CLIENTPOOL_LBINDING_H
+#define CLIENTPOOL_LBINDING_H
+
+#include "clientpool.h"
+
+#include <lua.h>
+#include <lauxlib.h>
+
+#if defined(__GNUC__)
+#define LCP_INTERNAL __attribute__((visibility("hidden")))
+#else
+#define LCP_INTERNAL
+#endif
+
+/* The metatables: an engine handle (the driver's, never the user's Pool)
+ * and a lease's leak sentinel (never the user's Lease). */
+#define LCP_ENGINE_MT "clientpool.Engine"
+#define LCP_SENTINEL_MT "clientpool.Sentinel"
+
+/* What an engine handle and its sentinels point at: shared and
+ * reference-counted, so a sentinel collected after its engine never
+ * touches freed memory. */
+typedef struct lcp_box {
+  clientpool_t *p;     /* NULL once the engine is freed */
+  int refs;
+} lcp_box;
+
+/* Pushes a leak sentinel for (lease, gen) of the engine at stack index e. */
+LCP_INTERNAL void lcp_push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen);
+/* The lease (lease, gen) of the engine at index e ended: its sentinel, if
+ * the driver dropped it, is kept for reuse. */
+LCP_INTERNAL void lcp_recycle_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen);
+/* Pushes a grant: status, record, lease, gen, validate, idle, pending
+ * [, waited] [, sentinel]; returns how many values. */
+LCP_INTERNAL int lcp_push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p, int waited,
+                                int sentinel);
+/* core.fastpath(engine, pool, parts) (lfastpath.c). */
+LCP_INTERNAL int lcp_fastpath(lua_State *L);
+
+#endif

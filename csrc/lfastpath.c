@@ -1,0 +1,458 @@
+/*
+ * lfastpath.c - the common case of checkout/checkin and acquire/release in
+ * C (clientpool.core's fastpath), for PUC Lua and LuaJIT with the JIT off,
+ * where most of a pair was the driver's Lua (table reads, handle
+ * arithmetic), not the engine.
+ *
+ * It stands on its own: everything it knows of the Lua driver is what the
+ * driver hands it at installation (lua/clientpool/checkout.lua's
+ * install_fastpath): the pool's tables, the names of the fields it reads
+ * and writes (parts.pool_fields, parts.lease_fields), the handle layout
+ * (parts.hslots) and the Lua functions it hands the rest to. No name of the
+ * driver's private fields is written here: a change of the driver's layout
+ * is made in the driver alone.
+ *
+ * core.fastpath(engine, pool, parts) -> { checkout, checkin, acquire, release,
+ *                                        direct }
+ * parts: the driver's tables, names and functions, as in fp_parts below:
+ *   kids, clients, parked, co_rec, co_key, on, held  the pool's tables
+ *   default    the default key's name         hbase   the pool's handle base
+ *   hslots     lease slots in a handle's low part (a handle is
+ *              ((gen + hbase) mod 2^32) * hslots + slot)
+ *   validate   whether the pool has a validate hook
+ *   checkout, checkin, checkout_from, checkin_rest, pump, drain_wake
+ *              the Lua functions the rest is handed to
+ *   lease_mt   the Lease metatable
+ *   pool_fields  { nwaiters =, drain = }: the pool's fields holding the
+ *              count of queued waiters and the set of drain() waiters
+ *   lease_fields { client =, pool =, key =, record =, slot =, gen =,
+ *              sentinel = }: the lease table's fields
+ *
+ * These two C closures do what Pool:checkout and Pool:checkin do when
+ * nothing unusual happens, reading the driver's tables (their upvalues),
+ * and give the rest back to it:
+ *   checkout(pool, key) -> client, h               an idle client, done
+ *                        | nil, false, k, status, record, lease, gen,
+ *                          validate, idle, pending acquired: the driver goes
+ *                                                  on from this grant
+ *                        | (nothing)               nothing done: the driver
+ *                                                  does it all
+ *   checkin(pool, h, reuse) -> true                done (or a no-op)
+ *                            | false, record, pending, lease
+ *                                                  released: the driver
+ *                                                  drains the events
+ *                            | (nothing)           nothing done
+ *
+ * acquire and release follow the same pattern for the lease form (below);
+ * acquire is always wrapped in Lua, as its option errors are Lua's.
+ *
+ * On Lua 5.3 and 5.4 fastpath returns checkout and checkin closures that
+ * finish the job themselves: they raise their argument errors (at the
+ * caller's line, as the Lua code does) and call the Lua functions they are
+ * given for the rest, with a continuation, so a checkout may still wait.
+ * The pool installs those as its own checkout and checkin (a Lua wrapper
+ * is one call more per method).  On Lua 5.1 and LuaJIT (no continuations)
+ * it returns the two above, for the driver to wrap.
+ *
+ * The driver installs them only for pools that read the real clock and
+ * have capacity 1, no probe and no park hook; what they check each call
+ * (waiters, drain, listeners, parked, validate) they read from the same
+ * tables the Lua code does, so the two paths never disagree.
+ */
+#include "lbinding.h"
+
+/* The closures' upvalues: the engine, the pool, the parts table's fields
+ * named in fp_parts (same order), the field names of pool_fields and
+ * lease_fields (fp_pool_fields, fp_lease_fields: same order), then the
+ * listener events they look up (public names: pool:on("acquire")). */
+enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
+       FP_DEFAULT, FP_LAYOUT, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
+       FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE,
+       FP_F_NWAITERS, FP_F_DRAIN,
+       FP_L_CLIENT, FP_L_POOL, FP_L_KEY, FP_L_RECORD, FP_L_SLOT, FP_L_GEN, FP_L_SENTINEL,
+       FP_S_ACQUIRE, FP_S_RELEASE, FP_N };
+static const char *const fp_parts[] = {
+  "kids", "clients", "parked", "co_rec", "co_key", "on", "default", "hbase", "hslots", "validate",
+  "checkout", "checkin", "checkout_from", "checkin_rest", "held",
+  "lease_mt", "pump", "drain_wake", NULL
+};
+static const char *const fp_pool_fields[] = { "nwaiters", "drain", NULL };
+static const char *const fp_lease_fields[] = { "client", "pool", "key", "record", "slot", "gen", "sentinel", NULL };
+#define FP(i) lua_upvalueindex(FP_##i)
+
+/* The numbers of parts, read once at installation into a userdata that
+ * takes parts.hbase's upvalue: one lua_touserdata per call, not a number
+ * conversion per use. */
+typedef struct fp_layout {
+  int64_t hslots;      /* lease slots in a handle's low part (parts.hslots, a power of 2) */
+  int hbits;           /* log2(hslots): handles are split by shifts, not divisions */
+  uint32_t hbase;      /* the pool's handle base (parts.hbase) */
+  int validate;        /* the pool has a validate hook (parts.validate) */
+} fp_layout;
+
+static const fp_layout *fp_lay(lua_State *L) {
+  return (const fp_layout *)lua_touserdata(L, FP(LAYOUT));
+}
+
+/* Pushes a field name (an upvalue) as a key: t[key] = value then follows
+ * with lua_rawset (the lease tables have no __newindex: a raw set is what
+ * an assignment does), t[key] with lua_rawget. */
+#define fp_key(L, name) lua_pushvalue(L, name)
+
+static clientpool_t *fp_engine(lua_State *L) {
+  lcp_box **u = (lcp_box **)lua_touserdata(L, FP(ENGINE));
+  return (u && *u) ? (*u)->p : NULL;
+}
+
+/* Whether t[field] (field a string upvalue) is nil. */
+static int fp_unset(lua_State *L, int t, int field) {
+  int none;
+  lua_pushvalue(L, field);
+  lua_rawget(L, t);
+  none = lua_isnil(L, -1);
+  lua_pop(L, 1);
+  return none;
+}
+
+/* What checkout and acquire share.  The name of the key in argument 2 goes
+ * to index top + 1 (arguments above 2 are kept), its id to top + 2; then,
+ * unless a waiter may need reaping (Lua's reap_if_full), the engine's
+ * acquire.  Returns -1 when nothing was done (the driver does it all),
+ * else 1 when the grant is the common case (an idle client, unparked, no
+ * validate, no event pending, no acquire listener), 0 when the driver must
+ * go on from it (fp_push_grant). */
+static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k, clientpool_t **pp) {
+  clientpool_t *p;
+  const fp_layout *lay = fp_lay(L);
+  int parked;
+  if (!lua_rawequal(L, 1, FP(POOL))) return -1;
+  luaL_checkstack(L, 24, NULL);          /* 11 results over 5 slots, and push_sentinel's */
+  lua_settop(L, nargs);
+  lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* nargs + 1: name */
+  lua_pushvalue(L, -1);
+  lua_rawget(L, FP(KIDS));                                /* nargs + 2: key id */
+  if (lua_isnil(L, -1) || (p = fp_engine(L)) == NULL) return -1;
+  lua_pushvalue(L, FP(F_NWAITERS));
+  lua_rawget(L, 1);
+  if (lua_tonumber(L, -1) > 0) return -1;
+  lua_pop(L, 1);
+  *k = (int32_t)lua_tointeger(L, -1);
+  *pp = p;
+  clientpool_acquire(p, *k, clientpool_monotime(), g);
+  if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= lay->hslots ||
+      (g->validate && lay->validate) || !fp_unset(L, FP(ON), FP(S_ACQUIRE)))
+    return 0;
+  lua_rawgeti(L, FP(PARKED), g->record);
+  parked = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return !parked;
+}
+
+/* The grant fp_acquire did not finish: nil, false, k, then push_grant's. */
+static int fp_push_grant(lua_State *L, int32_t k, const clientpool_grant_t *g, clientpool_t *p, int sentinel) {
+  lua_pushnil(L);
+  lua_pushboolean(L, 0);
+  lua_pushinteger(L, k);
+  return 3 + lcp_push_grant(L, g, p, 0, sentinel);
+}
+
+static int fast_checkout(lua_State *L) {
+  clientpool_grant_t g;
+  clientpool_t *p;
+  int32_t k;
+  int fast = fp_acquire(L, 2, &g, &k, &p);                /* 3: name */
+  if (fast < 0) return 0;
+  if (fast) {
+    const fp_layout *lay = fp_lay(L);
+    lua_pushinteger(L, g.record);
+    lua_rawseti(L, FP(CO_REC), g.lease + 1);
+    lua_pushvalue(L, 3);
+    lua_rawseti(L, FP(CO_KEY), g.lease + 1);
+    lua_rawgeti(L, FP(CLIENTS), g.record);
+    lua_pushinteger(L, (lua_Integer)(((int64_t)(uint32_t)(g.lease_gen + lay->hbase) << lay->hbits) + g.lease));
+    return 2;
+  }
+  return fp_push_grant(L, k, &g, p, 0);
+}
+
+/* The release reason for a reuse argument at index i: false retires. */
+static int32_t fp_reason(lua_State *L, int i) {
+  return lua_type(L, i) == LUA_TBOOLEAN && !lua_toboolean(L, i) ? CLIENTPOOL_BY_ERROR : -1;
+}
+
+/* Argument 2 as a checkout handle (an integer in [0, 2^53)), or -1. */
+static int64_t fp_handle(lua_State *L) {
+  lua_Number d;
+#if LUA_VERSION_NUM >= 503
+  if (lua_isinteger(L, 2)) {
+    lua_Integer i = lua_tointeger(L, 2);
+    return i >= 0 && i < ((lua_Integer)1 << 53) ? (int64_t)i : -1;
+  }
+#endif
+  if (lua_type(L, 2) != LUA_TNUMBER) return -1;
+  d = lua_tonumber(L, 2);
+  if (!(d >= 0 && d < 9007199254740992.0) || (lua_Number)(int64_t)d != d) return -1;
+  return (int64_t)d;
+}
+
+static int fast_checkin(lua_State *L) {
+  clientpool_t *p;
+  const fp_layout *lay;
+  int64_t h;
+  int32_t l, rec, pending;
+  uint32_t gen;
+  int reuse_type = lua_type(L, 3), rc;
+  if (!lua_rawequal(L, 1, FP(POOL)) || (h = fp_handle(L)) < 0) return 0;   /* Lua raises */
+  if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
+  if (!fp_unset(L, 1, FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) return 0;
+  if ((p = fp_engine(L)) == NULL) return 0;
+  lay = fp_lay(L);
+  l = (int32_t)(h & (lay->hslots - 1));
+  lua_rawgeti(L, FP(CO_REC), l + 1);
+  if (lua_isnil(L, -1)) { lua_pushboolean(L, 1); return 1; }   /* no checkout holds the slot */
+  rec = (int32_t)lua_tointeger(L, -1);
+  gen = (uint32_t)(h >> lay->hbits) - lay->hbase;
+  rc = clientpool_release(p, l, gen, fp_reason(L, 3), clientpool_monotime());
+  if (rc != 0) { lua_pushboolean(L, 1); return 1; }          /* stale: not this holder's */
+  lua_pushnil(L);
+  lua_rawseti(L, FP(CO_REC), l + 1);
+  if ((pending = clientpool_pending(p)) == 0) { lua_pushboolean(L, 1); return 1; }
+  lua_pushboolean(L, 0);
+  lua_pushinteger(L, rec);
+  lua_pushinteger(L, pending);
+  lua_pushinteger(L, l);
+  return 4;
+}
+
+#if LUA_VERSION_NUM >= 503
+static int fp_return(lua_State *L, int status, lua_KContext base) {
+  (void)status;
+  return lua_gettop(L) - (int)base;
+}
+
+/* Calls fn (an upvalue) with the n values pushed after it, returning what
+ * it returns, even across a yield. */
+static int fp_call(lua_State *L, int base, int n) {
+  lua_callk(L, n, LUA_MULTRET, (lua_KContext)base, fp_return);
+  return fp_return(L, LUA_OK, (lua_KContext)base);
+}
+
+/* Nothing was done: the Lua method (upvalue fn) does it all, with the
+ * nargs arguments this call got. */
+static int fp_lua(lua_State *L, int fn, int nargs) {
+  int base = lua_gettop(L), i;
+  lua_pushvalue(L, fn);
+  for (i = 1; i <= nargs; i++) lua_pushvalue(L, i);
+  return fp_call(L, base, nargs);
+}
+
+static int lcp_direct_checkout(lua_State *L) {
+  int n, top, base, t;
+  lua_settop(L, 2);
+  t = lua_type(L, 2);
+  if (t != LUA_TNIL && t != LUA_TSTRING && lua_rawequal(L, 1, FP(POOL)))
+    return luaL_error(L, "clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got %s)",
+                      lua_typename(L, t));
+  luaL_checkstack(L, 32, NULL);          /* (more than LUA_MINSTACK: results, then a call) */
+  n = fast_checkout(L);
+  if (n == 2) return 2;
+  if (n == 0) return fp_lua(L, FP(LUA_CHECKOUT), 2);
+  top = base = lua_gettop(L);
+  /* acquired: checkout_from(pool, key, k, name, status .. pending) */
+  lua_pushvalue(L, FP(CHECKOUT_FROM));
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, top - 7);
+  lua_pushvalue(L, 3);
+  for (n = top - 6; n <= top; n++) lua_pushvalue(L, n);
+  return fp_call(L, base, 11);
+}
+
+static int lcp_direct_checkin(lua_State *L) {
+  int n, top, t;
+  lua_settop(L, 3);
+  if (fp_handle(L) < 0)
+    return luaL_error(L, "clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got %s)",
+                      luaL_tolstring(L, 2, NULL));
+  t = lua_type(L, 3);
+  if (t != LUA_TNIL && t != LUA_TBOOLEAN)
+    return luaL_error(L, "clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got %s)",
+                      lua_typename(L, t));
+  luaL_checkstack(L, 32, NULL);
+  n = fast_checkin(L);
+  if (n == 1) return 0;
+  if (n == 0) return fp_lua(L, FP(LUA_CHECKIN), 3);
+  top = lua_gettop(L);
+  /* released, events pending: checkin_rest(pool, h, rec, client, reuse, pending, name) */
+  lua_pushvalue(L, FP(CHECKIN_REST));
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, top - 2);
+  lua_rawgeti(L, FP(CLIENTS), lua_tointeger(L, top - 2));
+  lua_pushvalue(L, 3);
+  lua_pushvalue(L, top - 1);
+  lua_rawgeti(L, FP(CO_KEY), lua_tointeger(L, top) + 1);
+  return fp_call(L, top, 7);
+}
+#endif
+
+/* acquire(pool, key, opts): the lease form's common case, as checkout's:
+ * -> lease | nil, false, k, status, record, lease, gen, validate, idle,
+ * pending, sentinel (acquired: the driver's acquire_from goes on) | nothing.
+ * Only without opts (the driver checks them) and never for a pool with
+ * leak_threshold (each lease records a traceback there). */
+static int fast_acquire(lua_State *L) {
+  clientpool_grant_t g;
+  clientpool_t *p;
+  int32_t k;
+  int fast;
+  if (!lua_isnoneornil(L, 3)) return 0;
+  fast = fp_acquire(L, 3, &g, &k, &p);                   /* 3: opts (nil), 4: name */
+  if (fast < 0) return 0;
+  if (fast) {                            /* as the driver's new_lease */
+    int t;
+    lua_createtable(L, 0, 8);
+    t = lua_gettop(L);
+    fp_key(L, FP(L_CLIENT));
+    lua_rawgeti(L, FP(CLIENTS), g.record);
+    lua_rawset(L, t);
+    fp_key(L, FP(L_POOL));
+    lua_pushvalue(L, 1);
+    lua_rawset(L, t);
+    fp_key(L, FP(L_KEY));
+    lua_pushvalue(L, 4);
+    lua_rawset(L, t);
+    fp_key(L, FP(L_RECORD));
+    lua_pushinteger(L, g.record);
+    lua_rawset(L, t);
+    fp_key(L, FP(L_SLOT));
+    lua_pushinteger(L, g.lease);
+    lua_rawset(L, t);
+    fp_key(L, FP(L_GEN));
+    lua_pushinteger(L, (lua_Integer)g.lease_gen);
+    lua_rawset(L, t);
+    fp_key(L, FP(L_SENTINEL));
+    lcp_push_sentinel(L, FP(ENGINE), g.lease, g.lease_gen);
+    lua_rawset(L, t);
+    lua_pushvalue(L, FP(LEASE_MT));
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, FP(HELD), g.lease);
+    return 1;
+  }
+  return fp_push_grant(L, k, &g, p, FP(ENGINE));   /* (a sentinel for a grant) */
+}
+
+/* release(lease, reuse) -> true when done (Lease.release calls it after its
+ * own checks, for a lease of this pool); false when nothing was done. */
+static int lcp_fast_release(lua_State *L) {
+  clientpool_t *p;
+  int32_t l, rc;
+  uint32_t gen;
+  lua_settop(L, 2);
+  fp_key(L, FP(L_POOL));
+  lua_rawget(L, 1);
+  fp_key(L, FP(L_SLOT));
+  lua_rawget(L, 1);
+  fp_key(L, FP(L_GEN));
+  lua_rawget(L, 1);                                       /* 3 pool, 4 slot, 5 gen */
+  if (!lua_rawequal(L, 3, FP(POOL)) || !lua_isnumber(L, 5) || (p = fp_engine(L)) == NULL ||
+      !fp_unset(L, FP(POOL), FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  l = (int32_t)lua_tointeger(L, 4);
+  gen = (uint32_t)lua_tointeger(L, 5);
+  /* as the driver's finish_lease: the lease lets go of its sentinel first */
+  fp_key(L, FP(L_GEN));
+  lua_pushnil(L);
+  lua_rawset(L, 1);
+  fp_key(L, FP(L_SENTINEL));
+  lua_pushnil(L);
+  lua_rawset(L, 1);
+  lua_rawgeti(L, FP(HELD), l);
+  if (lua_rawequal(L, -1, 1)) {
+    lua_pushnil(L);
+    lua_rawseti(L, FP(HELD), l);
+  }
+  lua_pop(L, 1);
+  rc = clientpool_release(p, l, gen, fp_reason(L, 2), clientpool_monotime());
+  if (rc == 0) lcp_recycle_sentinel(L, FP(ENGINE), l, gen);
+  if (clientpool_pending(p) > 0) {       /* release never yields: plain calls */
+    lua_pushvalue(L, FP(PUMP));
+    lua_pushvalue(L, FP(POOL));
+    lua_call(L, 1, 0);
+    if (!fp_unset(L, FP(POOL), FP(F_DRAIN))) {   /* a drain began meanwhile */
+      lua_pushvalue(L, FP(DRAIN_WAKE));
+      lua_pushvalue(L, FP(POOL));
+      lua_call(L, 1, 0);
+    }
+  }
+  fp_key(L, FP(L_CLIENT));
+  lua_pushnil(L);
+  lua_rawset(L, 1);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* Pushes t[name] (t at index t), which must be a string: a field name the
+ * driver hands over. */
+static void fp_name(lua_State *L, int t, const char *what, const char *name) {
+  lua_getfield(L, t, name);
+  if (lua_type(L, -1) != LUA_TSTRING)
+    luaL_error(L, "clientpool.core.fastpath: parts.%s.%s must be a field name (a string)", what, name);
+}
+
+int lcp_fastpath(lua_State *L) {
+  int i, parts;
+  luaL_checkudata(L, 1, LCP_ENGINE_MT);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  lua_settop(L, 3);
+  luaL_checkstack(L, 2 * FP_N + 4, NULL);   /* the upvalues, and a copy for each closure */
+  for (i = 0; fp_parts[i]; i++) lua_getfield(L, 3, fp_parts[i]);
+  if (lua_type(L, FP_HSLOTS + 1) != LUA_TNUMBER || lua_type(L, FP_LAYOUT + 1) != LUA_TNUMBER)
+    return luaL_error(L, "clientpool.core.fastpath: parts.hslots and parts.hbase must be numbers");
+  {                                      /* (the parts start at index 4) */
+    fp_layout *lay = (fp_layout *)lua_newuserdata(L, sizeof *lay);
+    lay->hslots = (int64_t)lua_tointeger(L, FP_HSLOTS + 1);
+    for (lay->hbits = 0; lay->hbits < 31 && ((int64_t)1 << lay->hbits) < lay->hslots; lay->hbits++) {}
+    if (((int64_t)1 << lay->hbits) != lay->hslots)
+      return luaL_error(L, "clientpool.core.fastpath: parts.hslots must be a power of 2 up to 2^31");
+    lay->hbase = (uint32_t)lua_tointeger(L, FP_LAYOUT + 1);
+    lay->validate = lua_toboolean(L, FP_VALIDATE + 1);
+    lua_replace(L, FP_LAYOUT + 1);       /* in parts.hbase's place */
+  }
+  lua_getfield(L, 3, "pool_fields");
+  lua_getfield(L, 3, "lease_fields");
+  if (!lua_istable(L, -2) || !lua_istable(L, -1))
+    return luaL_error(L, "clientpool.core.fastpath: parts.pool_fields and parts.lease_fields must be tables");
+  parts = lua_gettop(L) - 1;             /* pool_fields; lease_fields above it */
+  for (i = 0; fp_pool_fields[i]; i++) fp_name(L, parts, "pool_fields", fp_pool_fields[i]);
+  for (i = 0; fp_lease_fields[i]; i++) fp_name(L, parts + 1, "lease_fields", fp_lease_fields[i]);
+  lua_remove(L, parts + 1);
+  lua_remove(L, parts);
+  lua_remove(L, 3);                      /* 1 engine, 2 pool, 3.. the parts, then the names */
+  lua_pushliteral(L, "acquire");
+  lua_pushliteral(L, "release");
+  lua_createtable(L, 0, 5);
+  {
+    static const struct { const char *name; lua_CFunction fn; } made[] = {
+#if LUA_VERSION_NUM >= 503
+      {"checkout", lcp_direct_checkout}, {"checkin", lcp_direct_checkin},
+#else
+      {"checkout", fast_checkout}, {"checkin", fast_checkin},
+#endif
+      {"acquire", fast_acquire}, {"release", lcp_fast_release}, {NULL, NULL}
+    };
+    for (i = 0; made[i].name; i++) {
+      int j;
+      for (j = 1; j < FP_N; j++) lua_pushvalue(L, j);
+      lua_pushcclosure(L, made[i].fn, FP_N - 1);
+      lua_setfield(L, -2, made[i].name);
+    }
+  }
+  lua_pushboolean(L, LUA_VERSION_NUM >= 503);
+  lua_setfield(L, -2, "direct");
+  return 1;
+}

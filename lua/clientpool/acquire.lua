@@ -1,0 +1,442 @@
+--- clientpool.acquire (internal): acquire, try_acquire, with, and waiting.
+--
+-- Owns an acquisition from the engine's first answer to a lease: the
+-- refusals, the wait in the FIFO queue (wait_for: registration, claim,
+-- timeout, cancel tokens), the grant (on_grant: an idle record made usable
+-- by unpark and validate, ready_idle, or a reservation filled by create,
+-- create_client) and try_acquire's grant in a coroutine of its own.
+-- checkout.lua builds the zero-allocation form on the same functions
+-- (wait_for, ready_idle, create_client, acquire_from, acquire_opts).
+--
+-- A grant travels as a record (grant()) on the paths that wait, create,
+-- validate or unpark, which allocate anyway. The common case, an idle
+-- client at hand, stays positional from the engine's answer to the lease
+-- (acquire_from's parameters are the engine's multiple returns): a record
+-- there would allocate per acquisition (bench B4.alloc_lease). It is one
+-- JIT trace from Pool:acquire to new_lease: no loop and no closure on that
+-- path (a retry is a tail call), or LuaJIT aborts the trace and blacklists
+-- acquire (spec/jit_spec.lua).
+
+local type, error, pairs, tostring, getmetatable = type, error, pairs, tostring, getmetatable
+local math_huge = math.huge
+local co_create, co_resume, co_status, co_yield = coroutine.create, coroutine.resume, coroutine.status, coroutine.yield
+local co_running = coroutine.running
+
+local base = require "clientpool.base"
+base.own_source()
+local core, Pool = base.core, base.Pool
+local GRANT_IDLE, GRANT_CREATE, MUST_WAIT, PENDING = core.GRANT_IDLE, core.GRANT_CREATE, core.MUST_WAIT, core.PENDING
+local FULL, CLOSED, STALE, TIMEOUT, CANCELLED = core.FULL, core.CLOSED, core.STALE, core.TIMEOUT, core.CANCELLED
+local pack, unpack, ycall, log, emit = base.pack, base.unpack, base.ycall, base.log, base.emit
+local hook_key, now_of, clock, outside_level = base.hook_key, base.now_of, base.clock, base.outside_level
+local not_a_pool, check_key_arg = base.not_a_pool, base.check_key_arg
+local events = require "clientpool.events"
+local pump, reap_if_full = events.pump, events.reap_if_full
+local keys = require "clientpool.keys"
+local key_id, stale_key = keys.key_id, keys.stale_key
+local stats = require "clientpool.stats"
+local snapshot, REFUSED, refused, no_key = stats.snapshot, stats.REFUSED, stats.refused, stats.no_key
+local floor = require "clientpool.floor"
+local new_lease = require("clientpool.lease").new_lease
+local Token = require("clientpool.token").Token
+
+local M = {}
+
+-- A grant of the engine as a record: status, record, lease slot and
+-- generation, whether validate is due, the seconds it sat idle, the
+-- seconds its caller waited, its leak sentinel.
+local function grant(st, rec, l, g, validate, idle, waited, sentinel)
+  return { st = st, rec = rec, l = l, g = g, validate = validate, idle = idle, waited = waited,
+           sentinel = sentinel }
+end
+M.grant = grant
+
+-- The granted idle record failed unpark or validate: it is retired as
+-- invalid and the same caller granted again at once, keeping its place in
+-- the queue (DESIGN: "the same caller looks again"): gr is that new grant
+-- now (its status nil-like when nothing was granted: out of memory).
+-- want: a leak sentinel for the new grant.
+local function regrant(self, gr, want)
+  local st, rec, l, g, validate, idle, pending, sentinel = self._e:regrant(gr.l, gr.g, now_of(self), want)
+  if pending > 0 then pump(self) end
+  gr.st, gr.rec, gr.l, gr.g, gr.validate, gr.idle, gr.sentinel = st, rec, l, g, validate, idle, sentinel
+  return nil
+end
+
+-- Makes the granted idle record of gr usable: unpark and validate. Returns
+-- the client, or nil when the record failed and gr holds a new grant (see
+-- regrant).
+local function ready_idle(self, name, gr, want)
+  local rec = gr.rec
+  local client = self._clients[rec]
+  if self._parked[rec] then
+    local ok, c = ycall(self._unpark, client, hook_key(name))
+    if not ok or c == nil then
+      if not ok then log(self, "unpark hook failed: " .. tostring(c)) end
+      self._clients[rec] = client
+      return regrant(self, gr, want)
+    end
+    client = c
+    self._clients[rec] = c
+    self._parked[rec] = nil
+  end
+  local v = self._validate
+  if v and gr.validate then
+    local ok, good = ycall(v, client, hook_key(name), gr.idle)
+    if not ok or not good then
+      if not ok then log(self, "validate hook failed: " .. tostring(good)) end
+      return regrant(self, gr, want)
+    end
+  end
+  return client
+end
+M.ready_idle = ready_idle
+
+-- Runs create for reservation rec. Returns the client, or nil, "create",
+-- err. A lease given (acquire; checkout has none) is disarmed on failure and
+-- gets the client on success.
+local function create_client(self, name, rec, lease)
+  local ok, client, err = ycall(self._create, hook_key(name))
+  local e = self._e
+  if not ok or client == nil then
+    if lease then
+      lease._g = nil
+      lease._s = nil
+    end
+    local _, pending = e:created(rec, false, now_of(self))
+    if pending > 0 then pump(self) end
+    if ok then err = err or "create returned nil" else err = client end
+    return nil, "create", err
+  end
+  self._clients[rec] = client
+  if lease then lease.client = client end
+  local _, pending = e:created(rec, true, now_of(self))
+  if pending > 0 then pump(self) end
+  floor.fresh(self)
+  emit(self, "create", hook_key(name), client)
+  return client
+end
+M.create_client = create_client
+
+-- The grant gr (a record) made a lease: an idle record after unpark and
+-- validate, or a reservation after create. Returns the lease, or nil,
+-- code[, err], or nil alone when nothing was granted (out of memory): the
+-- caller acquires anew.
+local function on_grant(self, name, gr, drain)
+  local st = gr.st
+  if st == GRANT_IDLE then
+    local client = ready_idle(self, name, gr, gr.sentinel ~= nil)
+    if client == nil then
+      st = gr.st
+      if st == GRANT_IDLE or st == GRANT_CREATE then       -- looks again, in its place
+        return on_grant(self, name, gr, drain)
+      elseif st == CLOSED then
+        return nil, "closed"
+      end
+      return nil   -- nothing granted (out of memory): the caller acquires anew
+    end
+    local lease = new_lease(self, name, gr.rec, gr.l, gr.g, client, gr.sentinel, drain)
+    if self._on.acquire then emit(self, "acquire", hook_key(name), client, gr.waited) end
+    return lease
+  end
+  -- the lease exists before create runs: if the creating coroutine is killed
+  -- and collected, the lease's collection forfeits the reservation
+  local lease = new_lease(self, name, gr.rec, gr.l, gr.g, nil, gr.sentinel, drain)
+  local client, code, err = create_client(self, name, gr.rec, lease)
+  if client == nil then return nil, code, err end
+  if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, gr.waited) end
+  return lease
+end
+
+---------------------------------------------------------------------------
+-- Waiting
+---------------------------------------------------------------------------
+
+-- After a wait of waiter w (generation g): the engine's claim, or the
+-- cancel or timeout that ends the wait. Returns the claim's results (status
+-- PENDING: not granted yet, wait again). want: a leak sentinel for a grant.
+local function wait_claim(self, w, g, deadline, token, want)
+  local e = self._e
+  local st, rec, l, lg, validate, idle, pending, waited, sentinel = e:claim(w, g, now_of(self), want)
+  if st == PENDING then
+    if token and token._cancelled then
+      local _
+      _, pending = e:abandon(w, g, now_of(self))
+      st = CANCELLED
+    elseif deadline and clock(self) >= deadline then
+      return e:cancel(w, g, TIMEOUT, now_of(self), want)
+    end
+  end
+  return st, rec, l, lg, validate, idle, pending, waited, sentinel
+end
+
+-- The waits after the first (woken early, spuriously): a loop of its own,
+-- off the path of a handoff. LuaJIT gives up a trace that meets a loop it
+-- did not start at ("inner loop in root trace"), so a loop in wait_for left
+-- every handoff to the interpreter. (The first wait stays in wait_for: a
+-- waiting coroutine's stack is a frame shallower, B4's bytes per waiter.)
+local function wait_on(self, h, w, g, deadline, token, want)
+  while true do
+    self._sched.wait(h, deadline)
+    local st, rec, l, lg, validate, idle, pending, waited, sentinel = wait_claim(self, w, g, deadline, token, want)
+    if st ~= PENDING then return st, rec, l, lg, validate, idle, pending, waited, sentinel end
+  end
+end
+
+-- bare: no leak sentinel (checkout)
+local function wait_for(self, k, name, opts, bare)
+  local sched = self._sched
+  local h, why = sched.current()
+  if h == nil then
+    self._e:key_forget(k)
+    pump(self)
+    local what = bare and "checkout" or "acquire"
+    error("clientpool: " .. what .. " would wait, but " .. (why or "the caller cannot yield") ..
+          " (use try_acquire, or call " .. what .. " from a coroutine the scheduler runs)", outside_level() or 0)
+  end
+  local done = sched.done        -- (optional) h is over: see below
+  local timeout = opts and opts.timeout
+  if timeout == nil then timeout = self._c.acquire_timeout end
+  local start = clock(self)
+  local deadline = timeout and start + timeout
+  local e = self._e
+  if self._nwaiters > 0 then reap_if_full(self) end
+  local w, g, pending = e:wait(k, deadline or -1, start)   -- the same clock: one read, not two
+  if not w then
+    if done then done(h) end
+    if g == STALE then
+      stale_key(self, k, name)
+      return nil, STALE         -- the caller acquires again (see stale_key)
+    end
+    pump(self)
+    if g == FULL then
+      return nil, "full", snapshot(self, "full", name)
+    end
+    return nil, "closed"
+  end
+  self._waiters[w] = h
+  self._nwaiters = self._nwaiters + 1
+  self._wgen[w] = g
+  local token = opts and opts.cancel
+  if token then token._waits[h] = sched end
+  if pending > 0 then pump(self) end
+  local st, rec, l, lg, validate, idle, waited, sentinel
+  sched.wait(h, deadline)
+  st, rec, l, lg, validate, idle, pending, waited, sentinel = wait_claim(self, w, g, deadline, token, not bare)
+  if st == PENDING then
+    st, rec, l, lg, validate, idle, pending, waited, sentinel = wait_on(self, h, w, g, deadline, token, not bare)
+  end
+  self._waiters[w] = nil
+  self._nwaiters = self._nwaiters - 1
+  self._wgen[w] = nil
+  if token then token._waits[h] = nil end
+  -- nothing wakes h any more: an adapter that recycles what a handle holds
+  -- (ngx: its semaphore) takes it back now rather than from the collector
+  if done then done(h) end
+  if pending > 0 then pump(self) end
+  if st == GRANT_IDLE or st == GRANT_CREATE then
+    return true, st, rec, l, lg, validate, idle, waited, sentinel
+  elseif st == TIMEOUT then
+    local d = snapshot(self, "timeout", name, waited)
+    d.waiting = d.waiting + 1   -- the caller was waiting too, until now
+    emit(self, "timeout", hook_key(name), d)
+    return nil, "timeout", d
+  elseif st == CANCELLED then
+    return nil, "cancelled"
+  end
+  return nil, "closed"
+end
+
+--- Acquires a client for key (nil = the default key).
+-- Returns a lease, or nil, code[, detail] with code one of timeout, full,
+-- closed, cancelled, create.
+local ACQUIRE_OPTS = { timeout = true, cancel = true, on_drain = true }
+
+-- Checks acquire's options, raising at the level of acquire's caller;
+-- returns the cancel token and the on_drain grace (nil: preserve).
+local function acquire_opts(self, opts)
+  if opts ~= nil then
+    if type(opts) ~= "table" then
+      error("clientpool: bad argument #2 to 'acquire' (options table expected, got " .. type(opts) .. ")", 3)
+    end
+    -- a misspelt option (timout = 1) must not pass silently; a table seen
+    -- once is not walked again (weak cache: no pairs() on the hot path)
+    local seen = self._opts_seen
+    if not seen[opts] then
+      for name in pairs(opts) do
+        if not ACQUIRE_OPTS[name] then
+          error("clientpool: bad argument #2 to 'acquire' (unknown option '" .. tostring(name) ..
+                "'; the options are timeout, cancel and on_drain)", 3)
+        end
+      end
+      seen[opts] = true
+    end
+  end
+  local token = opts and opts.cancel
+  if token ~= nil and getmetatable(token) ~= Token then
+    error("clientpool: bad argument #2 to 'acquire' (opts.cancel must be a clientpool.token())", 3)
+  end
+  if opts and opts.timeout ~= nil then
+    local t = opts.timeout
+    if type(t) ~= "number" or t ~= t or t < 0 or t == math_huge then
+      error("clientpool: bad argument #2 to 'acquire' (opts.timeout must be a finite number >= 0, got "
+            .. tostring(t) .. ")", 3)
+    end
+  end
+  local drain
+  if opts and opts.on_drain ~= nil and opts.on_drain ~= "preserve" then
+    local od = opts.on_drain
+    local grace = type(od) == "table" and od.cancel
+    if type(grace) ~= "number" or grace ~= grace or grace < 0 or grace == math_huge then
+      error("clientpool: bad argument #2 to 'acquire' (opts.on_drain must be \"preserve\" or " ..
+            "{ cancel = grace_s } with a finite grace >= 0)", 3)
+    end
+    drain = grace
+  end
+  return token, drain
+end
+
+local acquire_from
+
+function Pool:acquire(key, opts)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "acquire") end
+  local token, drain = acquire_opts(self, opts)
+  local e = self._e
+  if token and token._cancelled then return nil, "cancelled" end
+  local k, name, kerr = key_id(self, key, "acquire")
+  if not k then return no_key(self, kerr, name) end
+  if self._nwaiters > 0 then reap_if_full(self) end
+  return acquire_from(self, key, opts, drain, k, name, e:acquire(k, now_of(self), true))
+end
+
+-- acquire from the engine's answer. Shared by Pool:acquire and the C fast
+-- path (checkout.lua's install_fastpath), which hands over whatever it does
+-- not finish.
+function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, idle, pending, sentinel)
+  if pending > 0 then pump(self) end
+  local waited
+  if st == MUST_WAIT then
+    local ok
+    ok, st, rec, l, g, validate, idle, waited, sentinel = wait_for(self, k, name, opts)
+    if not ok then
+      if st == STALE then return self:acquire(key, opts) end
+      return nil, st, rec
+    end
+  elseif st == STALE then
+    stale_key(self, k, name)
+    return self:acquire(key, opts)
+  elseif REFUSED[st] then
+    return refused(self, st, name)
+  end
+  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) then
+    -- the common case: an idle client usable as it is
+    local lease = new_lease(self, name, rec, l, g, self._clients[rec], sentinel, drain)
+    if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, waited) end
+    return lease
+  end
+  local lease, code, err = on_grant(self, name, grant(st, rec, l, g, validate, idle, waited, sentinel), drain)
+  if lease or code then return lease, code, err end
+  -- the idle record failed validate/unpark and is retired: look again (a
+  -- tail call, not a loop: a loop here keeps the JIT from compiling the
+  -- caller's acquire/release loop, "inner loop in root trace")
+  return self:acquire(key, opts)
+end
+
+-- try_acquire's grant gr, in a coroutine of its own. Once a hook yielded,
+-- the caller went on (nil, "timeout") and the coroutine is adopted: its
+-- lease goes straight back to the pool, here, whoever resumes the
+-- coroutine (the adopting task, or the scheduler itself: a hook that made
+-- this coroutine ready at once, sleep(0), is resumed before that task runs).
+local function try_grant(self, name, gr)
+  local lease, code, err = on_grant(self, name, gr)
+  if self._adopted[co_running()] then
+    if lease then lease:release() end
+    return
+  end
+  return lease, code, err
+end
+
+--- Never waits or yields: an idle client, or a new one if create need not
+-- yield; else nil, "timeout".
+function Pool:try_acquire(key)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "try_acquire") end
+  local e = self._e
+  while true do
+    local k, name, kerr = key_id(self, key, "try_acquire")
+    if not k then return no_key(self, kerr, name) end
+    if self._nwaiters > 0 then reap_if_full(self) end
+    local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), true)
+    if pending > 0 then pump(self) end
+    if st == MUST_WAIT then
+      e:key_forget(k)
+      pump(self)
+      return nil, "timeout", snapshot(self, "timeout", name, 0)
+    elseif REFUSED[st] then
+      return refused(self, st, name)
+    elseif st == STALE then
+      stale_key(self, k, name)
+      return self:try_acquire(key)
+    end
+    local gr = grant(st, rec, l, g, validate, idle, 0, sentinel)
+    -- where the host cannot yield at all (OpenResty's log, set, filter and
+    -- init_worker phases, which also refuse its coroutine API), no hook can
+    -- yield either: the grant runs right here
+    local yieldable = self._sched.yieldable
+    if yieldable and not yieldable() then
+      local lease, code, err = on_grant(self, name, gr)
+      if lease or code then return lease, code, err end
+    else
+      -- run the grant in a coroutine of its own: if a hook yields, the work
+      -- finishes in the background and this caller does not wait for it
+      local co = co_create(try_grant)
+      local ok, lease, code, err = co_resume(co, self, name, gr)
+      if co_status(co) == "suspended" then
+        self._adopted[co] = true
+        self:_adopt(co, lease, code, err)
+        return nil, "timeout", snapshot(self, "timeout", name, 0)
+      end
+      if not ok then error(lease, 0) end
+      if lease or code then return lease, code, err end
+    end
+  end
+end
+
+-- A grant started by try_acquire yielded in a hook: the scheduler resumes it
+-- (its yields are passed through a task), and a lease it produces is
+-- released straight back to the pool.
+function Pool:_adopt(co, ...)
+  local first = pack(...)
+  self._sched.spawn(function()
+    local r = first
+    while co_status(co) == "suspended" do
+      r = pack(co_resume(co, co_yield(unpack(r, 1, r.n))))
+      if not r[1] then log(self, "background acquisition failed: " .. tostring(r[2])); return end
+      r = pack(unpack(r, 2, r.n))
+    end
+    -- (try_grant released the lease, if any)
+  end)
+end
+
+--- acquire, pcall fn(client, lease, ...), then release (destroy on error).
+-- Returns fn's results, or nil, code[, detail] when nothing was acquired;
+-- an error in fn is raised again after the client is destroyed.
+function Pool:with(key, fn, ...)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "with") end
+  if type(fn) ~= "function" then
+    error("clientpool: bad argument #2 to 'with' (function expected, got " .. type(fn) .. ")", 2)
+  end
+  check_key_arg(key, 1, "with")
+  local lease, code, detail = self:acquire(key)
+  if not lease then return nil, code, detail end
+  local r = pack(ycall(fn, lease.client, lease, ...))
+  if r[1] then
+    lease:release()
+    return unpack(r, 2, r.n)
+  end
+  lease:release(false)
+  error(r[2], 0)
+end
+
+M.wait_for, M.acquire_opts, M.acquire_from = wait_for, acquire_opts, acquire_from
+
+return M

@@ -1,0 +1,309 @@
+--- clientpool.checkout (internal): the zero-allocation form, and the C fast path.
+--
+-- Owns pool:checkout() and pool:checkin(): a lease without a lease object,
+-- named by an integer handle (lease slot and generation), which allocates
+-- nothing when an idle client is at hand; and install_fastpath, which puts
+-- the binding's C closures (clientpool.core's fastpath) in front of
+-- checkout/checkin and acquire/release where the common case needs no Lua.
+-- The C side knows only what install_fastpath hands it: the pool's tables,
+-- the names of the fields it reads (lease.FIELDS, FP_POOL_FIELDS), HSLOTS and
+-- the Lua functions it hands the rest to.
+--
+-- checkout, checkin and the handle arithmetic stay together in one trace
+-- under the JIT (spec/jit_spec.lua): no loop, no closure on that path; the
+-- slow paths (checkout_grant) retry by tail calls.
+
+local type, error, tostring, getmetatable = type, error, tostring, getmetatable
+
+local base = require "clientpool.base"
+base.own_source()
+local core, Pool, Lease = base.core, base.Pool, base.Lease
+local GRANT_IDLE, GRANT_CREATE, MUST_WAIT, CLOSED, STALE = core.GRANT_IDLE, core.GRANT_CREATE, core.MUST_WAIT,
+                                                           core.CLOSED, core.STALE
+local emit, hook_key, now_of, not_a_pool, DEFAULT, BY = base.emit, base.hook_key, base.now_of, base.not_a_pool,
+                                                        base.DEFAULT, base.BY
+local events = require "clientpool.events"
+local pump, reap_if_full, wake_drainers = events.pump, events.reap_if_full, events.wake_drainers
+local keys = require "clientpool.keys"
+local key_id, stale_key = keys.key_id, keys.stale_key
+local stats = require "clientpool.stats"
+local REFUSED, refused, no_key = stats.REFUSED, stats.refused, stats.no_key
+local lease_m = require "clientpool.lease"
+local park_first, hold = lease_m.park_first, lease_m.hold
+local probe_passed = require("clientpool.admission").probe_passed
+local report_early = require("clientpool.leak").report_early
+local acquire = require "clientpool.acquire"
+local grant, wait_for, ready_idle, create_client = acquire.grant, acquire.wait_for, acquire.ready_idle,
+                                                   acquire.create_client
+local acquire_from, acquire_opts = acquire.acquire_from, acquire.acquire_opts
+
+local M = {}
+
+-- A checkout handle packs the lease slot (low 21 bits) and its generation
+-- (32 bits): below 2^53, exact in a double and in a Lua 5.3+ integer. The
+-- engine checks the generation, so a stale handle is a no-op.
+local HSLOTS = 2097152
+-- Each pool offsets the generation in its handles by a base of its own, so
+-- a handle of another pool, or a small forged integer, does not name one of
+-- this pool's leases (generations start at 0 in every pool).
+local GENS = 4294967296
+local BY_ERROR = BY.error
+
+-- checkout's slow path: anything but an idle client usable as it is (no
+-- key id yet: k nil; a refusal, a create, unpark or validate: the grant gr).
+-- Returns client, nil, rec, lease, gen, waited or nil, code[, detail]. No
+-- loop: a retry is a tail call. (LuaJIT: a loop here would abort every
+-- trace recorded through a create, and enough aborts blacklist checkout
+-- itself, hot path included.)
+local function checkout_grant(self, key, k, name, gr)
+  if k == nil then
+    local kerr
+    k, name, kerr = key_id(self, key, "checkout")
+    if not k then return no_key(self, kerr, name) end
+    if self._nwaiters > 0 then reap_if_full(self) end
+    local st, rec, l, g, validate, idle, pending = self._e:acquire(k, now_of(self), false)
+    if pending > 0 then pump(self) end
+    local waited
+    if st == MUST_WAIT then
+      local ok
+      ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
+      if not ok then
+        if st == STALE then return checkout_grant(self, key, nil, name) end
+        return nil, st, rec
+      end
+    elseif st == STALE then
+      stale_key(self, k, name)
+      return checkout_grant(self, key, nil, name)
+    end
+    gr = grant(st, rec, l, g, validate, idle, waited)
+  end
+  if REFUSED[gr.st] then return refused(self, gr.st, name) end
+  -- a leak sentinel while the hooks run (they may yield): if this coroutine
+  -- dies meanwhile, the collector gives the lease or reservation back, as
+  -- for acquire; the handle holds it once they are done
+  local l, g = gr.l, gr.g
+  local sentinel = self._e:sentinel(l, g) -- luacheck: ignore sentinel (kept alive by this frame)
+  if gr.st == GRANT_CREATE then
+    local client, code, err = create_client(self, name, gr.rec, nil)
+    if client == nil then return nil, code, err end
+    self._e:disarm(l, g)
+    return client, nil, gr.rec, l, g, gr.waited
+  end
+  local client = ready_idle(self, name, gr, false)
+  if client ~= nil then
+    self._e:disarm(l, g)
+    return client, nil, gr.rec, l, g, gr.waited
+  end
+  -- the idle record failed validate/unpark and is retired: this caller was
+  -- granted again in its place, gr (or, out of memory, looks again from
+  -- scratch); the wait is not reported twice
+  local st = gr.st
+  if st == GRANT_IDLE or st == GRANT_CREATE or st == CLOSED then
+    gr.waited = nil
+    return checkout_grant(self, key, k, name, gr)
+  end
+  return checkout_grant(self, key, nil, name)
+end
+
+-- Raises for a checkout key that is neither a string nor nil, at the
+-- level of checkout's caller. (Called before checkout_from's tail call: on
+-- Lua 5.1 an error raised after a tail call has no position.)
+local function check_checkout_key(key)
+  if key ~= nil and type(key) ~= "string" then
+    error("clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got " .. type(key) .. ")", 3)
+  end
+end
+
+-- checkout from the engine's answer to acquire (st nil: no key id yet, or
+-- waiters to reap first). Shared by Pool:checkout and the C fast path's
+-- wrapper (fastpath below), which hands over whatever it does not finish.
+local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, pending)
+  if pending and pending > 0 then pump(self) end
+  local client, waited
+  if st == MUST_WAIT then
+    -- waited for here, not in checkout_grant: a waiting coroutine's stack
+    -- is one frame shallower (memory per waiter)
+    local ok
+    ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
+    if not ok then
+      if st ~= STALE then return nil, st, rec end
+      st, k = nil, nil            -- looked up and acquired again (checkout_grant)
+    end
+  elseif st == STALE then
+    stale_key(self, k, name)
+    st, k = nil, nil
+  end
+  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) then
+    client = self._clients[rec]
+  elseif k ~= nil and REFUSED[st] then
+    return refused(self, st, name)
+  else
+    local code, w
+    client, code, rec, l, g, w = checkout_grant(self, key, k, name, k and grant(st, rec, l, g, validate, idle))
+    if client == nil then return nil, code, rec end
+    waited = waited or w
+  end
+  if l >= HSLOTS then
+    self._e:release(l, g, -1, now_of(self))
+    pump(self)
+    error("clientpool: checkout: more than " .. HSLOTS .. " leases at once (use acquire)", 2)
+  end
+  local h = ((g + self._hbase) % GENS) * HSLOTS + l
+  self._co_rec[l + 1] = rec
+  self._co_key[l + 1] = name
+  if self._early_leaks then report_early(self, l, g) end
+  local rl = self._rec_leases
+  if rl then hold(rl, rec, h) end
+  if self._on.acquire then emit(self, "acquire", hook_key(name), client, waited) end
+  return client, h
+end
+
+--- Acquires a client without a lease object: returns client, h (an integer
+-- handle for checkin) or nil, code[, detail] as acquire does, and may wait
+-- as acquire does. Allocates nothing when an idle client is at hand. No
+-- leak detection by the collector: a handle never checked in holds its
+-- client until the pool is gone (leak_threshold still reports it).
+function Pool:checkout(key)
+  local name = key
+  if name == nil then name = DEFAULT end
+  local k = self._kids[name]      -- only strings are keys: anything else takes the slow path
+  if k ~= nil then
+    local now
+    if not self._mono then now = self._sched.now() end
+    if self._nwaiters > 0 then reap_if_full(self) end
+    return checkout_from(self, key, k, name, self._e:acquire(k, now, false))
+  end
+  check_checkout_key(key)
+  return checkout_from(self, key, nil, name)
+end
+
+-- checkin's less common work: shared records, events, drain, park, listeners.
+local function checkin_rest(self, h, rec, client, reuse, pending, name)
+  local rl = self._rec_leases
+  if rl and rl[rec] then rl[rec][h] = nil end
+  if pending > 0 then pump(self) end
+  if self._drain_hs then wake_drainers(self) end
+  if self._on.release then emit(self, "release", hook_key(name), client, reuse ~= false) end
+end
+
+-- Raises for bad checkin arguments, at the level of checkin's caller.
+local function check_checkin_args(h, reuse)
+  if type(h) ~= "number" or h < 0 or h % 1 ~= 0 or h >= 9007199254740992 then
+    error("clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got " .. tostring(h) .. ")", 3)
+  end
+  if reuse ~= nil and reuse ~= true and reuse ~= false then
+    error("clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got " .. type(reuse) .. ")", 3)
+  end
+end
+
+--- Ends a checkout: returns the client for reuse, or retires it when reuse
+-- is false. A stale or repeated handle is a no-op: it never ends another
+-- holder's lease. Never yields.
+function Pool:checkin(h, reuse)
+  check_checkin_args(h, reuse)
+  local l = h % HSLOTS
+  local cr = self._co_rec
+  local rec = cr[l + 1]
+  if rec == nil then return end                 -- no checkout holds the slot
+  local client = self._clients[rec]
+  local g = ((h - l) / HSLOTS - self._hbase) % GENS
+  -- a checkout has no observe: its checkin for reuse is the outcome that
+  -- lets a probe pass (checkin(h, false) lets the next acquisition probe)
+  if reuse ~= false and self._c.probe then probe_passed(self, l, g, self._co_key[l + 1]) end
+  local now
+  if not self._mono then now = self._sched.now() end
+  local reason = reuse == false and BY_ERROR or -1
+  if reason == -1 and self._park then
+    -- parked before the release (see park_first)
+    if not park_first(self, rec, client, self._co_key[l + 1], h, l, g, now) then reason = BY.retired end
+  end
+  local ok, pending = self._e:release(l, g, reason, now)
+  if not ok then return end                     -- stale: another holder's lease or none
+  cr[l + 1] = nil
+  if pending > 0 or self._rec_leases or self._drain_hs or self._park or self._on.release then
+    checkin_rest(self, h, rec, client, reuse, pending, self._co_key[l + 1])
+  end
+end
+
+
+-- The pool table's fields the C fast path reads (by role): the count of
+-- queued waiters (it hands over to Lua when any may need reaping) and the
+-- set of drain() waiters (it hands over while a drain waits).
+local FP_POOL_FIELDS = { nwaiters = "_nwaiters", drain = "_drain_hs" }
+
+-- The common case of checkout/checkin and acquire/release in C
+-- (clientpool.core's fastpath): on PUC Lua, and LuaJIT with the JIT off,
+-- most of a pair was the driver's Lua. Installed as the pool's own methods
+-- (Lease.release calls self._frel) only where that case needs no Lua at
+-- all: the engine reads the real clock, capacity 1, no probe, no park hook.
+-- (The FFI backend has no fastpath: under the JIT the Lua path compiles.)
+-- Anything else the C closures hand back to checkout_from, acquire_from,
+-- Pool.checkout/checkin/acquire or checkin_rest, so both paths share one
+-- set of rules. What the C side reads and writes it is told here, by
+-- name: the tables, their fields (pool_fields, lease_fields), the handle
+-- layout (hslots) and the functions to call.
+function M.install_fastpath(self, mod)
+  local c = self._c
+  if not mod.fastpath or not self._mono or c.capacity > 1 or c.probe or self._park then return end
+  local checkout, checkin, lua_acquire = Pool.checkout, Pool.checkin, Pool.acquire
+  local fp = mod.fastpath(self._e, self, {
+    kids = self._kids, clients = self._clients, parked = self._parked, co_rec = self._co_rec,
+    co_key = self._co_key, on = self._on, default = DEFAULT, hbase = self._hbase, hslots = HSLOTS,
+    validate = self._validate and true or false, checkout = checkout, checkin = checkin,
+    checkout_from = checkout_from, checkin_rest = checkin_rest,
+    held = self._held, lease_mt = Lease, pump = pump, drain_wake = wake_drainers,
+    pool_fields = FP_POOL_FIELDS, lease_fields = lease_m.FIELDS,
+  })
+  -- the lease form: not with leak_threshold (each lease records where it
+  -- was taken, in Lua). acquire stays a Lua function on every Lua: what it
+  -- hands back to Pool.acquire must raise its argument errors at the
+  -- caller's line, which a C caller (lua_callk) would hide; a lease pair is
+  -- long enough that the extra call is a few percent
+  if not c.leak_threshold then
+    local ac = fp.acquire
+    self._frel = fp.release
+    self.acquire = function(s, key, opts)
+      if opts == nil then
+        local lease, got, k, st, rec, l, g, validate, idle, pending, sentinel = ac(s, key)
+        if lease then return lease end
+        if got == false then
+          return acquire_from(s, key, nil, nil, k, key == nil and DEFAULT or key, st, rec, l, g, validate,
+                              idle, pending, sentinel)
+        end
+      end
+      -- nothing done: Pool.acquire does it all, its errors raised here first
+      -- (on Lua 5.1 an error raised after a tail call has no position)
+      if getmetatable(s) ~= Pool then not_a_pool(s, "acquire") end
+      acquire_opts(s, opts)
+      if key ~= nil and type(key) ~= "string" then
+        error("clientpool: bad argument #1 to 'acquire' (key must be a string or nil, got " .. type(key) .. ")", 2)
+      end
+      return lua_acquire(s, key, opts)
+    end
+  end
+  if fp.direct then   -- Lua 5.3+: the C closures finish the job themselves
+    self.checkout, self.checkin = fp.checkout, fp.checkin
+    return
+  end
+  local co, ci = fp.checkout, fp.checkin
+  self.checkout = function(s, key)
+    local client, h, k, st, rec, l, g, validate, idle, pending = co(s, key)
+    if h then return client, h end
+    if h == nil then
+      check_checkout_key(key)
+      return checkout(s, key)
+    end
+    return checkout_from(s, key, k, key == nil and DEFAULT or key, st, rec, l, g, validate, idle, pending)
+  end
+  self.checkin = function(s, h, reuse)
+    local done, rec, pending, l = ci(s, h, reuse)
+    if done then return end
+    if done == nil then
+      check_checkin_args(h, reuse)
+      return checkin(s, h, reuse)
+    end
+    checkin_rest(s, h, rec, s._clients[rec], reuse, pending, s._co_key[l + 1])
+  end
+end
+
+return M

@@ -1,0 +1,73 @@
+--- clientpool.leak (internal): leases held too long, and leases lost.
+--
+-- Owns the engine's EV_LEAK events: a lease collected while held (one
+-- `leak` event per lease; the engine destroys its client) and, with
+-- leak_threshold, a lease or checkout held longer than that, reported
+-- with the place it was acquired. A report that comes while the grant's
+-- create/validate/unpark hooks still run (the lease or checkout is
+-- registered after them) is kept in _early_leaks and made when it is
+-- registered (report_early).
+
+local base = require "clientpool.base"
+local events = require "clientpool.events"
+base.own_source()
+
+local tostring, string_format = tostring, string.format
+local log, emit, hook_key, clock = base.log, base.emit, base.hook_key, base.clock
+
+local M = {}
+
+-- Reports lease slot l (generation g), held since `since` past
+-- leak_threshold, if a lease or a checkout holds it; false if none does.
+local function report_held(self, l, g, since)
+  local lease = self._held[l]
+  if lease and lease._g == g then
+    local info = { leaked = false, held = clock(self) - since, where = lease._where, lease = lease }
+    if self._on.leak then
+      emit(self, "leak", hook_key(lease._key), info)
+    else
+      log(self, string_format("lease of key '%s' held %.3fs (leak_threshold), %s",
+        lease._key, info.held, tostring(lease._where)))
+    end
+    return true
+  elseif lease == nil and self._co_rec[l + 1] ~= nil then
+    -- a checkout (no lease object, no traceback)
+    local name = self._co_key[l + 1]
+    local info = { leaked = false, held = clock(self) - since, where = "checkout" }
+    if self._on.leak then
+      emit(self, "leak", hook_key(name), info)
+    else
+      log(self, string_format("checkout of key '%s' held %.3fs (leak_threshold)", name, info.held))
+    end
+    return true
+  end
+  return false
+end
+
+-- A lease or checkout of slot l (generation g) was just registered: the
+-- engine's leak_threshold report, if it came while its hooks still ran.
+local function report_early(self, l, g)
+  local early = self._early_leaks
+  local r = early[l]
+  if r == nil then return end
+  early[l] = nil
+  if r[1] == g then report_held(self, l, g, r[2]) end
+end
+
+events.on[base.core.EV_LEAK] = function(self, _, a, b, c, tt)
+  if a < 0 then
+    -- a lease collected while held (one report per lease; its client is
+    -- destroyed when its last lease ends)
+    emit(self, "leak", hook_key(self._knames[c]), { leaked = true })
+  elseif not report_held(self, a, b, tt) then
+    -- granted, but its create/validate/unpark still runs (the lease or
+    -- checkout is registered after them): reported when it is
+    local early = self._early_leaks
+    if not early then early = {}; self._early_leaks = early end
+    early[a] = { b, tt }     -- generation, and since when it is held
+  end
+end
+
+M.report_early = report_early
+
+return M

@@ -1,0 +1,262 @@
+--- clientpool.options (internal): what new() accepts.
+--
+-- Owns option validation (every bad option raises one error naming the
+-- option and the rule it breaks) and the resolution of the `scheduler`
+-- option to an adapter table (docs/design.md "The scheduler adapter contract"). Returns the checked
+-- options as a plain table; new() (init.lua) builds the pool from it.
+
+local base = require "clientpool.base"
+base.own_source()
+
+local type, error, pcall, tostring, require = type, error, pcall, tostring, require
+local pairs, ipairs, getmetatable = pairs, ipairs, getmetatable
+local math_floor, math_huge, string_format = math.floor, math.huge, string.format
+local pack, unpack, load_backend = base.pack, base.unpack, base.load_backend
+
+local M = {}
+
+---------------------------------------------------------------------------
+-- Option validation: every bad option raises naming the option and the rule.
+---------------------------------------------------------------------------
+
+-- Raised without a position: new() re-raises it at its caller's line.
+-- Numbers are printed with %s: %d raises on a float with no integer
+-- representation (a bad option such as -1e300 or 2^64).
+local function fail(fmt, ...)
+  local args = pack(...)
+  for i = 1, args.n do
+    local v = args[i]
+    if type(v) == "number" and math_floor(v) == v and v > -2^53 and v < 2^53 then
+      args[i] = string_format("%d", v)
+    end
+  end
+  error("clientpool: " .. string_format((fmt:gsub("%%d", "%%s")), unpack(args, 1, args.n)), 0)
+end
+
+local function is_int(v)
+  return type(v) == "number" and v == v and v ~= math_huge and v ~= -math_huge and math_floor(v) == v
+end
+
+local KNOWN = {
+  create = true, destroy = true, validate = true, park = true, unpark = true,
+  min_idle = true, max_idle = true, max_live = true, max_concurrency = true,
+  max_waiting = true, per_key = true, keys = true, capacity = true,
+  acquire_timeout = true, idle_timeout = true, max_lifetime = true,
+  lifetime_jitter = true, validate_after_idle = true, max_keys = true,
+  leak_threshold = true, policy = true, pause_mode = true, probe = true,
+  restarts = true, scheduler = true, seed = true, backend = true,
+}
+
+local function check_count(o, name, min, default)
+  local v = o[name]
+  if v == nil then return default end
+  if not is_int(v) then
+    fail("option '%s' must be an integer, got %s", name, type(v) == "number" and tostring(v) or type(v))
+  end
+  if v < min then fail("option '%s' must be >= %d, got %d", name, min, v) end
+  if v > 2147483647 then fail("option '%s' must be <= 2147483647, got %s", name, tostring(v)) end
+  return v
+end
+
+local function check_duration(o, name)
+  local v = o[name]
+  if v == nil then return nil end
+  if type(v) ~= "number" then fail("option '%s' must be a number of seconds, got %s", name, type(v)) end
+  if v ~= v or v == math_huge or v == -math_huge then
+    fail("option '%s' must be finite, got %s", name, tostring(v))
+  end
+  if v <= 0 then fail("option '%s' must be > 0 seconds, got %s", name, tostring(v)) end
+  return v
+end
+
+local function check_fn(o, name, required)
+  local v = o[name]
+  if v == nil and not required then return nil end
+  if type(v) ~= "function" then
+    fail("option '%s' must be a function, got %s", name, type(v))
+  end
+  return v
+end
+
+-- per_key.<name>: an integer >= min, no larger than the pool's own cap c[name].
+local function check_per_key(pk, name, min, c)
+  local v = pk[name]
+  if not is_int(v) or v < min then
+    fail("option 'per_key.%s' must be an integer >= %d, got %s", name, min, tostring(v))
+  end
+  if v > c[name] then
+    fail("option 'per_key.%s' (%d) must be <= %s (%d)", name, v, name, c[name])
+  end
+end
+
+function M.validate(o)
+  if type(o) ~= "table" then fail("new() expects an options table, got %s", type(o)) end
+  for k in pairs(o) do
+    if not KNOWN[k] then fail("unknown option '%s'", tostring(k)) end
+  end
+  local c = {}
+  c.create = check_fn(o, "create", true)
+  c.destroy = check_fn(o, "destroy")
+  c.validate = check_fn(o, "validate")
+  c.park = check_fn(o, "park")
+  c.unpark = check_fn(o, "unpark")
+  if (c.park == nil) ~= (c.unpark == nil) then
+    fail("options 'park' and 'unpark' go together: give both or neither")
+  end
+  if o.policy ~= nil then
+    local pm = getmetatable(o.policy)
+    if type(o.policy) ~= "function" and not (pm and pm.__call) then
+      fail("option 'policy' must be a function or a callable policy, got %s", type(o.policy))
+    end
+    c.policy = o.policy
+  end
+  if o.max_live == nil then fail("option 'max_live' is required (an integer >= 1)") end
+  c.max_live = check_count(o, "max_live", 1)
+  c.capacity = check_count(o, "capacity", 1, 1)
+  c.min_idle = check_count(o, "min_idle", 0, 0)
+  c.max_idle = check_count(o, "max_idle", 0, c.max_live)
+  c.max_concurrency = check_count(o, "max_concurrency", 1, math.min(c.max_live * c.capacity, 2147483647))
+  c.max_waiting = check_count(o, "max_waiting", 0, 1024)
+  c.max_keys = check_count(o, "max_keys", 1)
+  c.restarts = check_count(o, "restarts", 0, 3)
+  if c.max_idle > c.max_live then
+    fail("option 'max_idle' (%d) must be <= max_live (%d)", c.max_idle, c.max_live)
+  end
+  if c.min_idle > c.max_idle then
+    fail("option 'min_idle' (%d) must be <= max_idle (%d)", c.min_idle, c.max_idle)
+  end
+  if o.per_key ~= nil then
+    local pk = o.per_key
+    if type(pk) ~= "table" then fail("option 'per_key' must be a table, got %s", type(pk)) end
+    for k in pairs(pk) do
+      if k ~= "max_live" and k ~= "max_idle" then fail("unknown option 'per_key.%s'", tostring(k)) end
+    end
+    if pk.max_live ~= nil then
+      check_per_key(pk, "max_live", 1, c)
+      if c.min_idle > pk.max_live then  -- the floor of a key could never be met
+        fail("option 'min_idle' (%d) must be <= per_key.max_live (%d)", c.min_idle, pk.max_live)
+      end
+      c.key_max_live = pk.max_live
+    end
+    if pk.max_idle ~= nil then
+      check_per_key(pk, "max_idle", 0, c)
+      if c.key_max_live and pk.max_idle > c.key_max_live then
+        fail("option 'per_key.max_idle' (%d) must be <= per_key.max_live (%d)", pk.max_idle, c.key_max_live)
+      end
+      if c.min_idle > pk.max_idle then
+        fail("option 'min_idle' (%d) must be <= per_key.max_idle (%d)", c.min_idle, pk.max_idle)
+      end
+      c.key_max_idle = pk.max_idle
+    end
+  end
+  if o.keys ~= nil then
+    if type(o.keys) ~= "table" then fail("option 'keys' must be a list of strings, got %s", type(o.keys)) end
+    local seen = {}
+    for i, k in ipairs(o.keys) do
+      if type(k) ~= "string" then fail("option 'keys' must hold strings, item %d is a %s", i, type(k)) end
+      if seen[k] then fail("option 'keys' lists '%s' twice", k) end
+      seen[k] = true
+    end
+    for k in pairs(o.keys) do
+      if type(k) ~= "number" or not seen[o.keys[k]] then fail("option 'keys' must be a list (array)") end
+    end
+    if c.max_keys and #o.keys > c.max_keys then
+      fail("option 'keys' lists %d keys, more than max_keys (%d)", #o.keys, c.max_keys)
+    end
+    -- the floor fills min_idle idle clients per warm key, up to max_live in
+    -- all; more than max_idle and every release would close one that the
+    -- floor then opens again (a floor capped by max_live = max_idle is fine)
+    local floor = math.min(c.min_idle * #o.keys, c.max_live)
+    if floor > c.max_idle then
+      fail("options 'min_idle' (%d) x %d warm keys ('keys'), up to max_live (%d): a floor of %d idle clients, " ..
+           "more than max_idle (%d): every release would close a client the warm floor opens again",
+           c.min_idle, #o.keys, c.max_live, floor, c.max_idle)
+    end
+    c.keys = o.keys
+  end
+  c.acquire_timeout = check_duration(o, "acquire_timeout")
+  c.idle_timeout = check_duration(o, "idle_timeout")
+  c.max_lifetime = check_duration(o, "max_lifetime")
+  c.validate_after_idle = check_duration(o, "validate_after_idle")
+  c.leak_threshold = check_duration(o, "leak_threshold")
+  if o.lifetime_jitter ~= nil then
+    local j = o.lifetime_jitter
+    if type(j) ~= "number" or j ~= j then fail("option 'lifetime_jitter' must be a number, got %s", tostring(j)) end
+    if j < 0 or j >= 1 then fail("option 'lifetime_jitter' must be in [0, 1), got %s", tostring(j)) end
+    if not c.max_lifetime then fail("option 'lifetime_jitter' needs max_lifetime") end
+    c.lifetime_jitter = j
+  end
+  if o.pause_mode ~= nil and o.pause_mode ~= "queue" and o.pause_mode ~= "fail" then
+    fail("option 'pause_mode' must be \"queue\" or \"fail\", got %s", tostring(o.pause_mode))
+  end
+  if o.probe ~= nil and type(o.probe) ~= "boolean" then
+    fail("option 'probe' must be a boolean, got %s", type(o.probe))
+  end
+  c.pause_mode = o.pause_mode or "queue"
+  c.probe = o.probe == true
+  if o.seed ~= nil and (not is_int(o.seed) or o.seed < 0 or o.seed >= 2^64) then
+    fail("option 'seed' must be an integer in [0, 2^64), got %s", tostring(o.seed))
+  end
+  c.seed = o.seed
+  if o.backend ~= nil then
+    local _, err = load_backend(o.backend)
+    if err then fail("option 'backend' %s (got %s)", err, tostring(o.backend)) end
+    c.backend = o.backend
+  end
+  return c
+end
+
+---------------------------------------------------------------------------
+-- Schedulers
+---------------------------------------------------------------------------
+
+local ADAPTER_FIELDS = { "now", "current", "wait", "wake", "spawn", "sleep" }
+-- Optional; the driver calls each one it finds (docs/decisions.md, "Schedulers").
+local ADAPTER_OPTIONAL = { "background", "done", "alive", "yieldable", "exiting", "log" }
+-- Modules of clientpool/sched/ that are building blocks, not adapters.
+local NOT_ADAPTERS = { core = true, hosted = true }
+
+function M.scheduler(s)
+  if s == nil then
+    local ngx = rawget(_G, "ngx")
+    if type(ngx) == "table" and type(ngx.get_phase) == "function" then s = "ngx" else s = "loop" end
+  end
+  if type(s) == "string" then
+    local ok, mod
+    if NOT_ADAPTERS[s] then
+      ok, mod = false, "module 'clientpool.sched." .. s .. "' not found"
+    else
+      ok, mod = pcall(require, "clientpool.sched." .. s)
+    end
+    if not ok then
+      local msg = tostring(mod)
+      if msg:find("module 'clientpool.sched." .. s .. "' not found", 1, true) then
+        error("clientpool: option 'scheduler': no scheduler named '" .. s ..
+              "' (built in: loop, ngx, cqueues, luv, copas; or give an adapter table)", 3)
+      end
+      -- the adapter is there, its host is not (copas not installed for this
+      -- Lua, ngx outside OpenResty): say that, with the first line of why
+      error("clientpool: option 'scheduler': the '" .. s .. "' adapter cannot load here: " ..
+            (msg:match("^[^\n]*"):gsub("^[^:]+:%d+: ", "")), 3)
+    end
+    s = mod
+  end
+  if type(s) ~= "table" then
+    error("clientpool: option 'scheduler' must be a name or an adapter table, got " .. type(s), 3)
+  end
+  for _, f in ipairs(ADAPTER_FIELDS) do
+    if type(s[f]) ~= "function" then
+      error("clientpool: option 'scheduler': the adapter lacks function '" .. f .. "'", 3)
+    end
+  end
+  for _, f in ipairs(ADAPTER_OPTIONAL) do
+    local v = s[f]
+    if v ~= nil and type(v) ~= "function" then
+      error("clientpool: option 'scheduler': the adapter's '" .. f .. "' must be a function when given, got " ..
+            type(v), 3)
+    end
+  end
+  return s
+end
+
+return M

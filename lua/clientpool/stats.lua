@@ -1,0 +1,97 @@
+--- clientpool.stats (internal): what a pool reports about itself.
+--
+-- Owns pool:stats() (the engine's counters as a plain table, per key too)
+-- and the detail of a timeout or full refusal (snapshot: the counts at
+-- that moment, printable like HikariCP's exhaustion message).
+
+local base = require "clientpool.base"
+local events = require "clientpool.events"
+base.own_source()
+
+local pairs, setmetatable, tostring, getmetatable = pairs, setmetatable, tostring, getmetatable
+local string_format = string.format
+local hook_key, not_a_pool = base.hook_key, base.not_a_pool
+local pump, reap_dead_waiters = events.pump, events.reap_dead_waiters
+local Pool = base.Pool
+
+local M = {}
+
+---------------------------------------------------------------------------
+-- Details of timeout and full: counts, printable like HikariCP's message.
+---------------------------------------------------------------------------
+
+local Detail = {}
+Detail.__index = Detail
+Detail.__tostring = function(d)
+  local head
+  if d.reason == "timeout" then
+    head = string_format("timeout after %.3fs", d.waited or 0)
+  elseif d.reason == "max_keys" then
+    head = "max_keys keys exist"
+  else
+    head = "max_waiting acquisitions wait already"
+  end
+  local s = string_format("%s (live=%d, idle=%d, active=%d, waiting=%d)", head, d.live, d.idle, d.active, d.waiting)
+  if d.paused then s = s .. ", paused: " .. tostring(d.paused) end
+  return s
+end
+Detail.__concat = function(a, b) return tostring(a) .. tostring(b) end
+
+local function snapshot(self, reason, name, waited)
+  -- the scratch table: read at once, and a fresh stats table (with its
+  -- closed_by) per timeout was most of the garbage of a timed-out wait
+  local s = self._e:stats(-1, self._scratch)
+  -- paused: why admission was held (the key's or the pool's pause reason,
+  -- "probe" while a half-open gate admits one at a time), else nil
+  local paused = self._paused or (name and self._kpaused[name]) or nil
+  if not paused and self._c.probe then
+    local k = name and self._kids[name]
+    if self._e:gate(-1) == 2 or (k and self._e:gate(k) == 2) then paused = "probe" end
+  end
+  return setmetatable({ live = s.live, idle = s.idle, active = s.active, waiting = s.waiting,
+                        leases = s.leases, creating = s.creating, key = hook_key(name),
+                        waited = waited, reason = reason, paused = paused }, Detail)
+end
+M.snapshot = snapshot
+
+-- The engine's refusals of an acquisition (acquire, try_acquire and
+-- checkout map them the same way): REFUSED[st] is true for them, and
+-- refused(self, st, name) returns the caller's nil, code[, detail].
+local core = base.core
+local FULL, PAUSED, CLOSED = core.FULL, core.PAUSED, core.CLOSED
+M.REFUSED = { [FULL] = true, [PAUSED] = true, [CLOSED] = true }
+
+function M.refused(self, st, name)
+  if st == FULL then
+    return nil, "full", snapshot(self, "full", name)
+  elseif st == PAUSED then
+    return nil, "paused", self._kpaused[name] or self._paused or "probe"
+  end
+  return nil, "closed"
+end
+
+-- A key that could not be opened (keys.lua's key_id failed with kerr).
+function M.no_key(self, kerr, name)
+  if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
+  return nil, "closed"
+end
+
+--- A plain table of counters; `keys` holds the same per key.
+function Pool:stats()
+  if getmetatable(self) ~= Pool then not_a_pool(self, "stats") end
+  pump(self)
+  reap_dead_waiters(self)
+  local e = self._e
+  local s = e:stats(-1, {})
+  s.paused = self._paused
+  s.floor_spent = self._spent
+  local keys = {}
+  for name, k in pairs(self._kids) do
+    local ks = e:stats(k, {})
+    if ks then ks.paused = self._kpaused[name] or false; keys[name] = ks end
+  end
+  s.keys = keys
+  return s
+end
+
+return M
