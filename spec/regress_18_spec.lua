@@ -408,4 +408,16 @@ describe("issue 18", function()
       assert(math.abs(r.t - 1) < 1e-9, "the waiter ended after " .. r.t .. " s, its timeout was 1 s")
     end)
   end)
+  -------------------------------------------------------------------------
+  -- Found by the driver's stress test with the collector running on its
+  -- own (spec/stress_model.lua).
+  describe("found by the stress test", function()
+    it("a collection while a lease is released (or its create fails) does not report it as leaked", function()
+      fresh("release-gc")
+    end)
+
+    it("stats() is one snapshot when a lease is collected while it reads the engine", function()
+      fresh("stats-snapshot")
+    end)
+  end)
 end)

@@ -435,8 +435,11 @@ function M.run(seed, opts)
       if c.key ~= kname(key) then violation("destroy event of c" .. c.id .. " with key " .. tostring(key)) end
     end
   end)
-  pool:on("leak", function(_, info)
-    if info.leaked then Mo.leak_events = Mo.leak_events + 1 end
+  pool:on("leak", function(key, info)
+    if info.leaked then
+      Mo.leak_events = Mo.leak_events + 1
+      log("leak event (key %s)", tostring(key))
+    end
   end)
   pool:on("acquire", function(_, _, waited)
     local call = cur_call()

@@ -50,6 +50,12 @@ local _M = { _VERSION = "0.1.0" }
 -- otherwise: "ffi" (LuaJIT) or "core".
 _M.backend = base.BACKEND
 
+--- The default key's name (acquire without a key, or with nil, uses it):
+-- pause, resume and retire take it to mean the default key alone (no key
+-- means the whole pool); stats().keys and the pause and resume events name
+-- the default key so. Hooks receive nil for it.
+_M.DEFAULT_KEY = DEFAULT
+
 --- Runtime outcome codes, returned as the second value of a failed acquire.
 _M.codes = { timeout = "timeout", full = "full", closed = "closed", cancelled = "cancelled",
              create = "create", paused = "paused" }
@@ -91,6 +97,7 @@ function _M.new(opts)
     _paused = false, _kpaused = {}, _pause_gen = 0,   -- admission
     _strikes = 0, _spent = false, _refilling = 0,     -- floor
     _rec_leases = c.capacity > 1 and {} or nil,       -- lease: record -> its co-holders
+    _lost = c.capacity > 1 and {} or nil,             -- lease: shared records lost, until destroyed
     _scratch = {}, _drain_hs = nil,         -- stats' scratch table; drain: drain() waiters
     _pgen = {}, _pgen_next = 0,             -- admission: pause generations
     _adopted = setmetatable({}, WEAK_KEYS), -- acquire: try_acquire's adopted coroutines
