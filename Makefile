@@ -227,7 +227,7 @@ test-busted-asan: build/asan-lua5.4/clientpool/core.so
 
 .PHONY: fuzz fuzz-ci fuzz-merge coverage soak soak-valgrind stress $(addprefix stress-,$(INTERPS)) stress-luajit-ffi
 
-# The driver's model-checked random workload (spec/clientpool_stress_spec.lua,
+# The driver's model-checked random workload (spec/stress_spec.lua,
 # spec/stress_model.lua) for longer than the 200 seeds each busted step of
 # `make test` runs: STRESS_SEEDS seeds from STRESS_SEED on every interpreter
 # and both LuaJIT backends. STRESS_FLAGS passes more, e.g.
@@ -244,7 +244,7 @@ define stress_rule
 stress-$(1): build/$(3)/clientpool/core.so
 	@env CLIENTPOOL_STRESS_SEEDS=$$(STRESS_SEEDS) CLIENTPOOL_STRESS_SEED=$$(STRESS_SEED) $$(STRESS_FLAGS) \
 	  CLIENTPOOL_BACKEND=$(2) scripts/busted-run.sh $(3) '--lpath=$$(LPATH)' '--cpath=./build/$(3)/?.so' \
-	  spec/clientpool_stress_spec.lua
+	  spec/stress_spec.lua
 endef
 $(foreach i,$(INTERPS),$(eval $(call stress_rule,$(i),core,$(i))))
 $(eval $(call stress_rule,luajit-ffi,ffi,luajit))

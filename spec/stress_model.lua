@@ -1,6 +1,6 @@
 -- The driver's randomized, seeded, model-checked stress test (issue 18):
 -- the Lua API's counterpart of the engine's fuzzer (spec/c/fuzz_engine.c),
--- which cannot see the driver. spec/clientpool_stress_spec.lua runs it over
+-- which cannot see the driver. spec/stress_spec.lua runs it over
 -- many seeds; `make stress` runs it longer.
 --
 -- One seed: a random configuration (max_live 1-4, capacity 1-3, idle caps,
