@@ -59,7 +59,6 @@ local function lost_share(self, rec)
   local lost = self._lost
   return lost ~= nil and lost[rec] == true
 end
-M.lost_share = lost_share
 M.grant = grant
 
 -- The granted idle record failed unpark or validate: it is retired as
@@ -356,7 +355,7 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
     return refused(self, st, name)
   end
   if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) and
-     not lost_share(self, rec) then
+     not (self._lost and self._lost[rec]) then   -- (lost_share, inline: the hot path)
     -- the common case: an idle client usable as it is
     local lease = new_lease(self, name, rec, l, g, self._clients[rec], sentinel, drain)
     if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, waited) end

@@ -36,7 +36,7 @@ local acquire = require "clientpool.acquire"
 local grant, wait_for, ready_idle, create_client = acquire.grant, acquire.wait_for, acquire.ready_idle,
                                                    acquire.create_client
 local acquire_from, acquire_opts = acquire.acquire_from, acquire.acquire_opts
-local lost_share, retry_opts = acquire.lost_share, acquire.retry_opts
+local retry_opts = acquire.retry_opts
 
 local M = {}
 
@@ -138,7 +138,7 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
     st, k = nil, nil
   end
   if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) and
-     not lost_share(self, rec) then
+     not (self._lost and self._lost[rec]) then   -- (acquire's lost_share, inline: the hot path)
     client = self._clients[rec]
   elseif k ~= nil and REFUSED[st] then
     return refused(self, st, name)
