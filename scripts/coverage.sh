@@ -27,9 +27,10 @@ set -e
 "$cc" "${flags[@]}" -c "$root/spec/c/whitebox.c" -o "$out/obj/whitebox.o"
 "$cc" "${flags[@]}" -c "$root/csrc/clock.c" -o "$out/obj/clock.o"
 "$cc" "${flags[@]}" -I/usr/include/lua5.4 -c "$root/csrc/lclientpool.c" -o "$out/obj/lclientpool.o"
+"$cc" "${flags[@]}" -I/usr/include/lua5.4 -c "$root/csrc/lfastpath.c" -o "$out/obj/lfastpath.o"
 "$cc" "${flags[@]}" "$root/spec/c/test_engine.c" "$out/obj/whitebox.o" "$out/obj/clock.o" -lm -o "$out/test_engine"
 "$cc" -shared --coverage -o "$out/lua5.4/clientpool/core.so" \
-  "$out/obj/whitebox.o" "$out/obj/clock.o" "$out/obj/lclientpool.o" -lm
+  "$out/obj/whitebox.o" "$out/obj/clock.o" "$out/obj/lclientpool.o" "$out/obj/lfastpath.o" -lm
 set +e
 
 echo "coverage: C tests: $("$out/test_engine" | tail -n 1)"

@@ -3327,6 +3327,24 @@ static void t_floor_within_max_idle(void) {
   CHECK_EQ(pstats(p).idle, 1);
 }
 
+/* The engine takes a floor above per_key.max_idle (the driver refuses
+ * one): the key's max_idle caps the refills, so none is made only to be
+ * closed as max_idle. */
+static void t_floor_within_key_max_idle(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t w, r, kk;
+  c.max_live = 4; c.max_idle = 4; c.min_idle = 2; c.key_max_idle = 1;
+  p = POOL(c);
+  w = PKEY(p);
+  r = WARM_RECORD(p, w, 0);
+  CHECK(r >= 0);
+  CHECK_EQ(clientpool_refill(p, 0, &kk), -1);   /* the key is at its max_idle */
+  drain(p);
+  CHECK_EQ(KSTATS(p, w).idle, 1);
+  CHECK_EQ(pstats(p).creating, 0);
+}
+
 /* The floor signals only for warm keys; a closed pool never refills. */
 static void t_floor_edges(void) {
   clientpool_config_t c = cfg_base();
@@ -3868,6 +3886,7 @@ static const test_t tests[] = {
   T(t_idle_expiry_never_early_by_rounding),
   T(t_floor_edges),
   T(t_floor_within_max_idle),
+  T(t_floor_within_key_max_idle),
   T(t_queries_and_stale_handles),
   T(t_shared_fewest_leases_and_loss),
   T(t_shared_lifetime),
