@@ -25,7 +25,8 @@
 #                        lua-resty-redis under wrk; a table and an SVG)
 #   make demo-lua | bench | bench-nginx | lint | install | clean | cdef
 #
-# Single steps of `make test`: all test-c test-c-asan fuzz-ci test-busted-<interp>
+# Single steps of `make test`: all test-c test-c-asan test-fleet test-fleet-asan
+# test-fleet-valgrind fuzz-ci test-busted-<interp>
 # test-busted-luajit-ffi test-busted-asan test-valgrind-<interp> test-nginx
 # check-rockspec test-rocks soak-valgrind lint.
 #
@@ -60,7 +61,7 @@ SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
 BASEFLAGS  = $(WARNFLAGS) -fPIC -Icsrc
 LIBS      := -lm
 
-CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c csrc/lfastpath.c
+CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c csrc/lfastpath.c csrc/fleet.c csrc/lfleet.c
 ENGINE_SRCS := csrc/engine.c csrc/clock.c
 CTEST_SRC   := spec/c/test_engine.c
 # The C tests link the engine through spec/c/whitebox.c: csrc/engine.c as
@@ -91,7 +92,8 @@ lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LP
 LINT_DIRS = $(wildcard lua spec examples bench)
 
 .PHONY: all module test deps check-memory demo demo-lua bench lint install clean cdef \
-        test-c test-c-asan test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
+        test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind \
+        test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
         test-busted-luajit-ffi test-nginx bench-nginx
 
 all: $(foreach i,$(INTERPS),build/$(i)/clientpool/core.so)
@@ -147,6 +149,17 @@ build/ctest/test_engine-asan: $(CTEST_SRC) $(CTEST_LINK) $(ENGINE_SRCS) $(wildca
 	@mkdir -p $(@D)
 	$(CLANG) $(WARNFLAGS) $(SANFLAGS) -Icsrc -o $@ $(CTEST_SRC) $(CTEST_LINK) $(LIBS)
 
+# C fleet tests: forked processes on one shared segment; the test includes
+# csrc/fleet.c (its internals: the reclaim hook, the raw layout).
+FLEET_TEST_SRC := spec/c/test_fleet.c
+build/ctest/test_fleet: $(FLEET_TEST_SRC) csrc/fleet.c csrc/fleet.h
+	@mkdir -p $(@D)
+	$(CC) $(WARNFLAGS) -O2 -g -Icsrc -o $@ $(FLEET_TEST_SRC) $(LIBS)
+
+build/ctest/test_fleet-asan: $(FLEET_TEST_SRC) csrc/fleet.c csrc/fleet.h
+	@mkdir -p $(@D)
+	$(CLANG) $(WARNFLAGS) $(SANFLAGS) -Icsrc -o $@ $(FLEET_TEST_SRC) $(LIBS)
+
 -include $(wildcard build/obj/*/*.d)
 
 # ---------------------------------------------------------------- tests
@@ -154,7 +167,8 @@ build/ctest/test_engine-asan: $(CTEST_SRC) $(CTEST_LINK) $(ENGINE_SRCS) $(wildca
 deps:
 	@scripts/deps.sh
 
-TEST_STEPS := all test-c test-c-asan fuzz-ci $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
+TEST_STEPS := all test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind fuzz-ci \
+              $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
               test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.1 test-nginx check-rockspec \
               test-rocks soak-valgrind lint
 
@@ -168,6 +182,18 @@ test-c: build/ctest/test_engine
 
 test-c-asan: build/ctest/test_engine-asan
 	$(ASAN_ENV) build/ctest/test_engine-asan
+
+# The fleet's C tests (about 20 s), under ASan/UBSan, and under valgrind
+# memcheck (children follow the fork; a smaller hammer: FLEET_TEST_SCALE).
+test-fleet: build/ctest/test_fleet
+	build/ctest/test_fleet
+
+test-fleet-asan: build/ctest/test_fleet-asan
+	$(ASAN_ENV) FLEET_TEST_SCALE=50 build/ctest/test_fleet-asan
+
+test-fleet-valgrind: build/ctest/test_fleet
+	FLEET_TEST_SCALE=5 valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+	  build/ctest/test_fleet
 
 # On LuaJIT the suite runs twice: test-busted-luajit with the C API backend
 # (clientpool.core), test-busted-luajit-ffi with the FFI one (clientpool.ffi).
@@ -214,7 +240,7 @@ lint:
 	$(LUACHECK) $$([ -t 1 ] || echo --no-color) $(LINT_DIRS)
 
 check-memory:
-	@MAKE='$(MAKE)' scripts/run-steps.sh test-c-asan test-busted-asan
+	@MAKE='$(MAKE)' scripts/run-steps.sh test-c-asan test-fleet-asan test-busted-asan
 
 # The lua5.4 specs against build/asan-lua5.4 (ASan runtime preloaded).
 test-busted-asan: build/asan-lua5.4/clientpool/core.so
@@ -324,10 +350,16 @@ build/bench/engine_pair: bench/c/engine_pair.c $(ENGINE_SRCS) $(wildcard csrc/*.
 	@mkdir -p $(@D)
 	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/engine_pair.c $(ENGINE_SRCS) $(LIBS)
 
-bench: all build/bench/engine_pair
+build/bench/fleet_pair: bench/c/fleet_pair.c $(ENGINE_SRCS) csrc/fleet.c $(wildcard csrc/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/fleet_pair.c $(ENGINE_SRCS) csrc/fleet.c $(LIBS)
+
+bench: all build/bench/engine_pair build/bench/fleet_pair
 	@mkdir -p build/bench
 	@echo "== the engine alone (C, no Lua; absolute figures, a diagnostic)"
 	@build/bench/engine_pair
+	@echo "== what the fleet adds to that pair (C; docs/fleet.md, a diagnostic for B7)"
+	@build/bench/fleet_pair
 	@set -e; for r in $(BENCH_RUNS); do \
 	  case $$r in luajit-joff) i=luajit; flags=-joff ;; *) i=$$r; flags= ;; esac; \
 	  env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LPATH);;' \
@@ -352,14 +384,19 @@ install: module
 	cd lua && find clientpool -name '*.lua' | while read -r f; do \
 	  install -D -m 644 "$$f" '$(DESTDIR)$(LUA_SHAREDIR)'/"$$f" || exit 1; done
 
-# lua/clientpool/cdef.lua: the header without its preprocessor lines, for ffi.cdef.
+# lua/clientpool/cdef.lua and fleet_cdef.lua: the headers without their
+# preprocessor lines, for ffi.cdef.
+define cdef_gen
+	@if sed '/^#/d' $(1) | grep -q ']]'; then \
+	  echo "cdef: $(1) contains ']]', which would end the long string"; exit 1; fi
+	@{ echo '-- Generated by `make cdef` from $(1): do not edit.'; \
+	  echo 'return [['; sed '/^#/d' $(1); echo ']]'; } > $(2).tmp
+	@mv $(2).tmp $(2)
+	@echo "cdef: wrote $(2)"
+endef
 cdef:
-	@if sed '/^#/d' csrc/clientpool.h | grep -q ']]'; then \
-	  echo "cdef: csrc/clientpool.h contains ']]', which would end the long string"; exit 1; fi
-	@{ echo '-- Generated by `make cdef` from csrc/clientpool.h: do not edit.'; \
-	  echo 'return [['; sed '/^#/d' csrc/clientpool.h; echo ']]'; } > lua/clientpool/cdef.lua.tmp
-	@mv lua/clientpool/cdef.lua.tmp lua/clientpool/cdef.lua
-	@echo "cdef: wrote lua/clientpool/cdef.lua"
+	$(call cdef_gen,csrc/clientpool.h,lua/clientpool/cdef.lua)
+	$(call cdef_gen,csrc/fleet.h,lua/clientpool/fleet_cdef.lua)
 
 clean:
 	rm -rf build luacov.stats.out luacov.report.out

@@ -39,11 +39,11 @@ typedef struct clientpool clientpool_t;
 typedef struct clientpool_config {
   int32_t min_idle;            /* warm floor per warm key */
   int32_t max_idle;            /* idle records, whole pool */
-  int32_t max_live;            /* records open or being created, whole pool */
+  int32_t max_live;            /* records open, being created or being closed, whole pool */
   int32_t max_concurrency;     /* leases held at once, whole pool */
   int32_t max_waiting;         /* queued acquisitions, 0 = fail fast */
   int32_t capacity;            /* leases one record may carry at once */
-  int32_t key_max_live;        /* per-key cap on live records, < 0 = none */
+  int32_t key_max_live;        /* per-key cap on records (as max_live), < 0 = none */
   int32_t key_max_idle;        /* per-key cap on idle records, < 0 = none */
   int32_t max_keys;            /* keys that may exist at once, < 0 = none */
   int32_t pause_fail;          /* 1: a paused gate fails acquisitions (PAUSED) */
@@ -52,6 +52,9 @@ typedef struct clientpool_config {
   double lifetime_jitter;      /* fraction in [0,1): lifetime shortened by up to it */
   double validate_after_idle;  /* validate only if idle at least this long */
   double leak_threshold;       /* report leases held longer */
+  double create_backoff;       /* after a failed create, a key's creates wait a window of
+                                  about this (doubling per failure in a row); <= 0 = off */
+  double create_backoff_max;   /* the window's bound (>= create_backoff when on) */
   uint64_t seed;               /* seed of the per-pool jitter generator */
 } clientpool_config_t;
 
@@ -75,7 +78,9 @@ enum {
   CLIENTPOOL_TIMEOUT = 7,      /* the waiter's deadline passed */
   CLIENTPOOL_CANCELLED = 8,    /* the waiter was cancelled */
   CLIENTPOOL_STALE = 9,        /* the (slot, gen) handle is no longer valid */
-  CLIENTPOOL_PAUSED = 10       /* a paused gate refused the acquisition (pause_fail) */
+  CLIENTPOOL_PAUSED = 10,      /* a paused gate refused the acquisition (pause_fail) */
+  CLIENTPOOL_BACKOFF = 11      /* acquire: it would create, the key is backing off after
+                                  failed creates and no client of it may come back soon */
 };
 
 /* Why a record was destroyed: the index into clientpool_stats_t.closed_by. */
@@ -89,18 +94,28 @@ enum {
   CLIENTPOOL_BY_LEAKED = 6,    /* its lease was collected while held */
   CLIENTPOOL_BY_RETIRED = 7,   /* retired by the driver */
   CLIENTPOOL_BY_EVICTED = 8,   /* idle, destroyed to make room for another key */
-  CLIENTPOOL_BY_COUNT = 9
+  CLIENTPOOL_BY_RESIZED = 9,   /* over a cap lowered by clientpool_configure / key_caps */
+  CLIENTPOOL_BY_COUNT = 10
 };
 
-/* Event types returned by clientpool_next_event.  The slot of a destroyed
- * record and the id of a forgotten key are reused only after their
- * EV_DESTROY / EV_KEY_FREE has been read: a driver that drains events later
- * (after a finalizer's clientpool_leak) never sees its ids renamed; until
- * then calls with the forgotten key id return STALE. */
+/* Event types returned by clientpool_next_event.  The id of a forgotten key
+ * is reused only after its EV_KEY_FREE has been read, and the slot of a
+ * destroyed record only after both its EV_DESTROY has been read and the
+ * driver reported the destroy done (clientpool_destroyed): a driver that
+ * drains events later (after a finalizer's clientpool_leak) never sees its
+ * ids renamed; until then calls with the forgotten key id return STALE.
+ *
+ * The cap is physical.  A record counts against max_live and its key's cap
+ * from its reservation until the driver reports, with clientpool_destroyed,
+ * that its destroy hook returned or failed: EV_DESTROY starts a destroy
+ * (the record is `closing`), it does not free anything.  Waiters are served
+ * from that capacity only then.  A driver without a destroy hook calls
+ * clientpool_destroyed at once when it reads EV_DESTROY. */
 enum {
   CLIENTPOOL_EV_NONE = 0,
   CLIENTPOOL_EV_WAKE = 1,      /* a = waiter slot, b = its gen: it has a result */
-  CLIENTPOOL_EV_DESTROY = 2,   /* a = record slot, b = reason, c = key */
+  CLIENTPOOL_EV_DESTROY = 2,   /* a = record slot, b = reason, c = key: run its destroy
+                                  hook, then call clientpool_destroyed(a) */
   CLIENTPOOL_EV_TIMER = 3,     /* t = the earliest deadline, earlier than armed */
   CLIENTPOOL_EV_KEY_FREE = 4,  /* a = key id: it is empty and forgotten */
   CLIENTPOOL_EV_LEAK = 5,      /* a = lease slot, b = gen, c = key: held past leak_threshold;
@@ -136,7 +151,8 @@ typedef struct clientpool_event {
 typedef struct clientpool_stats {
   double opened;               /* records created successfully */
   double reused;               /* idle records granted */
-  double closed;               /* records destroyed after opening */
+  double closed;               /* records destroyed after opening (counted when the
+                                  destroy starts: see closing) */
   double leaked;               /* leases collected while held */
   double timeouts;             /* waiters that reached their deadline */
   double rejected;             /* acquisitions refused: full */
@@ -144,13 +160,15 @@ typedef struct clientpool_stats {
   double create_failed;        /* reservations forfeited by a failed create */
   double wait_count;           /* waits that ended, whatever the outcome */
   double wait_time;            /* seconds spent in those waits */
-  double closed_by[9];         /* indexed by CLIENTPOOL_BY_* */
-  int32_t live;                /* records open (opened - closed) */
+  double closed_by[10];        /* indexed by CLIENTPOOL_BY_* */
+  int32_t live;                /* records open (opened - closed): idle or active */
   int32_t idle;                /* records idle */
   int32_t active;              /* records carrying leases */
   int32_t leases;              /* leases held */
   int32_t creating;            /* reservations whose client is being created */
   int32_t waiting;             /* queued waiters */
+  int32_t closing;             /* records whose destroy started and is not reported
+                                  done: live + creating + closing <= max_live */
 } clientpool_stats_t;
 
 /* Creates an engine.  Returns CLIENTPOOL_OK and sets *out, or EINVAL for a
@@ -159,6 +177,28 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out);
 
 /* Frees the engine and everything it holds.  NULL is accepted. */
 void clientpool_free(clientpool_t *p);
+
+/* Changes the config of a running engine: every count and duration,
+ * pause_fail and the backoff; capacity and seed cannot change.  Returns 0,
+ * EINVAL (a config clientpool_new would refuse, or another capacity or
+ * seed: nothing changes), ENOMEM (nothing changes) or ECLOSED.
+ *   A lower max_live or per-key max_live retires idle records at once
+ *   (least recently used first, BY_RESIZED) while the pool or key holds
+ *   more than the cap (open or being created); leased ones finish and are
+ *   destroyed at release while it still does (BY_RESIZED); new creates
+ *   wait until live + creating + closing is under the cap.  A lower max_idle
+ *   or per-key max_idle retires idle records the same way (BY_MAX_IDLE).
+ *   A higher cap serves waiters at once.  A lower max_waiting refuses new
+ *   waiters and keeps the queued ones; a lower max_concurrency or max_keys
+ *   lets held leases and open keys stay.
+ *   max_lifetime: every record's lifetime deadline is scaled by new/old
+ *   (its jitter kept), set for records that had none (jitter drawn in
+ *   creation order), or dropped; leak_threshold: held leases are measured
+ *   against the new value (a report already made is not made again);
+ *   idle_timeout, validate_after_idle, lifetime_jitter and the backoff
+ *   apply from now (backoff off ends every window).  A deadline that moved
+ *   earlier is announced (EV_TIMER). */
+int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double now);
 
 /* Opens a new key and returns its id (>= 0), or EKEYS when max_keys keys
  * exist, or ECLOSED.  Key ids are small integers reused after the key is
@@ -170,25 +210,66 @@ int32_t clientpool_key_open(clientpool_t *p);
  * as a warm key, whose min_idle floor the engine signals (EV_REFILL). */
 int clientpool_key_pin(clientpool_t *p, int32_t key, int32_t pinned);
 
+/* Gives key its own caps, in place of the pool's per-key ones (< 0: the
+ * pool's again): max_live in [0, cfg max_live], max_idle in [0, cfg
+ * max_idle] (a later configure may lower the pool's below them: the
+ * pool's caps still bound everything).  Lowering retires and destroys as
+ * clientpool_configure does; raising serves waiters at once.  A key with
+ * caps of its own is not forgotten until they are cleared (or the pool is
+ * closed: then as any key).  For the fleet:
+ * each process's share of a key's budget.  Returns 0, EINVAL or ECLOSED. */
+int clientpool_key_caps(clientpool_t *p, int32_t key, int32_t max_live, int32_t max_idle, double now);
+
 /* Forgets a key that holds nothing (for the driver, after an acquisition
  * that could not wait); a key in use or pinned is left alone.  Returns 1 if
  * the key was forgotten (an EV_KEY_FREE is queued), else 0. */
 int clientpool_key_forget(clientpool_t *p, int32_t key);
 
 /* Acquire for key at time now.  Fills *g with GRANT_IDLE, GRANT_CREATE,
- * MUST_WAIT, FULL or CLOSED and returns g->status.  MUST_WAIT changes nothing:
- * the driver then calls clientpool_wait or gives up.  Expired idle records met
- * on the way are destroyed (events). */
+ * MUST_WAIT, FULL or CLOSED and returns g->status.  MUST_WAIT: the driver
+ * then calls clientpool_wait or gives up (clientpool_key_forget).  Expired
+ * idle records met on the way are destroyed (events).  At max_live, with
+ * an idle record of another key and no destroy under way, the acquisition
+ * starts that record's eviction and returns MUST_WAIT (or FULL): the room is
+ * there once the destroy is reported, and the waiter is served then. */
 int clientpool_acquire(clientpool_t *p, int32_t key, double now, clientpool_grant_t *g);
 
-/* Queues a waiter for key with an absolute deadline (< 0 = none).  Returns
- * the waiter slot (>= 0) and sets *gen, or CLIENTPOOL_FULL, or
- * CLIENTPOOL_CLOSED (as a negative number: -status). */
+/* Queues a waiter for key with an absolute deadline (< 0 = none), priority
+ * 0.  Returns the waiter slot (>= 0) and sets *gen, or CLIENTPOOL_FULL, or
+ * CLIENTPOOL_CLOSED (as a negative number: -status), or ENOMEM. */
 int32_t clientpool_wait(clientpool_t *p, int32_t key, double deadline, double now, uint32_t *gen);
+
+/* Priorities.  Among the waiters that can use what is freed, a higher
+ * priority is served first, arrival order within one priority, the
+ * cross-key rule and max_waiting as ever.  A waiter of priority n is
+ * placed as if it had arrived n * CLIENTPOOL_PRIORITY_STEP acquisitions
+ * earlier: so a waiter is passed over by at most (P - n) *
+ * CLIENTPOOL_PRIORITY_STEP waiters that queued after it, P the highest
+ * priority among them (the aging bound: every PRIORITY_STEP arrivals after
+ * it count as one step up).  O(log n) per wait and grant. */
+enum { CLIENTPOOL_PRIORITY_STEP = 64 };
+
+/* As clientpool_wait, with a priority (any int32; default 0). */
+int32_t clientpool_wait_priority(clientpool_t *p, int32_t key, double deadline, int32_t priority, double now,
+                                 uint32_t *gen);
 
 /* Reports the outcome of a GRANT_CREATE reservation: ok = 1 makes the record
  * live and its lease valid; ok = 0 forfeits the reservation and hands the
- * capacity on.  Returns 0, or STALE. */
+ * capacity on.  Returns 0, or STALE.
+ *
+ * Create backoff (create_backoff > 0).  Each failed create of a key (a
+ * refill's too) opens a window in which the key creates nothing: its
+ * length is d/2 + d/2 * r, with d = min(create_backoff_max, create_backoff
+ * * 2^(failures in a row - 1)) and r from the pool's seeded generator
+ * ("equal jitter").  Meanwhile an acquisition of the key that would create
+ * gets BACKOFF, unless a client of the key may come back soon (a record of
+ * it is leased, or a create of it is in flight): then it waits as usual.
+ * Waiters queued meanwhile are served when the window ends (a deadline of
+ * the engine's, EV_TIMER).  After the window only one create of the key is
+ * in flight at a time until one succeeds; a successful create ends the
+ * backoff, and create_backoff_max seconds after the window without a
+ * create in flight the failures are forgotten.  A key is not forgotten
+ * while it backs off. */
 int clientpool_created(clientpool_t *p, int32_t record, int32_t ok, double now);
 
 /* Ends a lease.  reason < 0 returns the record for reuse (it is destroyed
@@ -216,6 +297,13 @@ int clientpool_abandon(clientpool_t *p, int32_t waiter, uint32_t gen, double now
  * the leaked counter rises.  Returns 0 or STALE. */
 int clientpool_leak(clientpool_t *p, int32_t lease, uint32_t gen, double now);
 
+/* The driver carried out the EV_DESTROY of record: its destroy hook
+ * returned or failed (or there is none).  The record stops counting against
+ * max_live and its key's cap, waiters are served from the room, and its
+ * slot is reused once its EV_DESTROY has been read too.  Call it once per
+ * EV_DESTROY.  Returns 0, or STALE when record is not closing. */
+int clientpool_destroyed(clientpool_t *p, int32_t record, double now);
+
 /* Marks a record so it is destroyed at release (or at once if idle). */
 int clientpool_retire(clientpool_t *p, int32_t record, double now);
 
@@ -235,13 +323,23 @@ int clientpool_retire_upto(clientpool_t *p, int32_t record, double now);
 /* The client of a lease could not be used (validate or unpark failed on
  * idle reuse): its record is destroyed (BY_INVALID) and the same caller is
  * granted again at once, ahead of any queued waiter, so it keeps its place:
- * another idle record of the key, or a reservation in the room just freed.
+ * another idle record of the key, or a reservation where there is room.
  * Returns the grant's status (*g filled as by acquire): GRANT_IDLE,
  * GRANT_CREATE, CLOSED if the pool was closed meanwhile (the record is
- * destroyed all the same), MUST_WAIT if nothing can be granted now (the
- * pool or key was paused meanwhile; with capacity > 1 a co-holder keeps the
- * record and nothing else is free; out of memory): the caller then queues
- * as a new acquisition. STALE for an unknown lease. */
+ * destroyed all the same), MUST_WAIT if nothing can be granted now.
+ *   MUST_WAIT after a pause that came meanwhile: the caller queues as a new
+ *   acquisition, like anyone.
+ *   Any other MUST_WAIT (at max_live the invalid record's room comes only
+ *   when its destroy is reported; with capacity > 1 a co-holder keeps the
+ *   record and nothing else is free; out of memory): the caller keeps its
+ *   place.  Its next clientpool_acquire for the key may take what is free
+ *   ahead of the key's waiters, and if that says MUST_WAIT its
+ *   clientpool_wait queues it ahead of every waiter.  Until that next call
+ *   nothing is served (a destroy reported meanwhile keeps its room for the
+ *   caller), so the driver acquires again at once; the place ends at its
+ *   next clientpool_acquire or clientpool_wait (whatever key) or
+ *   clientpool_key_forget, and at close.
+ * STALE for an unknown lease. */
 int clientpool_regrant(clientpool_t *p, int32_t lease, uint32_t gen, double now, clientpool_grant_t *g);
 
 /* Whether releasing the lease for reuse at `now` would close its record for

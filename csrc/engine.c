@@ -13,11 +13,15 @@
 
 #define NONE (-1)
 
-enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED };
+enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED, R_CLOSING };
 enum { W_FREE = 0, W_QUEUED, W_DONE };
-enum { H_LIFETIME = 0, H_WAITER, H_LEASE };
+enum { H_LIFETIME = 0, H_WAITER, H_LEASE, H_BACKOFF };
 enum { RH_IDLE = 0, RH_CREATE = 1 };
 enum { PROBE_NONE = 0, PROBE_READY, PROBE_OUT };
+/* Create backoff of a key: none; a window in which it creates nothing;
+ * after it, one create at a time until one succeeds (its deadline: when the
+ * failures are forgotten, unless a create is in flight). */
+enum { B_NONE = 0, B_WINDOW, B_PROBE };
 
 /* Admission gate of the pool or of a key: paused, or half-open (one probe
  * admitted, the rest held until its lease reports a continuing outcome). */
@@ -40,7 +44,10 @@ typedef struct record {
   uint8_t state;
   uint8_t retire;        /* RETIRED | LIFETIME_OVER: no new leases; destroyed at release */
   uint8_t doomed;        /* a co-holder lost it (reason + 1): destroyed when the last lease ends */
-  uint8_t refill;        /* while creating: a warm-floor reservation (no lease) */
+  union {
+    uint8_t refill;      /* R_CREATING: a warm-floor reservation (no lease) */
+    uint8_t seen;        /* R_CLOSING: its EV_DESTROY has been read */
+  };
   double created;        /* strictly increasing, so it is also the creation order */
   union {
     struct {             /* R_IDLE */
@@ -73,23 +80,31 @@ typedef struct waiter {
   int32_t record, lease;
   uint32_t lease_gen;
   int32_t validate, shared;
-  int32_t prev, next;    /* the key's FIFO queue */
+  int32_t wpos;          /* position in its key's queue (a heap by place), or NONE */
   int32_t hpos;          /* deadline entry, or NONE */
   int32_t next_free;
   int32_t passed;        /* times a younger waiter of another key took an idle record first */
-  uint64_t seq;
+  int64_t seq;           /* its arrival number */
+  int64_t order;         /* its place: seq - priority * CLIENTPOOL_PRIORITY_STEP, or below
+                          * every place for a caller that kept its own (clientpool_regrant) */
   double enq, idle, waited;
 } waiter_t;
 
 typedef struct key {
   int32_t used, pinned;
   int32_t idle_top;      /* top of the LIFO idle stack */
-  int32_t wq_head, wq_tail;
+  int32_t *wheap, wlen, wcap;  /* queued waiters, a heap by place (order, then seq) */
   int32_t rpos;          /* position in its ready heap, or NONE */
   int32_t rheap;         /* which ready heap: RH_IDLE, RH_CREATE or NONE */
   int32_t next_free;
   int32_t refilling;     /* warm-floor reservations in flight */
   int32_t wrefs;         /* waiter slots naming this key (queued or unclaimed) */
+  int32_t fails;         /* creates failed in a row (create backoff) */
+  int32_t bstate;        /* B_NONE, B_WINDOW, B_PROBE */
+  int32_t bpos;          /* its backoff deadline entry, or NONE */
+  int32_t cap_live;      /* clientpool_key_caps: this key's max_live, or NONE (the pool's) */
+  int32_t cap_idle;      /* and its max_idle, or NONE */
+  int32_t lim_live;      /* > cap after a cap was lowered: what the key held then (0: none) */
   int32_t *oheap, olen, ocap;  /* open records (capacity > 1) by fewest leases */
   double retire_before;  /* records created earlier are retired */
   double retire_upto;    /* records created up to this instant are retired */
@@ -103,13 +118,20 @@ typedef struct hent {
   int32_t idx;
 } hent_t;
 
+/* A binary heap of deadlines, earliest first; each entry's owner keeps its
+ * position (hpos_of). */
+typedef struct heap {
+  hent_t *a;
+  int32_t len, cap;
+} heap_t;
+
 struct clientpool {
   clientpool_config_t cfg;
   int32_t closed;
   double now;            /* the latest time seen: time never runs backwards */
   double armed;          /* the deadline the driver's timer is set for */
   uint64_t rng;
-  uint64_t seq;
+  int64_t seq;           /* arrivals so far */
 
   record_t *rec; int32_t nrec, rec_free;
   lease_t *lea; int32_t nlea, lea_free;
@@ -117,6 +139,11 @@ struct clientpool {
   key_t_ *keys; int32_t nkeys, key_free, keys_used;
   int32_t g_oldest, g_newest;   /* pool-wide idle list */
   int32_t hold_key;             /* the key an acquire works on: not forgotten meanwhile */
+  int32_t kept;                 /* the key whose regrant caller keeps its place, or NONE */
+  /* after clientpool_configure lowered a cap: the count then (0: none, or
+   * back under the cap), for clientpool_check: nothing grows past a cap,
+   * but what was there may stay until it ends */
+  int32_t lim_live, lim_leases, lim_waiting, lim_keys;
   int32_t *warm; int32_t nwarm, warmcap;  /* pinned keys: the warm floor's keys */
   int32_t floor_on, refill_signalled;
   int32_t refilling;            /* warm-floor reservations in flight, all keys */
@@ -125,12 +152,15 @@ struct clientpool {
   double last_created;          /* the latest record_t.created handed out */
   gate_t gate;
 
-  hent_t *heap; int32_t hlen, hcap;   /* deadlines */
+  heap_t dl;                          /* deadlines */
   int32_t *rheap[2]; int32_t rlen[2]; /* ready keys, each sized nkeys */
 
   clientpool_event_t *ev; int32_t evcap, evhead, evlen;
   clientpool_stats_t st;
 };
+
+static void finish(clientpool_t *p, double now);
+static int32_t closing_reason(const clientpool_t *p, const record_t *x, double now);
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -181,61 +211,62 @@ static int32_t *hpos_of(clientpool_t *p, const hent_t *e) {
   switch (e->kind) {
   case H_LIFETIME: return &p->rec[e->idx].hpos;
   case H_WAITER: return &p->wai[e->idx].hpos;
+  case H_BACKOFF: return &p->keys[e->idx].bpos;
   default: return &p->lea[e->idx].hpos;
   }
 }
 
-static void hset(clientpool_t *p, int32_t i, hent_t e) {
-  p->heap[i] = e;
-  *hpos_of(p, &p->heap[i]) = i;
+static void hset(clientpool_t *p, heap_t *h, int32_t i, hent_t e) {
+  h->a[i] = e;
+  *hpos_of(p, &h->a[i]) = i;
 }
 
-static void hup(clientpool_t *p, int32_t i) {
-  hent_t e = p->heap[i];
+static void hup(clientpool_t *p, heap_t *h, int32_t i) {
+  hent_t e = h->a[i];
   while (i > 0) {
     int32_t parent = (i - 1) / 2;
-    if (p->heap[parent].t <= e.t) break;
-    hset(p, i, p->heap[parent]);
+    if (h->a[parent].t <= e.t) break;
+    hset(p, h, i, h->a[parent]);
     i = parent;
   }
-  hset(p, i, e);
+  hset(p, h, i, e);
 }
 
-static void hdown(clientpool_t *p, int32_t i) {
-  hent_t e = p->heap[i];
+static void hdown(clientpool_t *p, heap_t *h, int32_t i) {
+  hent_t e = h->a[i];
   for (;;) {
     int32_t c = 2 * i + 1;
-    if (c >= p->hlen) break;
-    if (c + 1 < p->hlen && p->heap[c + 1].t < p->heap[c].t) c++;
-    if (e.t <= p->heap[c].t) break;
-    hset(p, i, p->heap[c]);
+    if (c >= h->len) break;
+    if (c + 1 < h->len && h->a[c + 1].t < h->a[c].t) c++;
+    if (e.t <= h->a[c].t) break;
+    hset(p, h, i, h->a[c]);
     i = c;
   }
-  hset(p, i, e);
+  hset(p, h, i, e);
 }
 
-static int hpush(clientpool_t *p, double t, int32_t kind, int32_t idx) {
+static int hpush(clientpool_t *p, heap_t *h, double t, int32_t kind, int32_t idx) {
   hent_t e;
-  if (p->hlen == p->hcap) {
-    hent_t *q = grow(p->heap, &p->hcap, sizeof *q, p->hlen + 1);
+  if (h->len == h->cap) {
+    hent_t *q = grow(h->a, &h->cap, sizeof *q, h->len + 1);
     if (!q) return CLIENTPOOL_ENOMEM;
-    p->heap = q;
+    h->a = q;
   }
   e.t = t; e.kind = kind; e.idx = idx;
-  p->heap[p->hlen++] = e;
-  hup(p, p->hlen - 1);
+  h->a[h->len++] = e;
+  hup(p, h, h->len - 1);
   return 0;
 }
 
-static void hremove(clientpool_t *p, int32_t *pos) {
+static void hremove(clientpool_t *p, heap_t *h, int32_t *pos) {
   int32_t i = *pos;
   if (i == NONE) return;
   *pos = NONE;
-  p->hlen--;
-  if (i == p->hlen) return;
-  hset(p, i, p->heap[p->hlen]);
-  hup(p, i);
-  hdown(p, *hpos_of(p, &p->heap[i]));
+  h->len--;
+  if (i == h->len) return;
+  hset(p, h, i, h->a[h->len]);
+  hup(p, h, i);
+  hdown(p, h, *hpos_of(p, &h->a[i]));
 }
 
 /* ---- ready keys ------------------------------------------------------
@@ -246,8 +277,19 @@ static void hremove(clientpool_t *p, int32_t *pos) {
  * served in arrival order against the others that can use a free slot, and
  * evicts another key's idle record only when no waiter can take that one. */
 
-static uint64_t kseq(const clientpool_t *p, int32_t k) {
-  return p->wai[p->keys[k].wq_head].seq;
+/* Whether waiter a is served before waiter b: by place, then arrival. */
+static int wbefore(const waiter_t *a, const waiter_t *b) {
+  return a->order < b->order || (a->order == b->order && a->seq < b->seq);
+}
+
+/* The head of key k's queue, or NONE. */
+static int32_t qhead(const key_t_ *key) {
+  return key->wlen ? key->wheap[0] : NONE;
+}
+
+/* Whether the head waiter of key a comes before that of key b. */
+static int kbefore(const clientpool_t *p, int32_t a, int32_t b) {
+  return wbefore(&p->wai[p->keys[a].wheap[0]], &p->wai[p->keys[b].wheap[0]]);
 }
 
 static void rset(clientpool_t *p, int h, int32_t i, int32_t k) {
@@ -259,7 +301,7 @@ static void rup(clientpool_t *p, int h, int32_t i) {
   int32_t k = p->rheap[h][i];
   while (i > 0) {
     int32_t parent = (i - 1) / 2;
-    if (kseq(p, p->rheap[h][parent]) <= kseq(p, k)) break;
+    if (!kbefore(p, k, p->rheap[h][parent])) break;
     rset(p, h, i, p->rheap[h][parent]);
     i = parent;
   }
@@ -271,12 +313,36 @@ static void rdown(clientpool_t *p, int h, int32_t i) {
   for (;;) {
     int32_t c = 2 * i + 1;
     if (c >= n) break;
-    if (c + 1 < n && kseq(p, p->rheap[h][c + 1]) < kseq(p, p->rheap[h][c])) c++;
-    if (kseq(p, k) <= kseq(p, p->rheap[h][c])) break;
+    if (c + 1 < n && kbefore(p, p->rheap[h][c + 1], p->rheap[h][c])) c++;
+    if (!kbefore(p, p->rheap[h][c], k)) break;
     rset(p, h, i, p->rheap[h][c]);
     i = c;
   }
   rset(p, h, i, k);
+}
+
+/* Records of key k that count against its cap: the cap is physical, a
+ * record counts from its reservation until its destroy is reported done. */
+static int32_t key_held(const key_t_ *key) {
+  return key->st.live + key->st.creating + key->st.closing;
+}
+
+/* A key's caps: its own (clientpool_key_caps), else the pool's per-key
+ * ones; < 0 = none. */
+static int32_t key_cap_live(const clientpool_t *p, const key_t_ *key) {
+  return key->cap_live >= 0 ? key->cap_live : p->cfg.key_max_live;
+}
+static int32_t key_cap_idle(const clientpool_t *p, const key_t_ *key) {
+  return key->cap_idle >= 0 ? key->cap_idle : p->cfg.key_max_idle;
+}
+
+/* Whether key k's cap lets one more record be reserved, and its create
+ * backoff too: none, or after the window with no create in flight. */
+static int key_room(const clientpool_t *p, int32_t k) {
+  const key_t_ *key = &p->keys[k];
+  int32_t cap = key_cap_live(p, key);
+  if (key->bstate == B_WINDOW || (key->bstate == B_PROBE && key->st.creating > 0)) return 0;
+  return cap < 0 || key_held(key) < cap;
 }
 
 /* Which heap key k belongs in: RH_IDLE, RH_CREATE or NONE. */
@@ -286,9 +352,9 @@ static int gate_blocked(const gate_t *g) {
 
 static int key_ready(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
-  if (key->wq_head == NONE || p->closed || gate_blocked(&key->gate)) return NONE;
+  if (key->wlen == 0 || p->closed || gate_blocked(&key->gate)) return NONE;
   if (key->idle_top != NONE || key->olen > 0) return RH_IDLE;
-  if (p->cfg.key_max_live < 0 || key->st.live + key->st.creating < p->cfg.key_max_live) return RH_CREATE;
+  if (key_room(p, k)) return RH_CREATE;
   return NONE;
 }
 
@@ -309,6 +375,7 @@ static void rremove(clientpool_t *p, int32_t k) {
 static void key_refresh(clientpool_t *p, int32_t k) {
   key_t_ *key = &p->keys[k];
   int want = key_ready(p, k);
+  if (key->lim_live && key_held(key) <= key_cap_live(p, key)) key->lim_live = 0;
   if (key->rpos != NONE && key->rheap != want) rremove(p, k);
   if (want == NONE) return;
   if (key->rpos == NONE) {
@@ -326,8 +393,9 @@ static void key_refresh(clientpool_t *p, int32_t k) {
 
 static int key_empty(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
-  return key->st.live == 0 && key->st.creating == 0 && key->st.leases == 0 &&
-         key->wrefs == 0;
+  return key->st.live == 0 && key->st.creating == 0 && key->st.closing == 0 &&
+         key->st.leases == 0 && key->wrefs == 0 && key->bstate == B_NONE &&
+         ((key->cap_live < 0 && key->cap_idle < 0) || p->closed);   /* (caps keep a key until close) */
 }
 
 /* A forgotten key's id is reused only once the driver has read its
@@ -343,11 +411,20 @@ static void key_reuse(clientpool_t *p, int32_t k) {
 
 static int key_maybe_free(clientpool_t *p, int32_t k) {
   key_t_ *key = &p->keys[k];
-  if (!key->used || key->pinned || k == p->hold_key || !key_empty(p, k)) return 0;
+  if (!key->used || key->pinned || k == p->hold_key || k == p->kept || !key_empty(p, k)) return 0;
   key->used = 0;
   p->keys_used--;
   push_event(p, CLIENTPOOL_EV_KEY_FREE, k, 0, 0, 0);
   return 1;
+}
+
+/* Whether the next acquisition for key k is the caller of a regrant that
+ * kept its place; the place is used up by this call either way (see
+ * clientpool_regrant: nothing is served while a place is kept). */
+static int take_kept(clientpool_t *p, int32_t k) {
+  int kept = p->kept == k;
+  p->kept = NONE;
+  return kept;
 }
 
 int32_t clientpool_key_open(clientpool_t *p) {
@@ -377,15 +454,18 @@ int32_t clientpool_key_open(clientpool_t *p) {
   key = &p->keys[k];
   p->key_free = key->next_free;
   {
-    int32_t *oh = key->oheap, ocap = key->ocap;
+    int32_t *oh = key->oheap, ocap = key->ocap, *wh = key->wheap, wcap = key->wcap;
     memset(key, 0, sizeof *key);
     key->oheap = oh;
     key->ocap = ocap;
+    key->wheap = wh;
+    key->wcap = wcap;
   }
   key->used = 1;
   key->retire_before = key->retire_upto = -1;
   key->gate.probe_lease = NONE;
-  key->idle_top = key->wq_head = key->wq_tail = key->rpos = key->rheap = NONE;
+  key->idle_top = key->rpos = key->rheap = key->bpos = NONE;
+  key->cap_live = key->cap_idle = NONE;
   key->next_free = NONE;
   p->keys_used++;
   return k;
@@ -420,6 +500,11 @@ int clientpool_key_pin(clientpool_t *p, int32_t k, int32_t pinned) {
 
 int clientpool_key_forget(clientpool_t *p, int32_t k) {
   if (!key_ok(p, k)) return 0;
+  if (take_kept(p, k)) {             /* the caller that kept its place gave up */
+    int freed = key_maybe_free(p, k);
+    finish(p, p->now);               /* what was held for it is served */
+    return freed;
+  }
   return key_maybe_free(p, k);
 }
 
@@ -508,7 +593,7 @@ static void glist_renew(clientpool_t *p, int32_t r, double now) {
 }
 
 /* A destroyed record: free, but its slot is reused only once the driver has
- * read its EV_DESTROY (clientpool_next_event), for the reason given at
+ * read its EV_DESTROY (clientpool_next_event) too, for the reason given at
  * key_maybe_free: until then the driver still keeps the client under that
  * record id, and a new client there would be the one its destroy closes. */
 static void rec_bury(clientpool_t *p, int32_t r) {
@@ -600,8 +685,8 @@ static int32_t floor_deficit(clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
   int32_t d = p->cfg.min_idle - key->st.idle - key->refilling;
   int32_t room = p->cfg.max_idle - p->st.idle - p->refilling;
-  if (p->cfg.key_max_idle >= 0 && p->cfg.key_max_idle - key->st.idle - key->refilling < d)
-    d = p->cfg.key_max_idle - key->st.idle - key->refilling;
+  int32_t kcap = key_cap_idle(p, key);
+  if (kcap >= 0 && kcap - key->st.idle - key->refilling < d) d = kcap - key->st.idle - key->refilling;
   if (d > 0 && room <= 0) p->floor_held = 1;
   return room < d ? room : d;
 }
@@ -623,21 +708,27 @@ static void floor_check(clientpool_t *p, int32_t k) {
   push_event(p, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
 }
 
-/* Destroys a live record (idle, or leased with no lease left). */
+/* Starts the destroy of a live record (idle, or leased with no lease
+ * left): it is closing, and counts against max_live and its key's cap until
+ * the driver reports the destroy done (clientpool_destroyed).  `closed`
+ * counts it now, so opened - closed = live holds. */
 static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
   record_t *x = &p->rec[r];
   int32_t k = x->key;
   if (x->state == R_IDLE) idle_unlink(p, r);
   oremove(p, r);
-  hremove(p, &x->hpos);
+  hremove(p, &p->dl, &x->hpos);
   BOTH(p, k, live, -1);
   BOTH(p, k, closed, 1);
   BOTH(p, k, closed_by[reason], 1);
+  BOTH(p, k, closing, 1);
   push_event(p, CLIENTPOOL_EV_DESTROY, r, reason, k, 0);
-  rec_bury(p, r);
+  x->state = R_CLOSING;
+  x->nleases = 0;
+  x->retire = x->doomed = 0;
+  x->seen = 0;
   key_refresh(p, k);
   floor_check(p, k);
-  key_maybe_free(p, k);
 }
 
 /* Whether a record's creation predates a retire_before of its key or pool. */
@@ -648,7 +739,7 @@ static int retired_by_age(const clientpool_t *p, const record_t *x) {
 
 /* Whether a live record is past max_lifetime (or was found so by tick). */
 static int lifetime_over(const clientpool_t *p, const record_t *x, double now) {
-  return (x->retire & LIFETIME_OVER) || (x->hpos != NONE && now >= p->heap[x->hpos].t);
+  return (x->retire & LIFETIME_OVER) || (x->hpos != NONE && now >= p->dl.a[x->hpos].t);
 }
 
 /* Whether the warm floor needs this idle record: idle_timeout spares it. */
@@ -663,6 +754,18 @@ static int idle_expired(const clientpool_t *p, const record_t *x, double now, in
     *why = CLIENTPOOL_BY_IDLE; return 1;
   }
   return 0;
+}
+
+/* Whether max_live lets one more record be reserved: closing records count. */
+static int room(const clientpool_t *p) {
+  return p->st.live + p->st.creating + p->st.closing < p->cfg.max_live;
+}
+
+/* Whether, at max_live, an idle record may be evicted to make room: there
+ * is one, and no destroy is under way (its room comes first: evicting more
+ * would close good clients for room already on its way). */
+static int evict_ok(const clientpool_t *p) {
+  return p->st.idle > 0 && p->st.closing == 0;
 }
 
 /* ---- leases ----------------------------------------------------------- */
@@ -692,7 +795,7 @@ static int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
   x->hpos = NONE;
   p->rec[r].nleases++;
   BOTH(p, p->rec[r].key, leases, 1);
-  if (has(p->cfg.leak_threshold) && hpush(p, now + p->cfg.leak_threshold, H_LEASE, l) != 0)
+  if (has(p->cfg.leak_threshold) && hpush(p, &p->dl, now + p->cfg.leak_threshold, H_LEASE, l) != 0)
     x->hpos = NONE;    /* out of memory: the report is lost, the lease is not */
   return l;
 }
@@ -700,7 +803,7 @@ static int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
 static void lease_free(clientpool_t *p, int32_t l) {
   lease_t *x = &p->lea[l];
   record_t *r = &p->rec[x->record];
-  hremove(p, &x->hpos);
+  hremove(p, &p->dl, &x->hpos);
   r->nleases--;
   BOTH(p, r->key, leases, -1);
   x->record = NONE;
@@ -782,14 +885,6 @@ static int take_open(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
   return 0;
 }
 
-static int room_to_create(const clientpool_t *p, int32_t k) {
-  const key_t_ *key = &p->keys[k];
-  if (p->cfg.key_max_live >= 0 && key->st.live + key->st.creating >= p->cfg.key_max_live) return 0;
-  return p->st.live + p->st.creating < p->cfg.max_live || p->st.idle > 0;
-}
-
-/* Reserves a record for k (evicting the least recently used idle record of
- * another key if max_live is reached).  Returns 1 with *g filled, or 0. */
 static void rec_init(clientpool_t *p, int32_t r, int32_t k, double now) {
   record_t *x = &p->rec[r];
   x->state = R_CREATING;
@@ -801,10 +896,18 @@ static void rec_init(clientpool_t *p, int32_t r, int32_t k, double now) {
   x->created = now;                   /* (made strictly increasing at clientpool_created) */
 }
 
+/* Reserves a record for k.  At max_live, with no destroy under way that
+ * will make room, it starts the eviction of the least recently used idle
+ * record (of another key: k has none, or take_idle would have taken it),
+ * and the room comes when that destroy is reported: nothing is reserved
+ * now (the cap is physical).  Returns 1 with *g filled, or 0. */
 static int reserve(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
   int32_t r, l;
-  if (!room_to_create(p, k)) return 0;
-  if (p->st.live + p->st.creating >= p->cfg.max_live) destroy(p, p->g_oldest, CLIENTPOOL_BY_EVICTED);
+  if (!key_room(p, k)) return 0;
+  if (!room(p)) {
+    if (evict_ok(p)) destroy(p, p->g_oldest, CLIENTPOOL_BY_EVICTED);
+    return 0;
+  }
   r = rec_alloc(p);
   if (r == NONE) return 0;
   rec_init(p, r, k, now);
@@ -830,6 +933,62 @@ static int grant(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) 
 
 /* ---- waiters ---------------------------------------------------------- */
 
+/* ---- a key's queue: a binary heap of its waiters by place ------------- */
+
+static void wset(clientpool_t *p, key_t_ *key, int32_t i, int32_t w) {
+  key->wheap[i] = w;
+  p->wai[w].wpos = i;
+}
+
+static void wup(clientpool_t *p, key_t_ *key, int32_t i) {
+  int32_t w = key->wheap[i];
+  while (i > 0) {
+    int32_t parent = (i - 1) / 2;
+    if (!wbefore(&p->wai[w], &p->wai[key->wheap[parent]])) break;
+    wset(p, key, i, key->wheap[parent]);
+    i = parent;
+  }
+  wset(p, key, i, w);
+}
+
+static void wdown(clientpool_t *p, key_t_ *key, int32_t i) {
+  int32_t w = key->wheap[i];
+  for (;;) {
+    int32_t c = 2 * i + 1;
+    if (c >= key->wlen) break;
+    if (c + 1 < key->wlen && wbefore(&p->wai[key->wheap[c + 1]], &p->wai[key->wheap[c]])) c++;
+    if (!wbefore(&p->wai[key->wheap[c]], &p->wai[w])) break;
+    wset(p, key, i, key->wheap[c]);
+    i = c;
+  }
+  wset(p, key, i, w);
+}
+
+/* (room for one more ensured by the caller: queue_room) */
+static void wpush(clientpool_t *p, key_t_ *key, int32_t w) {
+  wset(p, key, key->wlen++, w);
+  wup(p, key, key->wlen - 1);
+}
+
+static void wremove(clientpool_t *p, key_t_ *key, int32_t w) {
+  int32_t i = p->wai[w].wpos;
+  p->wai[w].wpos = NONE;
+  if (i == --key->wlen) return;
+  wset(p, key, i, key->wheap[key->wlen]);
+  wup(p, key, i);
+  wdown(p, key, p->wai[key->wheap[i]].wpos);
+}
+
+static int queue_room(key_t_ *key) {
+  if (key->wlen < key->wcap) return 1;
+  {
+    int32_t *q = grow(key->wheap, &key->wcap, sizeof *q, key->wlen + 1);
+    if (!q) return 0;
+    key->wheap = q;
+  }
+  return 1;
+}
+
 static waiter_t *waiter_get(clientpool_t *p, int32_t w, uint32_t gen) {
   if (w < 0 || w >= p->nwai) return NULL;
   if (p->wai[w].state == W_FREE || p->wai[w].gen != gen) return NULL;
@@ -841,9 +1000,8 @@ static waiter_t *waiter_get(clientpool_t *p, int32_t w, uint32_t gen) {
 static void waiter_dequeue(clientpool_t *p, int32_t w, int32_t status, double now) {
   waiter_t *x = &p->wai[w];
   key_t_ *key = &p->keys[x->key];
-  if (x->prev != NONE) p->wai[x->prev].next = x->next; else key->wq_head = x->next;
-  if (x->next != NONE) p->wai[x->next].prev = x->prev; else key->wq_tail = x->prev;
-  hremove(p, &x->hpos);
+  wremove(p, key, w);
+  hremove(p, &p->dl, &x->hpos);
   x->state = W_DONE;
   x->result = status;
   x->waited = now - x->enq;
@@ -914,9 +1072,6 @@ static void gate_lease_ended(clientpool_t *p, int32_t k, int32_t l, uint32_t gen
   }
 }
 
-static int room(const clientpool_t *p) {
-  return p->st.live + p->st.creating < p->cfg.max_live;
-}
 
 /* The key whose head waiter is served next, or NONE: the earliest of the
  * keys holding idle records and, when a slot is free, the keys that must
@@ -932,32 +1087,33 @@ static int32_t next_ready(const clientpool_t *p, int32_t *held) {
   ki = p->rlen[RH_IDLE] ? p->rheap[RH_IDLE][0] : NONE;
   kc = p->rlen[RH_CREATE] ? p->rheap[RH_CREATE][0] : NONE;
   if (kc != NONE && !room(p)) {
-    if (p->st.idle == 0) {
+    if (!evict_ok(p)) {
       kc = NONE;
     } else if (ki != NONE) {
-      if (kseq(p, kc) > kseq(p, ki)) kc = NONE;
-      else if (p->wai[p->keys[kc].wq_head].passed < p->cfg.max_live) { *held = kc; kc = NONE; }
+      if (kbefore(p, ki, kc)) kc = NONE;
+      else if (p->wai[qhead(&p->keys[kc])].passed < p->cfg.max_live) { *held = kc; kc = NONE; }
     }
   }
   if (ki == NONE) return kc;
   if (kc == NONE) return ki;
-  return kseq(p, kc) < kseq(p, ki) ? kc : ki;
+  return kbefore(p, kc, ki) ? kc : ki;
 }
 
 /* Serves queued waiters in arrival order while anything they can use is free. */
 static void dispatch(clientpool_t *p, double now) {
+  if (p->kept != NONE) return;       /* the caller that kept its place comes first */
   while (p->st.leases < p->cfg.max_concurrency) {
     int32_t held, held2, k = next_ready(p, &held), w;
     clientpool_grant_t g;
     waiter_t *x;
     if (k == NONE) break;
-    w = p->keys[k].wq_head;
+    w = qhead(&p->keys[k]);
     /* grant may meet only expired records: destroyed, k is re-sorted */
     if (!grant(p, k, now, &g)) {
-      if (next_ready(p, &held2) == k && p->keys[k].wq_head == w) break;
+      if (next_ready(p, &held2) == k && qhead(&p->keys[k]) == w) break;
       continue;
     }
-    if (held != NONE) p->wai[p->keys[held].wq_head].passed++;
+    if (held != NONE) p->wai[qhead(&p->keys[held])].passed++;
     waiter_dequeue(p, w, g.status, now);
     gate_granted(p, &g);
     x = &p->wai[w];
@@ -975,7 +1131,7 @@ static void dispatch(clientpool_t *p, double now) {
 
 double clientpool_next_deadline(const clientpool_t *p) {
   double d = -1;
-  if (p->hlen > 0) d = p->heap[0].t;
+  if (p->dl.len > 0) d = p->dl.a[0].t;
   if (has(p->cfg.idle_timeout) && p->g_oldest != NONE) {
     double t = idle_deadline(&p->rec[p->g_oldest], p->cfg.idle_timeout);
     if (d < 0 || t < d) d = t;
@@ -988,6 +1144,10 @@ double clientpool_next_deadline(const clientpool_t *p) {
 static void finish(clientpool_t *p, double now) {
   double d;
   dispatch(p, now);
+  if (p->lim_live && p->st.live + p->st.creating + p->st.closing <= p->cfg.max_live) p->lim_live = 0;
+  if (p->lim_leases && p->st.leases <= p->cfg.max_concurrency) p->lim_leases = 0;
+  if (p->lim_waiting && p->st.waiting <= p->cfg.max_waiting) p->lim_waiting = 0;
+  if (p->lim_keys && p->keys_used <= p->cfg.max_keys) p->lim_keys = 0;
   d = clientpool_next_deadline(p);
   if (d >= 0 && (p->armed < 0 || d < p->armed)) {
     p->armed = d;
@@ -1001,6 +1161,85 @@ static double clamp(clientpool_t *p, double now) {
   return now;
 }
 
+/* ---- create backoff (see clientpool_created) ------------------------- */
+
+/* Sets key k's backoff deadline to t.  Out of memory the window is skipped
+ * (B_PROBE without a deadline: one create at a time, forgotten at success). */
+static void backoff_arm(clientpool_t *p, int32_t k, double t) {
+  key_t_ *key = &p->keys[k];
+  if (key->bpos != NONE) {
+    p->dl.a[key->bpos].t = t;
+    hup(p, &p->dl, key->bpos);
+    hdown(p, &p->dl, key->bpos);
+  } else if (hpush(p, &p->dl, t, H_BACKOFF, k) != 0) {
+    key->bpos = NONE;
+    key->bstate = B_PROBE;
+  }
+}
+
+/* A create of key k failed: a window of d/2 + d/2 * r opens ("equal
+ * jitter": never shorter than half the step, spread over the other half). */
+static void backoff_fail(clientpool_t *p, int32_t k, double now) {
+  key_t_ *key = &p->keys[k];
+  double d;
+  if (!(p->cfg.create_backoff > 0) || p->closed) return;   /* (closed: nothing creates) */
+  if (key->fails < INT32_MAX) key->fails++;
+  d = ldexp(p->cfg.create_backoff, key->fails - 1 < 1000 ? key->fails - 1 : 1000);
+  if (!(d <= p->cfg.create_backoff_max)) d = p->cfg.create_backoff_max;
+  key->bstate = B_WINDOW;
+  backoff_arm(p, k, now + d / 2 + d / 2 * rnd(p));
+  key_refresh(p, k);
+}
+
+/* A create of key k succeeded (or the pool closed): no backoff. */
+static void backoff_reset(clientpool_t *p, int32_t k) {
+  key_t_ *key = &p->keys[k];
+  if (key->bstate == B_NONE) return;
+  key->fails = 0;
+  key->bstate = B_NONE;
+  hremove(p, &p->dl, &key->bpos);
+  key_refresh(p, k);
+}
+
+/* Key k's backoff deadline passed (its entry is out of the heap): the
+ * window ends, and one create may go; or, create_backoff_max later with no
+ * create in flight, the failures are forgotten (with one in flight, its
+ * outcome decides: the deadline is set again). */
+static void backoff_due(clientpool_t *p, int32_t k, double now) {
+  key_t_ *key = &p->keys[k];
+  if (key->bstate == B_WINDOW) {
+    key->bstate = B_PROBE;
+    backoff_arm(p, k, now + p->cfg.create_backoff_max);
+    key_refresh(p, k);                 /* its waiters may create again */
+    floor_check(p, k);
+  } else if (key->st.creating > 0) {
+    backoff_arm(p, k, now + p->cfg.create_backoff_max);
+  } else {
+    key->fails = 0;
+    key->bstate = B_NONE;
+    key_refresh(p, k);
+    key_maybe_free(p, k);
+  }
+}
+
+/* An acquisition of k looks at the window before the timer did. */
+static void backoff_check(clientpool_t *p, int32_t k, double now) {
+  key_t_ *key = &p->keys[k];
+  if (key->bstate == B_WINDOW && key->bpos != NONE && now >= p->dl.a[key->bpos].t) {
+    hremove(p, &p->dl, &key->bpos);
+    backoff_due(p, k, now);
+  }
+}
+
+/* Whether an acquisition of k that found nothing to take fails fast: the
+ * window is open and no client of k may come back soon (none leased, none
+ * being created) to serve it instead. */
+static int backoff_refuses(const clientpool_t *p, int32_t k) {
+  const key_t_ *key = &p->keys[k];
+  return key->bstate == B_WINDOW && key->st.active == 0 && key->st.creating == 0 &&
+         key->idle_top == NONE && key->olen == 0;
+}
+
 /* ---- public API ------------------------------------------------------- */
 
 static int config_ok(const clientpool_config_t *c) {
@@ -1011,6 +1250,10 @@ static int config_ok(const clientpool_config_t *c) {
   if (c->key_max_idle >= 0 && c->key_max_idle > c->max_idle) return 0;
   if (c->max_keys == 0) return 0;
   if (!(c->lifetime_jitter >= 0 && c->lifetime_jitter < 1)) return 0;
+  if (c->create_backoff != c->create_backoff) return 0;     /* NaN */
+  if (c->create_backoff > 0 &&
+      !(c->create_backoff < HUGE_VAL && c->create_backoff_max >= c->create_backoff &&
+        c->create_backoff_max < HUGE_VAL)) return 0;
   return 1;
 }
 
@@ -1025,7 +1268,7 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
   p->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ULL;
   p->rec_free = p->lea_free = p->wai_free = p->key_free = NONE;
   p->g_oldest = p->g_newest = NONE;
-  p->hold_key = NONE;
+  p->hold_key = p->kept = NONE;
   p->retire_before = p->retire_upto = p->last_created = -1;   /* (times are >= 0) */
   p->gate.probe_lease = NONE;
   *out = p;
@@ -1035,14 +1278,154 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
 void clientpool_free(clientpool_t *p) {
   int32_t k;
   if (!p) return;
-  for (k = 0; k < p->nkeys; k++) free(p->keys[k].oheap);
+  for (k = 0; k < p->nkeys; k++) { free(p->keys[k].oheap); free(p->keys[k].wheap); }
   free(p->warm);
   free(p->rec); free(p->lea); free(p->wai); free(p->keys);
-  free(p->heap); free(p->rheap[0]); free(p->rheap[1]); free(p->ev);
+  free(p->dl.a); free(p->rheap[0]); free(p->rheap[1]); free(p->ev);
   free(p);
 }
 
+/* ---- configure -------------------------------------------------------- */
+
+/* Every position in heap h again, then heap order (after times changed or
+ * entries were dropped). */
+static void heap_rebuild(clientpool_t *p, heap_t *h) {
+  int32_t i;
+  for (i = 0; i < h->len; i++) *hpos_of(p, &h->a[i]) = i;
+  for (i = h->len / 2 - 1; i >= 0; i--) hdown(p, h, i);
+}
+
+/* Drops the entries of one kind from heap h (heap_rebuild follows). */
+static void heap_drop(clientpool_t *p, heap_t *h, int32_t kind) {
+  int32_t i, n = 0;
+  for (i = 0; i < h->len; i++) {
+    if (h->a[i].kind == kind) *hpos_of(p, &h->a[i]) = NONE;
+    else h->a[n++] = h->a[i];
+  }
+  h->len = n;
+}
+
+/* The bottom of key k's idle stack (its least recently released). */
+static int32_t idle_bottom(const clientpool_t *p, int32_t k) {
+  int32_t r = p->keys[k].idle_top;
+  if (r != NONE) while (p->rec[r].knext != NONE) r = p->rec[r].knext;
+  return r;
+}
+
+/* Key k over its caps: idle records go, oldest first (leased ones at their
+ * release, closing_reason). */
+static void shrink_key(clientpool_t *p, int32_t k) {
+  key_t_ *key = &p->keys[k];
+  int32_t r = idle_bottom(p, k), cap = key_cap_live(p, key), icap = key_cap_idle(p, key);
+  if (cap >= 0 && key_held(key) > cap && key_held(key) > key->lim_live) key->lim_live = key_held(key);
+  while (r != NONE && ((cap >= 0 && key->st.live + key->st.creating > cap) ||
+                       (icap >= 0 && key->st.idle > icap))) {
+    int32_t up = p->rec[r].kprev;
+    destroy(p, r, cap >= 0 && key->st.live + key->st.creating > cap ? CLIENTPOOL_BY_RESIZED
+                                                                      : CLIENTPOOL_BY_MAX_IDLE);
+    r = up;
+  }
+  key_refresh(p, k);
+}
+
+typedef struct { double created; int32_t r; } by_age_t;
+static int by_age_cmp(const void *a, const void *b) {
+  double x = ((const by_age_t *)a)->created, y = ((const by_age_t *)b)->created;
+  return x < y ? -1 : x > y;
+}
+
+int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double now) {
+  clientpool_config_t old;
+  by_age_t *fresh = NULL;
+  int32_t i, nfresh = 0, k;
+  now = clamp(p, now);
+  if (!cfg || !config_ok(cfg) || cfg->capacity != p->cfg.capacity || cfg->seed != p->cfg.seed)
+    return CLIENTPOOL_EINVAL;
+  if (p->closed) return CLIENTPOOL_ECLOSED;
+  if (has(cfg->max_lifetime) && !has(p->cfg.max_lifetime)) {
+    /* records that had no lifetime get one, jittered in creation order */
+    fresh = malloc((size_t)(p->nrec ? p->nrec : 1) * sizeof *fresh);
+    if (!fresh) return CLIENTPOOL_ENOMEM;
+    for (i = 0; i < p->nrec; i++)
+      if (p->rec[i].state == R_IDLE || p->rec[i].state == R_LEASED) {
+        fresh[nfresh].created = p->rec[i].created;
+        fresh[nfresh++].r = i;
+      }
+    if (p->dl.cap - p->dl.len < nfresh) {
+      hent_t *q = grow(p->dl.a, &p->dl.cap, sizeof *q, p->dl.len + nfresh);
+      if (!q) { free(fresh); return CLIENTPOOL_ENOMEM; }
+      p->dl.a = q;
+    }
+    qsort(fresh, (size_t)nfresh, sizeof *fresh, by_age_cmp);
+  }
+  old = p->cfg;
+  p->cfg = *cfg;
+  /* durations held in the heap */
+  if (!has(cfg->max_lifetime)) heap_drop(p, &p->dl, H_LIFETIME);
+  else if (has(old.max_lifetime) && cfg->max_lifetime != old.max_lifetime) {
+    double f = cfg->max_lifetime / old.max_lifetime;
+    for (i = 0; i < p->dl.len; i++)
+      if (p->dl.a[i].kind == H_LIFETIME) {
+        const record_t *x = &p->rec[p->dl.a[i].idx];
+        p->dl.a[i].t = x->created + (p->dl.a[i].t - x->created) * f;
+      }
+  }
+  if (!has(cfg->leak_threshold)) heap_drop(p, &p->dl, H_LEASE);
+  else if (has(old.leak_threshold)) {
+    for (i = 0; i < p->dl.len; i++)
+      if (p->dl.a[i].kind == H_LEASE) p->dl.a[i].t = p->lea[p->dl.a[i].idx].since + cfg->leak_threshold;
+  }
+  heap_rebuild(p, &p->dl);
+  for (i = 0; i < nfresh; i++) {
+    record_t *x = &p->rec[fresh[i].r];
+    hpush(p, &p->dl, x->created + cfg->max_lifetime * (1.0 - cfg->lifetime_jitter * rnd(p)), H_LIFETIME, fresh[i].r);
+  }
+  free(fresh);
+  if (has(cfg->leak_threshold) && !has(old.leak_threshold))
+    for (i = 0; i < p->nlea; i++)
+      if (p->lea[i].record != NONE && hpush(p, &p->dl, p->lea[i].since + cfg->leak_threshold, H_LEASE, i) != 0)
+        p->lea[i].hpos = NONE;
+  /* caps: what is over stays until it ends, nothing grows past them */
+  {
+    int32_t total = p->st.live + p->st.creating + p->st.closing;
+    if (total > cfg->max_live && total > p->lim_live) p->lim_live = total;
+    if (p->st.leases > cfg->max_concurrency && p->st.leases > p->lim_leases) p->lim_leases = p->st.leases;
+    if (p->st.waiting > cfg->max_waiting && p->st.waiting > p->lim_waiting) p->lim_waiting = p->st.waiting;
+    if (cfg->max_keys >= 0 && p->keys_used > cfg->max_keys && p->keys_used > p->lim_keys)
+      p->lim_keys = p->keys_used;
+  }
+  while (p->g_oldest != NONE && p->st.live + p->st.creating > cfg->max_live)
+    destroy(p, p->g_oldest, CLIENTPOOL_BY_RESIZED);
+  while (p->g_oldest != NONE && p->st.idle > cfg->max_idle) destroy(p, p->g_oldest, CLIENTPOOL_BY_MAX_IDLE);
+  for (k = 0; k < p->nkeys; k++) {
+    if (!p->keys[k].used) continue;
+    if (!(cfg->create_backoff > 0)) backoff_reset(p, k);
+    shrink_key(p, k);
+    key_maybe_free(p, k);
+  }
+  p->refill_signalled = 0;
+  for (i = 0; i < p->nwarm; i++) floor_check(p, p->warm[i]);
+  finish(p, now);
+  return 0;
+}
+
+int clientpool_key_caps(clientpool_t *p, int32_t k, int32_t max_live, int32_t max_idle, double now) {
+  key_t_ *key;
+  now = clamp(p, now);
+  if (!key_ok(p, k) || max_live > p->cfg.max_live || max_idle > p->cfg.max_idle) return CLIENTPOOL_EINVAL;
+  if (p->closed) return CLIENTPOOL_ECLOSED;
+  key = &p->keys[k];
+  key->cap_live = max_live < 0 ? NONE : max_live;
+  key->cap_idle = max_idle < 0 ? NONE : max_idle;
+  shrink_key(p, k);
+  floor_check(p, k);
+  key_maybe_free(p, k);
+  finish(p, now);
+  return 0;
+}
+
 int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
+  int kept = take_kept(p, k);
   memset(g, 0, sizeof *g);
   g->key = k;
   now = clamp(p, now);
@@ -1051,6 +1434,7 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   /* expired records destroyed on the way may empty k: it must survive this
    * call (and, on MUST_WAIT, until the driver queues or forgets) */
   p->hold_key = k;
+  backoff_check(p, k, now);
   if (!admits(p, k)) {
     if (p->cfg.pause_fail) {
       BOTH(p, k, rejected, 1);
@@ -1061,34 +1445,47 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
     } else {
       g->status = CLIENTPOOL_MUST_WAIT;
     }
-  /* never barge past queued waiters of this key, nor past the concurrency cap */
-  } else if (p->keys[k].wq_head == NONE && p->st.leases < p->cfg.max_concurrency &&
-             grant(p, k, now, g)) {
+  /* never barge past queued waiters of this key (unless it kept its place
+   * ahead of them), nor past the concurrency cap */
+  } else if ((p->keys[k].wlen == 0 || kept) &&
+             p->st.leases < p->cfg.max_concurrency && grant(p, k, now, g)) {
     gate_granted(p, g);
+    key_refresh(p, k);               /* (a kept place may grant past k's waiters) */
+  } else if (backoff_refuses(p, k)) {
+    g->status = CLIENTPOOL_BACKOFF;
   } else if (p->st.waiting >= p->cfg.max_waiting) {
     BOTH(p, k, rejected, 1);
     g->status = CLIENTPOOL_FULL;
   } else {
     g->status = CLIENTPOOL_MUST_WAIT;
   }
+  if (kept && g->status == CLIENTPOOL_MUST_WAIT) p->kept = k;   /* its wait uses it */
   finish(p, now);
   p->hold_key = NONE;
-  if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED) key_maybe_free(p, k);
+  if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED || g->status == CLIENTPOOL_BACKOFF)
+    key_maybe_free(p, k);
   return g->status;
 }
 
 int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now, uint32_t *gen) {
+  return clientpool_wait_priority(p, k, deadline, 0, now, gen);
+}
+
+int32_t clientpool_wait_priority(clientpool_t *p, int32_t k, double deadline, int32_t priority, double now,
+                                 uint32_t *gen) {
   int32_t w;
   waiter_t *x;
-  key_t_ *key;
+  int kept;
   now = clamp(p, now);
   if (p->closed) return -CLIENTPOOL_CLOSED;
   if (!key_ok(p, k)) return -CLIENTPOOL_STALE;
+  kept = take_kept(p, k);
   if (p->st.waiting >= p->cfg.max_waiting) {
     BOTH(p, k, rejected, 1);
     key_maybe_free(p, k);
     return -CLIENTPOOL_FULL;
   }
+  if (!queue_room(&p->keys[k])) return CLIENTPOOL_ENOMEM;
   if (p->wai_free == NONE) {
     int32_t cap = p->nwai, i;
     waiter_t *q = grow(p->wai, &cap, sizeof *q, p->nwai + 1);
@@ -1112,17 +1509,16 @@ int32_t clientpool_wait(clientpool_t *p, int32_t k, double deadline, double now,
   x->lease_gen = 0;
   x->validate = 0;
   x->seq = ++p->seq;
+  /* priority: placed as if it arrived PRIORITY_STEP arrivals earlier per
+   * step up, which bounds how long a lower one is passed over */
+  x->order = kept ? INT64_MIN / 2 + x->seq : x->seq - (int64_t)priority * CLIENTPOOL_PRIORITY_STEP;
   x->passed = 0;
   x->enq = now;
   x->idle = x->waited = 0;
   x->hpos = NONE;
-  key = &p->keys[k];
-  x->next = NONE;
-  x->prev = key->wq_tail;
-  if (key->wq_tail != NONE) p->wai[key->wq_tail].next = w; else key->wq_head = w;
-  key->wq_tail = w;
+  wpush(p, &p->keys[k], w);
   BOTH(p, k, waiting, 1);
-  if (has(deadline) && hpush(p, deadline, H_WAITER, w) != 0) x->hpos = NONE;
+  if (has(deadline) && hpush(p, &p->dl, deadline, H_WAITER, w) != 0) x->hpos = NONE;
   key_refresh(p, k);
   *gen = x->gen;
   finish(p, now);
@@ -1136,7 +1532,7 @@ static void close_past_max_idle(clientpool_t *p, int32_t r, uint32_t gen, int32_
   const record_t *x = &p->rec[r];      /* (dispatch may have grown the array) */
   if (x->state == R_IDLE && x->gen == gen &&
       (p->st.idle > p->cfg.max_idle ||
-       (p->cfg.key_max_idle >= 0 && p->keys[k].st.idle > p->cfg.key_max_idle)))
+       (key_cap_idle(p, &p->keys[k]) >= 0 && p->keys[k].st.idle > key_cap_idle(p, &p->keys[k]))))
     destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
 }
 
@@ -1164,17 +1560,22 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
   x = &p->rec[r];
   k = x->key;
   if (!ok) {
+    p->hold_key = k;
     forfeit(p, r, 1);
+    backoff_fail(p, k, now);
+    p->hold_key = NONE;
+    key_maybe_free(p, k);
     finish(p, now);
     return 0;
   }
+  backoff_reset(p, k);
   BOTH(p, k, creating, -1);
   /* same-instant records still get distinct times: retire_upto and
    * retire_before(-1) go by creation order */
   x->created = p->last_created = now > p->last_created ? now : nextafter(p->last_created, HUGE_VAL);
   x->res_lease = NONE;                 /* (its lease is the caller's now) */
   if (has(p->cfg.max_lifetime) &&
-      hpush(p, now + p->cfg.max_lifetime * (1.0 - p->cfg.lifetime_jitter * rnd(p)), H_LIFETIME, r) != 0) {
+      hpush(p, &p->dl, now + p->cfg.max_lifetime * (1.0 - p->cfg.lifetime_jitter * rnd(p)), H_LIFETIME, r) != 0) {
     x->hpos = NONE;
     x->retire |= LIFETIME_OVER;        /* out of memory: its expiry is not kept, so it ends early */
   }
@@ -1188,6 +1589,7 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
     x->state = R_LEASED;               /* (not idle yet: destroy needs no unlink) */
     x->opos = NONE;
     if (p->closed) destroy(p, r, CLIENTPOOL_BY_DRAIN);
+    else if (closing_reason(p, x, now) == CLIENTPOOL_BY_RESIZED) destroy(p, r, CLIENTPOOL_BY_RESIZED);
     else {
       uint32_t gen = x->gen;
       idle_push(p, r, now);
@@ -1211,10 +1613,17 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
  * CLIENTPOOL_BY_* reason), or -1 when it is kept: release() and
  * clientpool_release_closes() decide alike. */
 static int32_t closing_reason(const clientpool_t *p, const record_t *x, double now) {
+  const key_t_ *key = &p->keys[x->key];
+  int32_t cap = key_cap_live(p, key);
   if (x->doomed) return x->doomed - 1;
   if (p->closed) return CLIENTPOOL_BY_DRAIN;
   if (lifetime_over(p, x, now)) return CLIENTPOOL_BY_LIFETIME;
   if (x->retire || retired_by_age(p, x)) return CLIENTPOOL_BY_RETIRED;
+  /* a cap lowered by clientpool_configure or key_caps: over it, a client
+   * whose last lease ends is closed (those closing already do not count:
+   * their room is on its way) */
+  if (p->st.live + p->st.creating > p->cfg.max_live ||
+      (cap >= 0 && key->st.live + key->st.creating > cap)) return CLIENTPOOL_BY_RESIZED;
   return -1;
 }
 
@@ -1324,9 +1733,27 @@ int clientpool_abandon(clientpool_t *p, int32_t w, uint32_t gen, double now) {
   return 0;
 }
 
+int clientpool_destroyed(clientpool_t *p, int32_t r, double now) {
+  record_t *x;
+  int32_t k;
+  now = clamp(p, now);
+  if (r < 0 || r >= p->nrec || p->rec[r].state != R_CLOSING) return CLIENTPOOL_STALE;
+  x = &p->rec[r];
+  k = x->key;
+  BOTH(p, k, closing, -1);
+  if (x->seen) rec_free(p, r);
+  else rec_bury(p, r);               /* reused when its EV_DESTROY is read */
+  key_refresh(p, k);                 /* its key's cap has room again */
+  floor_check(p, k);
+  key_maybe_free(p, k);
+  finish(p, now);                    /* waiters are served from the room */
+  return 0;
+}
+
 int clientpool_retire(clientpool_t *p, int32_t r, double now) {
   now = clamp(p, now);
-  if (r < 0 || r >= p->nrec || p->rec[r].state == R_FREE) return CLIENTPOOL_STALE;
+  if (r < 0 || r >= p->nrec || p->rec[r].state == R_FREE || p->rec[r].state == R_CLOSING)
+    return CLIENTPOOL_STALE;
   p->rec[r].retire |= RETIRED;
   if (p->rec[r].state == R_IDLE) destroy(p, r, CLIENTPOOL_BY_RETIRED);
   else if (p->rec[r].state == R_LEASED && p->rec[r].opos != NONE) {
@@ -1375,13 +1802,20 @@ int clientpool_regrant(clientpool_t *p, int32_t l, uint32_t gen, double now, cli
   k = p->rec[x->record].key;
   g->key = k;
   p->hold_key = k;
+  backoff_check(p, k, now);
   /* a destroy dispatches nothing: the room it frees is still there below */
   release(p, l, CLIENTPOOL_BY_INVALID, now);
   if (p->closed) g->status = CLIENTPOOL_CLOSED;
   /* paused meanwhile (validate may yield): the caller queues like anyone */
   else if (!admits(p, k)) g->status = CLIENTPOOL_MUST_WAIT;
   else if (grant(p, k, now, g)) gate_granted(p, g);
-  else g->status = CLIENTPOOL_MUST_WAIT;
+  else {
+    /* nothing free now (at max_live the invalid record's room comes when
+     * its destroy is reported): the caller keeps its place, its next wait
+     * queues ahead of every waiter */
+    g->status = CLIENTPOOL_MUST_WAIT;
+    p->kept = k;
+  }
   /* k may have waiters: the grant changed what it can take or create */
   key_refresh(p, k);
   finish(p, now);
@@ -1481,12 +1915,12 @@ int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key) {
   int32_t i;
   now = clamp(p, now);
   *key = NONE;
+  for (i = 0; i < p->nwarm; i++) backoff_check(p, p->warm[i], now);
   if (p->floor_on && !p->closed && room(p)) {
     for (i = 0; i < p->nwarm; i++) {
       int32_t k = p->warm[i], r;
-      const key_t_ *kk = &p->keys[k];
       if (floor_deficit(p, k) <= 0) continue;
-      if (p->cfg.key_max_live >= 0 && kk->st.live + kk->st.creating >= p->cfg.key_max_live) continue;
+      if (!key_room(p, k)) continue;
       r = rec_alloc(p);
       if (r == NONE) break;
       rec_init(p, r, k, now);
@@ -1516,12 +1950,14 @@ void clientpool_tick(clientpool_t *p, double now) {
       else destroy(p, r, CLIENTPOOL_BY_IDLE);
       continue;
     }
-    if (p->hlen > 0 && p->heap[0].t <= now) {
-      hent_t e = p->heap[0];
-      hremove(p, hpos_of(p, &p->heap[0]));
+    if (p->dl.len > 0 && p->dl.a[0].t <= now) {
+      hent_t e = p->dl.a[0];
+      hremove(p, &p->dl, hpos_of(p, &p->dl.a[0]));
       if (e.kind == H_WAITER) {
         waiter_dequeue(p, e.idx, CLIENTPOOL_TIMEOUT, now);
         push_event(p, CLIENTPOOL_EV_WAKE, e.idx, (int32_t)p->wai[e.idx].gen, p->wai[e.idx].key, 0);
+      } else if (e.kind == H_BACKOFF) {
+        backoff_due(p, e.idx, now);
       } else if (e.kind == H_LIFETIME) {
         /* a leased record is retired at its release; a shared one takes
          * no new lease from now on */
@@ -1549,12 +1985,14 @@ void clientpool_close(clientpool_t *p, double now) {
   p->closed = 1;
   p->floor_on = 0;
   p->nwarm = 0;
+  p->kept = NONE;                    /* nobody is served any more */
   for (k = 0; k < p->nkeys; k++) {
     key_t_ *key = &p->keys[k];
     if (!key->used) continue;
     key->pinned = 0;
-    while (key->wq_head != NONE) {
-      int32_t w = key->wq_head;
+    backoff_reset(p, k);
+    while (key->wlen > 0) {
+      int32_t w = key->wheap[0];
       waiter_dequeue(p, w, CLIENTPOOL_CLOSED, now);
       push_event(p, CLIENTPOOL_EV_WAKE, w, (int32_t)p->wai[w].gen, k, 0);
     }
@@ -1569,9 +2007,12 @@ int clientpool_next_event(clientpool_t *p, clientpool_event_t *ev) {
   *ev = p->ev[p->evhead];
   p->evhead = (p->evhead + 1) % p->evcap;
   p->evlen--;
-  /* the driver knows now: the id may be reused (rec_bury, key_maybe_free) */
-  if (ev->type == CLIENTPOOL_EV_DESTROY) rec_reuse(p, ev->a);
-  else if (ev->type == CLIENTPOOL_EV_KEY_FREE) key_reuse(p, ev->a);
+  /* the driver knows now: the id may be reused (rec_bury, key_maybe_free);
+   * a closing record's slot only once its destroy is reported done too */
+  if (ev->type == CLIENTPOOL_EV_DESTROY) {
+    if (p->rec[ev->a].state == R_CLOSING) p->rec[ev->a].seen = 1;
+    else rec_reuse(p, ev->a);
+  } else if (ev->type == CLIENTPOOL_EV_KEY_FREE) key_reuse(p, ev->a);
   return ev->type;
 }
 
@@ -1613,6 +2054,7 @@ static int check_counts(const clientpool_stats_t *a, const clientpool_stats_t *b
   CHECK(a->leases == b->leases, "%s: leases %d, counted %d", what, a->leases, b->leases);
   CHECK(a->creating == b->creating, "%s: creating %d, counted %d", what, a->creating, b->creating);
   CHECK(a->waiting == b->waiting, "%s: waiting %d, counted %d", what, a->waiting, b->waiting);
+  CHECK(a->closing == b->closing, "%s: closing %d, counted %d", what, a->closing, b->closing);
   CHECK(a->opened - a->closed == a->live, "%s: opened - closed != live", what);
   return 0;
 }
@@ -1632,6 +2074,11 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (x->state == R_FREE) continue;
     if (!key_ok(p, x->key)) FAIL("record %d on dead key %d", i, x->key);
     s = &per[x->key];
+    if (x->state == R_CLOSING) {
+      s->closing++; tot.closing++;
+      if (x->hpos != NONE || x->nleases != 0) FAIL("closing record %d holds a deadline or leases", i);
+      continue;
+    }
     if (x->state == R_CREATING) {
       s->creating++; tot.creating++;
       if (x->refill) s->rejected++;      /* (used here to count refills) */
@@ -1657,7 +2104,8 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   for (i = 0; i < p->nlea; i++) {
     const lease_t *x = &p->lea[i];
     if (x->record == NONE) continue;
-    if (p->rec[x->record].state == R_FREE || p->rec[x->record].state == R_IDLE)
+    if (p->rec[x->record].state == R_FREE || p->rec[x->record].state == R_IDLE ||
+        p->rec[x->record].state == R_CLOSING)
       FAIL("lease %d points at record %d in state %d", i, x->record, p->rec[x->record].state);
     per[p->rec[x->record].key].leases++; tot.leases++;
   }
@@ -1670,24 +2118,23 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   if (check_counts(&p->st, &tot, "pool", buf, n)) { free(per); return -1; }
   for (k = 0; k < p->nkeys; k++) {
     const key_t_ *key = &p->keys[k];
-    int32_t w, last = NONE, cnt = 0;
-    uint64_t prev = 0;
+    int32_t w, cnt = 0;
     if (!key->used) continue;
     used++;
     if (per[k].rejected != key->refilling) FAIL("key %d refilling %d, counted %g", k, key->refilling, per[k].rejected);
     refilling += key->refilling;
-    if (c->key_max_idle >= 0 && key->st.idle > c->key_max_idle) FAIL("key %d over its max_idle", k);
+    if (key_cap_idle(p, key) >= 0 && key->st.idle > key_cap_idle(p, key)) FAIL("key %d over its max_idle", k);
     per[k].opened = key->st.opened; per[k].closed = key->st.closed;
     if (check_counts(&key->st, &per[k], "key", buf, n)) { free(per); return -1; }
-    if (c->key_max_live >= 0 && key->st.live + key->st.creating > c->key_max_live)
+    if (key_cap_live(p, key) >= 0 && key_held(key) > key_cap_live(p, key) && key_held(key) > key->lim_live)
       FAIL("key %d over its max_live", k);
-    for (w = key->wq_head; w != NONE; w = p->wai[w].next) {
-      if (p->wai[w].prev != last) FAIL("key %d queue broken", k);
-      if (p->wai[w].seq <= prev) FAIL("key %d queue out of order", k);
-      prev = p->wai[w].seq; last = w; cnt++;
+    for (i = 0; i < key->wlen; i++) {
+      w = key->wheap[i];
+      if (p->wai[w].wpos != i || p->wai[w].state != W_QUEUED || p->wai[w].key != k)
+        FAIL("key %d queue position %d broken", k, i);
+      if (i > 0 && wbefore(&p->wai[w], &p->wai[key->wheap[(i - 1) / 2]])) FAIL("key %d queue out of order", k);
     }
-    if (last != key->wq_tail) FAIL("key %d queue tail wrong", k);
-    cnt = 0;
+    if (key->wlen != per[k].waiting) FAIL("key %d queue holds %d, counted %d", k, key->wlen, per[k].waiting);
     for (w = key->idle_top; w != NONE; w = p->rec[w].knext) {
       if (p->rec[w].state != R_IDLE || p->rec[w].key != k) FAIL("key %d idle stack broken", k);
       cnt++;
@@ -1696,38 +2143,45 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (key->rheap != key_ready(p, k) || (key->rpos == NONE) != (key->rheap == NONE))
       FAIL("key %d ready-heap membership wrong", k);
     if (key->rpos != NONE) ready++;
+    if ((key->bstate == B_WINDOW && key->bpos == NONE) || (key->bstate == B_NONE && (key->bpos != NONE || key->fails)))
+      FAIL("key %d backoff state %d, deadline %d, failures %d", k, key->bstate, key->bpos, key->fails);
   }
   free(per);
 #undef FAIL
   CHECK(used == p->keys_used, "keys used %d, counted %d", p->keys_used, used);
-  CHECK(c->max_keys < 0 || used <= c->max_keys, "more than max_keys keys");
+  CHECK(c->max_keys < 0 || used <= c->max_keys || used <= p->lim_keys, "more than max_keys keys");
   CHECK(ready == p->rlen[0] + p->rlen[1], "ready heaps hold %d, counted %d",
         p->rlen[0] + p->rlen[1], ready);
-  CHECK(p->st.live + p->st.creating <= c->max_live, "live %d + creating %d > max_live %d",
-        p->st.live, p->st.creating, c->max_live);
-  CHECK(p->st.leases <= c->max_concurrency, "leases %d > max_concurrency", p->st.leases);
+  CHECK(p->st.live + p->st.creating + p->st.closing <= c->max_live ||
+        p->st.live + p->st.creating + p->st.closing <= p->lim_live,
+        "live %d + creating %d + closing %d > max_live %d",
+        p->st.live, p->st.creating, p->st.closing, c->max_live);
+  CHECK(p->st.leases <= c->max_concurrency || p->st.leases <= p->lim_leases,
+        "leases %d > max_concurrency", p->st.leases);
+  CHECK(p->st.waiting <= c->max_waiting || p->st.waiting <= p->lim_waiting,
+        "waiting %d > max_waiting", p->st.waiting);
   CHECK(p->st.idle <= c->max_idle, "idle %d > max_idle %d", p->st.idle, c->max_idle);
   CHECK(refilling == p->refilling, "refills in flight %d, counted %d", p->refilling, refilling);
-  CHECK(p->st.waiting <= c->max_waiting, "waiting %d > max_waiting", p->st.waiting);
   for (h = 0; h < 2; h++) {
     const int32_t *a = p->rheap[h];
     for (i = 0; i < p->rlen[h]; i++) {
       int32_t l = 2 * i + 1;
       CHECK(p->keys[a[i]].rpos == i && p->keys[a[i]].rheap == h, "ready heap position wrong");
-      if (l < p->rlen[h]) CHECK(kseq(p, a[i]) <= kseq(p, a[l]), "ready heap order");
-      if (l + 1 < p->rlen[h]) CHECK(kseq(p, a[i]) <= kseq(p, a[l + 1]), "ready heap order");
+      if (l < p->rlen[h]) CHECK(!kbefore(p, a[l], a[i]), "ready heap order");
+      if (l + 1 < p->rlen[h]) CHECK(!kbefore(p, a[l + 1], a[i]), "ready heap order");
     }
   }
-  for (i = 0; i < p->hlen; i++) {
+  for (i = 0; i < p->dl.len; i++) {
     int32_t l = 2 * i + 1;
-    CHECK(*hpos_of((clientpool_t *)p, &p->heap[i]) == i, "deadline heap position wrong");
-    if (l < p->hlen) CHECK(p->heap[i].t <= p->heap[l].t, "deadline heap order");
-    if (l + 1 < p->hlen) CHECK(p->heap[i].t <= p->heap[l + 1].t, "deadline heap order");
+    CHECK(*hpos_of((clientpool_t *)p, &p->dl.a[i]) == i, "deadline heap position wrong");
+    if (l < p->dl.len) CHECK(p->dl.a[i].t <= p->dl.a[l].t, "deadline heap order");
+    if (l + 1 < p->dl.len) CHECK(p->dl.a[i].t <= p->dl.a[l + 1].t, "deadline heap order");
   }
   /* after dispatch nothing queued could have been served */
   {
     int32_t held;
-    CHECK(p->closed || p->st.leases >= c->max_concurrency || next_ready(p, &held) == NONE,
+    CHECK(p->closed || p->kept != NONE || p->st.leases >= c->max_concurrency ||
+          next_ready(p, &held) == NONE,
           "a servable waiter is left queued");
   }
   return 0;

@@ -44,5 +44,8 @@ LCP_INTERNAL int lcp_push_grant(lua_State *L, const clientpool_grant_t *g, clien
                                 int sentinel);
 /* core.fastpath(engine, pool, parts) (lfastpath.c). */
 LCP_INTERNAL int lcp_fastpath(lua_State *L);
+/* Sets field "fleet" of the module table on the top of the stack: the
+ * machine-local fleet's binding (lfleet.c). */
+LCP_INTERNAL int lcp_fleet_register(lua_State *L);
 
 #endif

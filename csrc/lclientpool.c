@@ -67,13 +67,10 @@ static double opt_num(lua_State *L, int t, const char *name, double def) {
   return v;
 }
 
-/* core.new(cfg): cfg is already validated by the driver; the engine checks
- * the envelope again and an inconsistent one raises here. */
-static int lcp_new(lua_State *L) {
+/* The config table at index 1 (new and configure read it alike: a field
+ * left out takes new()'s default). */
+static void read_config(lua_State *L, clientpool_config_t *cfg) {
   clientpool_config_t c;
-  clientpool_t *p;
-  lcp_box **u;
-  int rc;
   luaL_checktype(L, 1, LUA_TTABLE);
   memset(&c, 0, sizeof c);
   c.max_live = opt_int(L, 1, "max_live", 0);
@@ -96,7 +93,20 @@ static int lcp_new(lua_State *L) {
   c.lifetime_jitter = opt_num(L, 1, "lifetime_jitter", 0);
   c.validate_after_idle = opt_num(L, 1, "validate_after_idle", -1);
   c.leak_threshold = opt_num(L, 1, "leak_threshold", -1);
+  c.create_backoff = opt_num(L, 1, "create_backoff", -1);
+  c.create_backoff_max = opt_num(L, 1, "create_backoff_max", -1);
   c.seed = (uint64_t)opt_num(L, 1, "seed", 0);
+  *cfg = c;
+}
+
+/* core.new(cfg): cfg is already validated by the driver; the engine checks
+ * the envelope again and an inconsistent one raises here. */
+static int lcp_new(lua_State *L) {
+  clientpool_config_t c;
+  clientpool_t *p;
+  lcp_box **u;
+  int rc;
+  read_config(L, &c);
   u = (lcp_box **)lua_newuserdata(L, sizeof *u);
   *u = NULL;
   rc = clientpool_new(&c, &p);
@@ -304,12 +314,13 @@ static int lcp_release(lua_State *L) {
   return 2;
 }
 
-/* E:wait(key, deadline [, now]) -> waiter, gen, pending | nil, status */
+/* E:wait(key, deadline [, now [, priority]]) -> waiter, gen, pending | nil, status
+ * (priority: an integer, default 0; see clientpool_wait_priority) */
 static int lcp_wait(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   uint32_t gen = 0;
-  int32_t w = clientpool_wait(p, (int32_t)lua_tointeger(L, 2), (double)luaL_optnumber(L, 3, -1),
-                              opt_now(L, 4), &gen);
+  int32_t w = clientpool_wait_priority(p, (int32_t)lua_tointeger(L, 2), (double)luaL_optnumber(L, 3, -1),
+                                       (int32_t)luaL_optinteger(L, 5, 0), opt_now(L, 4), &gen);
   if (w < 0) {
     lua_pushnil(L);
     lua_pushinteger(L, -w);
@@ -363,6 +374,38 @@ static int lcp_leak(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   return push_rc(L, clientpool_leak(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3),
                                     opt_now(L, 4)), p);
+}
+
+/* E:destroyed(record [, now]) -> ok, pending: the destroy hook of the
+ * record an EV_DESTROY named returned or failed (or there is none) */
+static int lcp_destroyed(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_destroyed(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3)), p);
+}
+
+/* E:configure(cfg [, now]) -> true, pending | false, code (EINVAL: outside
+ * the envelope, or another capacity or seed; ECLOSED; ENOMEM): cfg as for
+ * new(), every field (one left out takes new()'s default) */
+static int lcp_configure(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  clientpool_config_t c;
+  int rc;
+  lua_remove(L, 1);                  /* (read_config reads index 1) */
+  read_config(L, &c);
+  rc = clientpool_configure(p, &c, opt_now(L, 2));
+  if (rc != 0) {
+    lua_pushboolean(L, 0);
+    lua_pushinteger(L, rc);
+    return 2;
+  }
+  return push_rc(L, 0, p);
+}
+
+/* E:key_caps(key, max_live, max_idle [, now]) -> ok, pending (< 0: the pool's caps) */
+static int lcp_key_caps(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_key_caps(p, (int32_t)lua_tointeger(L, 2), (int32_t)luaL_optinteger(L, 3, -1),
+                                        (int32_t)luaL_optinteger(L, 4, -1), opt_now(L, 5)), p);
 }
 
 /* E:retire(record [, now]) -> ok, pending */
@@ -518,7 +561,7 @@ static int lcp_lease_age(lua_State *L) {
 }
 
 static const char *const by_names[CLIENTPOOL_BY_COUNT] = {
-  "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted"
+  "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted", "resized"
 };
 
 static void set_num(lua_State *L, const char *k, double v) {
@@ -560,6 +603,7 @@ static int lcp_stats(lua_State *L) {
   set_int(L, "leases", s.leases);
   set_int(L, "creating", s.creating);
   set_int(L, "waiting", s.waiting);
+  set_int(L, "closing", s.closing);
   lua_getfield(L, -1, "closed_by");
   if (!lua_istable(L, -1)) {
     lua_pop(L, 1);
@@ -609,7 +653,8 @@ static int lcp_sleep(lua_State *L) {
 static const luaL_Reg pool_methods[] = {
   {"acquire", lcp_acquire}, {"release", lcp_release}, {"wait", lcp_wait},
   {"claim", lcp_claim}, {"cancel", lcp_cancel}, {"created", lcp_created},
-  {"abandon", lcp_abandon}, {"leak", lcp_leak}, {"retire", lcp_retire},
+  {"abandon", lcp_abandon}, {"leak", lcp_leak}, {"retire", lcp_retire}, {"destroyed", lcp_destroyed},
+  {"configure", lcp_configure}, {"key_caps", lcp_key_caps},
   {"tick", lcp_tick}, {"close", lcp_close}, {"key_open", lcp_key_open},
   {"key_pin", lcp_key_pin}, {"key_forget", lcp_key_forget},
   {"next_event", lcp_next_event}, {"pending", lcp_pending},
@@ -666,9 +711,13 @@ int luaopen_clientpool_core(lua_State *L) {
   lua_pushinteger(L, CLIENTPOOL_CANCELLED); lua_setfield(L, -2, "CANCELLED");
   lua_pushinteger(L, CLIENTPOOL_STALE); lua_setfield(L, -2, "STALE");
   lua_pushinteger(L, CLIENTPOOL_PAUSED); lua_setfield(L, -2, "PAUSED");
+  lua_pushinteger(L, CLIENTPOOL_BACKOFF); lua_setfield(L, -2, "BACKOFF");
   lua_pushinteger(L, CLIENTPOOL_EV_REFILL); lua_setfield(L, -2, "EV_REFILL");
   lua_pushinteger(L, CLIENTPOOL_EV_LOST); lua_setfield(L, -2, "EV_LOST");
   lua_pushinteger(L, CLIENTPOOL_EKEYS); lua_setfield(L, -2, "EKEYS");
+  lua_pushinteger(L, CLIENTPOOL_EINVAL); lua_setfield(L, -2, "EINVAL");
+  lua_pushinteger(L, CLIENTPOOL_ECLOSED); lua_setfield(L, -2, "ECLOSED");
+  lua_pushinteger(L, CLIENTPOOL_ENOMEM); lua_setfield(L, -2, "ENOMEM");
   lua_pushinteger(L, CLIENTPOOL_EV_WAKE); lua_setfield(L, -2, "EV_WAKE");
   lua_pushinteger(L, CLIENTPOOL_EV_DESTROY); lua_setfield(L, -2, "EV_DESTROY");
   lua_pushinteger(L, CLIENTPOOL_EV_TIMER); lua_setfield(L, -2, "EV_TIMER");
@@ -686,5 +735,6 @@ int luaopen_clientpool_core(lua_State *L) {
   }
   lua_pushliteral(L, "clientpool.core");
   lua_setfield(L, -2, "_NAME");
+  lcp_fleet_register(L);   /* clientpool.core.fleet (lfleet.c) */
   return 1;
 }

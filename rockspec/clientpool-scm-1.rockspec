@@ -32,7 +32,7 @@ build = {
   type = "builtin",
   modules = {
     ["clientpool.core"] = {
-      sources = { "csrc/engine.c", "csrc/clock.c", "csrc/lclientpool.c", "csrc/lfastpath.c" },
+      sources = { "csrc/engine.c", "csrc/clock.c", "csrc/lclientpool.c", "csrc/lfastpath.c", "csrc/fleet.c", "csrc/lfleet.c" },
       incdirs = { "csrc" },
     },
     ["clientpool"] = "lua/clientpool/init.lua",
@@ -62,5 +62,8 @@ build = {
     ["clientpool.sched.ngx"] = "lua/clientpool/sched/ngx.lua",
     ["clientpool.ngx"] = "lua/clientpool/ngx.lua",
     ["clientpool.ngx.drivers"] = "lua/clientpool/ngx/drivers.lua",
+    ["clientpool.fleet"] = "lua/clientpool/fleet.lua",
+    ["clientpool.fleet_ffi"] = "lua/clientpool/fleet_ffi.lua",
+    ["clientpool.fleet_cdef"] = "lua/clientpool/fleet_cdef.lua",
   },
 }

@@ -68,7 +68,9 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
     -- fo: factory options (latency).
     local function mkpool(sched, o, fo)
       local f = H.factory(sched, fo)
-      local opts = { create = f.create, destroy = f.destroy, max_live = 4, scheduler = sched }
+      -- the create backoff's defaults, in this entry's seconds
+      local opts = { create = f.create, destroy = f.destroy, max_live = 4, scheduler = sched,
+                     create_backoff = T(0.05), create_backoff_max = T(2) }
       for k, v in pairs(o or {}) do opts[k] = v end
       return clientpool.new(opts), f
     end
@@ -1036,6 +1038,7 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
           assert.equal(0, s.creating)
           assert.equal(0, s.opened)
           assert.equal(0, s.leases)
+          sched.sleep(T(0.05))       -- past the create backoff's window
           l = assert(pool:acquire("k"))
           assert.equal(1, l.client.id)
         end)
@@ -1054,6 +1057,7 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
           assert.equal(0, s.live)
           assert.equal(0, s.creating)
           assert.equal(0, s.leases)
+          sched.sleep(T(0.05))       -- past the create backoff's window
           l = assert(pool:try_acquire("k"))
           assert.equal(1, l.client.id)
         end)

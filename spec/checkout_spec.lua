@@ -212,6 +212,12 @@ for _, backend in ipairs { "core", "ffi" } do
           assert.is_nil(c)
           assert.equal("create", code)
           assert.equal("refused", err)
+          c, code, err = pool:checkout()           -- the key backs off: fails fast, same error
+          assert.is_nil(c)
+          assert.equal("create", code)
+          assert.equal("refused", err)
+          assert.equal(0, f.created)
+          sched.sleep(0.05)                        -- past the backoff's window
           local _, h = pool:checkout()
           c, code = pool:checkout()
           assert.is_nil(c)

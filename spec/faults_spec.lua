@@ -256,10 +256,12 @@ for _, S in ipairs(H.schedulers()) do
           assert.is_nil(l)
           assert.equal("create", code)
           assert.is_true(contains(err, "create exploded"), tostring(err))
+          sched.sleep(0.05)      -- past the create backoff's window (one failure: <= 0.05 s)
           l, code, err = pool:acquire()
           assert.is_nil(l)
           assert.equal("create", code)
           assert.same({ hook = "create" }, err)
+          sched.sleep(0.1)       -- two failures in a row: <= 0.1 s
           -- the third throws after a yield, with a waiter queued behind it
           local second
           ctx.go(function()

@@ -114,12 +114,14 @@ local function create_client(self, name, rec, lease)
   local e = self._e
   if not ok or client == nil then
     if lease then lease._g = nil end
+    if ok then err = err or "create returned nil" else err = client end
+    self._create_err[name] = err   -- what an acquisition refused by the backoff returns
     local _, pending = e:created(rec, false, now_of(self))
     if lease then lease._s = nil end   -- (after: see lease.lua's finish_lease)
     if pending > 0 then pump(self) end
-    if ok then err = err or "create returned nil" else err = client end
     return nil, "create", err
   end
+  self._create_err[name] = nil
   self._clients[rec] = client
   if lease then lease.client = client end
   local _, pending = e:created(rec, true, now_of(self))

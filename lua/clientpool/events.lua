@@ -30,16 +30,21 @@ M.on = ON
 
 local pump
 
-local function destroy_task(self, destroy, client, name)
+-- The cap is physical: the record counts against max_live until its
+-- destroy hook returned or failed, which the engine learns here.
+local function destroy_task(self, destroy, client, name, rec)
   local ok, err = ycall(destroy, client, hook_key(name))
   if not ok then log(self, "destroy hook failed: " .. tostring(err)) end
+  local _, pending = self._e:destroyed(rec, now_of(self))
+  if pending > 0 then pump(self) end
 end
 
 -- (No closure here or in start_timer: LuaJIT cannot compile closure
 -- creation, and an abort in a path this common blacklists its callers.)
-local function run_destroy(self, client, name, reason)
+local function run_destroy(self, rec, client, name, reason)
   local destroy = self._destroy
-  if destroy then self._sched.spawn(destroy_task, self, destroy, client, name) end
+  if destroy then self._sched.spawn(destroy_task, self, destroy, client, name, rec)
+  else self._e:destroyed(rec, now_of(self)) end   -- (its events: this pump drains them)
   emit(self, "destroy", hook_key(name), client, reason)
 end
 
@@ -180,7 +185,7 @@ ON[EV_DESTROY] = function(self, _, a, b, c)
   if self._rec_leases then self._rec_leases[a] = nil; self._lost[a] = nil end
   local reason = BY_NAME[b]
   local name = self._knames[c]
-  run_destroy(self, client, name, reason)
+  run_destroy(self, a, client, name, reason)
 end
 
 ON[EV_TIMER] = function(self, _, _, _, _, tt)

@@ -39,13 +39,16 @@ for name, v in pairs {
   GRANT_IDLE = GRANT_IDLE, GRANT_CREATE = GRANT_CREATE, MUST_WAIT = C.CLIENTPOOL_MUST_WAIT,
   PENDING = C.CLIENTPOOL_PENDING, FULL = C.CLIENTPOOL_FULL, CLOSED = C.CLIENTPOOL_CLOSED,
   TIMEOUT = C.CLIENTPOOL_TIMEOUT, CANCELLED = C.CLIENTPOOL_CANCELLED, STALE = C.CLIENTPOOL_STALE,
-  PAUSED = C.CLIENTPOOL_PAUSED, EV_REFILL = C.CLIENTPOOL_EV_REFILL, EV_LOST = C.CLIENTPOOL_EV_LOST,
-  EKEYS = C.CLIENTPOOL_EKEYS, EV_WAKE = C.CLIENTPOOL_EV_WAKE, EV_DESTROY = C.CLIENTPOOL_EV_DESTROY,
+  PAUSED = C.CLIENTPOOL_PAUSED, BACKOFF = C.CLIENTPOOL_BACKOFF,
+  EV_REFILL = C.CLIENTPOOL_EV_REFILL, EV_LOST = C.CLIENTPOOL_EV_LOST,
+  EKEYS = C.CLIENTPOOL_EKEYS, EINVAL = C.CLIENTPOOL_EINVAL, ECLOSED = C.CLIENTPOOL_ECLOSED,
+  ENOMEM = C.CLIENTPOOL_ENOMEM, EV_WAKE = C.CLIENTPOOL_EV_WAKE, EV_DESTROY = C.CLIENTPOOL_EV_DESTROY,
   EV_TIMER = C.CLIENTPOOL_EV_TIMER, EV_KEY_FREE = C.CLIENTPOOL_EV_KEY_FREE, EV_LEAK = C.CLIENTPOOL_EV_LEAK,
   EV_CREATED = C.CLIENTPOOL_EV_CREATED,
 } do _M[name] = v end
 
-local BY_NAMES = { "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted" }
+local BY_NAMES = { "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted",
+                   "resized" }
 assert(#BY_NAMES == C.CLIENTPOOL_BY_COUNT, "clientpool.ffi: BY names out of date with clientpool.h")
 _M.BY = {}
 for i, name in ipairs(BY_NAMES) do _M.BY[name] = i - 1 end
@@ -102,7 +105,7 @@ local function opt_int(cfg, name, def)
   local v = cfg[name]
   if v == nil then return def end
   if type(v) ~= "number" or math_floor(v) ~= v then
-    error("bad argument #1 to 'new' (field '" .. name .. "': integer expected)", 3)
+    error("bad argument #1 (field '" .. name .. "': integer expected)", 4)
   end
   return v
 end
@@ -110,14 +113,15 @@ end
 local function opt_num(cfg, name, def)
   local v = cfg[name]
   if v == nil then return def end
-  if type(v) ~= "number" then error("bad argument #1 to 'new' (field '" .. name .. "': number expected)", 3) end
+  if type(v) ~= "number" then error("bad argument #1 (field '" .. name .. "': number expected)", 4) end
   return v
 end
 
---- new(cfg): an engine for a config the driver already validated.
-function _M.new(cfg)
+-- The engine config for table cfg (new and configure read it alike: a
+-- field left out takes new()'s default).
+local function read_config(cfg, fname)
   if type(cfg) ~= "table" then
-    error("bad argument #1 to 'new' (table expected, got " .. type(cfg) .. ")", 2)
+    error("bad argument #1 to '" .. fname .. "' (table expected, got " .. type(cfg) .. ")", 3)
   end
   local c = config_t()
   c.max_live = opt_int(cfg, "max_live", 0)
@@ -135,7 +139,15 @@ function _M.new(cfg)
   c.lifetime_jitter = opt_num(cfg, "lifetime_jitter", 0)
   c.validate_after_idle = opt_num(cfg, "validate_after_idle", -1)
   c.leak_threshold = opt_num(cfg, "leak_threshold", -1)
+  c.create_backoff = opt_num(cfg, "create_backoff", -1)
+  c.create_backoff_max = opt_num(cfg, "create_backoff_max", -1)
   c.seed = opt_num(cfg, "seed", 0)
+  return c
+end
+
+--- new(cfg): an engine for a config the driver already validated.
+function _M.new(cfg)
+  local c = read_config(cfg, "new")
   local out = engine_pp()
   local rc = C.clientpool_new(c, out)
   if rc == C.CLIENTPOOL_EINVAL then error("clientpool: options outside the capacity envelope", 2) end
@@ -289,11 +301,12 @@ function Engine:regrant(lease, gen, now, sentinel)
   return grant_results(self, st, p, g, sentinel)
 end
 
---- E:wait(key, deadline [, now]) -> waiter, gen, pending | nil, status
-function Engine:wait(key, deadline, now)
+--- E:wait(key, deadline [, now [, priority]]) -> waiter, gen, pending | nil, status
+-- (priority: an integer, default 0; see clientpool_wait_priority)
+function Engine:wait(key, deadline, now, priority)
   local p, gen = self.p, self.u32
   if now == nil then now = monotime() end
-  local w = C.clientpool_wait(p, key, deadline or -1, now, gen)
+  local w = C.clientpool_wait_priority(p, key, deadline or -1, priority or 0, now, gen)
   if w < 0 then return nil, -w end
   return w, gen[0], C.clientpool_pending(p)
 end
@@ -336,6 +349,34 @@ end
 function Engine:leak(lease, gen, now)
   local p = self.p
   return done(p, C.clientpool_leak(p, lease, gen, now or monotime()))
+end
+
+--- E:destroyed(record [, now]) -> ok, pending: the destroy hook of the
+-- record an EV_DESTROY named returned or failed (or there is none)
+function Engine:destroyed(record, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_destroyed(p, record, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
+--- E:configure(cfg [, now]) -> true, pending | false, code (EINVAL, ECLOSED,
+-- ENOMEM): cfg as for new(), every field
+function Engine:configure(cfg, now)
+  local p = self.p
+  local c = read_config(cfg, "configure")
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_configure(p, c, now)
+  if rc ~= 0 then return false, rc end
+  return true, C.clientpool_pending(p)
+end
+
+--- E:key_caps(key, max_live, max_idle [, now]) -> ok, pending (< 0 or nil: the pool's)
+function Engine:key_caps(key, max_live, max_idle, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_key_caps(p, key, max_live or -1, max_idle or -1, now)
+  return rc == 0, C.clientpool_pending(p)
 end
 
 --- E:retire(record [, now]) -> ok, pending
@@ -488,6 +529,7 @@ function Engine:stats(key, t)
   t.leases = s.leases
   t.creating = s.creating
   t.waiting = s.waiting
+  t.closing = s.closing
   local by = t.closed_by
   if type(by) ~= "table" then by = {}; t.closed_by = by end
   for i = 1, #BY_NAMES do by[BY_NAMES[i]] = s.closed_by[i - 1] end

@@ -78,6 +78,7 @@ function _M.new(opts)
     lifetime_jitter = c.lifetime_jitter, validate_after_idle = c.validate_after_idle,
     leak_threshold = c.leak_threshold, seed = c.seed,
     pause_fail = c.pause_mode == "fail" and 1 or 0,
+    create_backoff = c.create_backoff or -1, create_backoff_max = c.create_backoff_max or -1,
   }
   pools_made = pools_made + 1
   -- The pool's private fields, by the file that owns them (the others read
@@ -102,6 +103,7 @@ function _M.new(opts)
     _pgen = {}, _pgen_next = 0,             -- admission: pause generations
     _adopted = setmetatable({}, WEAK_KEYS), -- acquire: try_acquire's adopted coroutines
     _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
+    _create_err = {},             -- key name -> the error of its last failed create (BACKOFF)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
   -- a collected lease is reported at the pool's clock: a grant it makes is

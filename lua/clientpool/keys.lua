@@ -22,6 +22,7 @@ events.on[base.core.EV_KEY_FREE] = function(self, _, a)
   if name ~= nil then
     self._knames[a] = nil
     self._kids[name] = nil
+    self._create_err[name] = nil
   end
 end
 

@@ -45,7 +45,13 @@ local KNOWN = {
   lifetime_jitter = true, validate_after_idle = true, max_keys = true,
   leak_threshold = true, policy = true, pause_mode = true, probe = true,
   restarts = true, scheduler = true, seed = true, backend = true,
+  create_backoff = true, create_backoff_max = true,
 }
+
+-- Create backoff defaults (docs/decisions.md): after failed creates in a
+-- row a key's creates wait a jittered window starting at 0.05 s and
+-- doubling up to 2 s; false turns it off.
+local CREATE_BACKOFF, CREATE_BACKOFF_MAX = 0.05, 2
 
 local function check_count(o, name, min, default)
   local v = o[name]
@@ -179,6 +185,16 @@ function M.validate(o)
   c.max_lifetime = check_duration(o, "max_lifetime")
   c.validate_after_idle = check_duration(o, "validate_after_idle")
   c.leak_threshold = check_duration(o, "leak_threshold")
+  if o.create_backoff == false then
+    if o.create_backoff_max ~= nil then fail("option 'create_backoff_max' needs create_backoff (it is false)") end
+  else
+    c.create_backoff = check_duration(o, "create_backoff") or CREATE_BACKOFF
+    c.create_backoff_max = check_duration(o, "create_backoff_max") or math.max(CREATE_BACKOFF_MAX, c.create_backoff)
+    if c.create_backoff_max < c.create_backoff then
+      fail("option 'create_backoff_max' (%s) must be >= create_backoff (%s)",
+           tostring(c.create_backoff_max), tostring(c.create_backoff))
+    end
+  end
   if o.lifetime_jitter ~= nil then
     local j = o.lifetime_jitter
     if type(j) ~= "number" or j ~= j then fail("option 'lifetime_jitter' must be a number, got %s", tostring(j)) end

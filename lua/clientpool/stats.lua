@@ -58,14 +58,16 @@ M.snapshot = snapshot
 -- checkout map them the same way): REFUSED[st] is true for them, and
 -- refused(self, st, name) returns the caller's nil, code[, detail].
 local core = base.core
-local FULL, PAUSED, CLOSED = core.FULL, core.PAUSED, core.CLOSED
-M.REFUSED = { [FULL] = true, [PAUSED] = true, [CLOSED] = true }
+local FULL, PAUSED, CLOSED, BACKOFF = core.FULL, core.PAUSED, core.CLOSED, core.BACKOFF
+M.REFUSED = { [FULL] = true, [PAUSED] = true, [CLOSED] = true, [BACKOFF] = true }
 
 function M.refused(self, st, name)
   if st == FULL then
     return nil, "full", snapshot(self, "full", name)
   elseif st == PAUSED then
     return nil, "paused", self._kpaused[name] or self._paused or "probe"
+  elseif st == BACKOFF then     -- creates of the key fail: fail fast with the last error
+    return nil, "create", self._create_err[name] or "create backing off"
   end
   return nil, "closed"
 end

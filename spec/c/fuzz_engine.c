@@ -8,16 +8,20 @@
  *   build/fuzz/fuzz_engine FILE    replays one input (FUZZ_TRACE=1 prints
  *                                  every step)
  *
- * Input.  The first 16 bytes are the config (max_live 1..6, capacity 1..3,
+ * Input.  The first 17 bytes are the config (max_live 1..6, capacity 1..3,
  * max_concurrency, max_idle, min_idle, max_waiting 0..6, per-key caps,
  * max_keys, pause_fail, idle_timeout, max_lifetime, jitter,
- * validate_after_idle, leak_threshold, seed); then each step is an opcode
+ * validate_after_idle, leak_threshold, seed, create backoff); then each step is an opcode
  * byte and an argument byte: acquire (and wait or give up), wait, created
  * ok/fail, release for reuse or with a reason, claim, cancel, abandon, leak
  * (of a lease or a reservation), tick with a clock advance, advance, close,
  * pause/resume (probe) of the pool or a key, probe_ok, retire,
  * retire_before, key pin (0/1/2)/forget, floor on/off, refill, stale handles,
- * and a skewed clock (an earlier time or NaN) for the next call.  Up to six
+ * destroyed (a destroy hook returned: of a closing record whose EV_DESTROY was
+ * read, of one whose event is still queued, or of a record that is not
+ * closing), configure (one group of fields changed, the envelope broken now
+ * and then, or what cannot change), key_caps, and a skewed clock (an
+ * earlier time or NaN) for the next call.  Up to six
  * key names.  Bytes past the end read as 0.
  *
  * Each step calls the engine, then the model with the same arguments, and
@@ -26,7 +30,7 @@
  * events with equal deadlines is the engine's business), the same stats of
  * the pool and of every key, the same next deadline and gates, every record's
  * state, key and lease count; clientpool_check(); and, independently of the
- * model: live + creating <= max_live (and per key), leases <=
+ * model: live + creating + closing <= max_live (and per key), leases <=
  * max_concurrency, waiting <= max_waiting, per-key grants in FIFO order,
  * opened - closed = live, sum(closed_by) = closed, live = idle + active, the
  * per-key gauges summing to the pool's, and every lease the harness holds
@@ -60,9 +64,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 typedef struct { int32_t l; uint32_t gen; int ml; unsigned mgen; } h_lease;
 typedef struct { int32_t r; int32_t l; uint32_t gen; int mr; int ml; unsigned mgen; int refill; } h_res;
-typedef struct { int32_t w; uint32_t gen; int mw; unsigned mgen; int mk; int queued; long arrival; } h_waiter;
+typedef struct {
+  int32_t w; uint32_t gen; int mw; unsigned mgen; int mk; int queued;
+  long arrival;
+  long long place;        /* arrival - priority * PRIORITY_STEP, or (a kept place) below all */
+} h_waiter;
 typedef struct { int32_t e; uint32_t egen; int m; unsigned mgen; } h_dead;
 typedef struct { int valid; int m; unsigned mgen; } h_map;
+typedef struct { int32_t r; int mr; } h_closing;
 
 static struct {
   const uint8_t *in;
@@ -90,6 +99,10 @@ static struct {
   h_waiter W[MAXH]; int nw;
   h_dead deadl[DEAD]; int ndl;
   h_dead deadw[DEAD]; int ndw;
+  h_closing D[EMAP]; int nd;      /* closing records whose EV_DESTROY was read */
+  /* after a cap was lowered: what was there then, and may stay until it
+   * ends (0: none); each step checks it never grows */
+  long hi_live, hi_leases, hi_waiting, hi_key[M_MAXKEY];
   /* this step */
   clientpool_grant_t eg; int eg_valid; m_grant_t mg;    /* a direct grant */
   int32_t new_er; int new_mr;                            /* a refill reservation */
@@ -107,11 +120,12 @@ static void fz_fail(const char *fmt, ...) {
   va_end(ap);
   fprintf(stderr, "\n  config: max_live %d capacity %d max_concurrency %d max_idle %d min_idle %d "
           "max_waiting %d key_max_live %d key_max_idle %d max_keys %d pause_fail %d idle_timeout %g "
-          "max_lifetime %g jitter %g validate_after_idle %g leak_threshold %g seed %llu; now %g\n",
+          "max_lifetime %g jitter %g validate_after_idle %g leak_threshold %g create_backoff %g..%g "
+          "seed %llu; now %g\n",
           c->max_live, c->capacity, c->max_concurrency, c->max_idle, c->min_idle, c->max_waiting,
           c->key_max_live, c->key_max_idle, c->max_keys, c->pause_fail, c->idle_timeout,
           c->max_lifetime, c->lifetime_jitter, c->validate_after_idle, c->leak_threshold,
-          (unsigned long long)c->seed, H.now);
+          c->create_backoff, c->create_backoff_max, (unsigned long long)c->seed, H.now);
   abort();
 }
 
@@ -267,12 +281,14 @@ static void compare_events(void) {
       hi = h_waiter_index(mw);
       if (hi < 0 || !H.W[hi].queued) fz_fail("EV_WAKE of waiter %d that the driver does not see queued", mw);
       wb_waiter(H.p, e.a, &res, &rec, &lease, &lg);
-      /* FIFO per key: a grant never overtakes an earlier waiter of its key */
+      /* per key: a grant never overtakes a waiter of its key with an earlier
+       * place (priority, then arrival) */
       if (res == CLIENTPOOL_GRANT_IDLE || res == CLIENTPOOL_GRANT_CREATE)
         for (j = 0; j < H.nw; j++)
-          if (j != hi && H.W[j].queued && H.W[j].mk == H.W[hi].mk && H.W[j].arrival < H.W[hi].arrival)
-            fz_fail("FIFO: waiter %d (arrival %ld) granted while waiter %d (arrival %ld) of its key waits",
-                    mw, H.W[hi].arrival, H.W[j].mw, H.W[j].arrival);
+          if (j != hi && H.W[j].queued && H.W[j].mk == H.W[hi].mk &&
+              (H.W[j].place < H.W[hi].place || (H.W[j].place == H.W[hi].place && H.W[j].arrival < H.W[hi].arrival)))
+            fz_fail("order: waiter %d (arrival %ld, place %lld) granted while waiter %d (arrival %ld, place %lld) "
+                    "of its key waits", mw, H.W[hi].arrival, H.W[hi].place, H.W[j].mw, H.W[j].arrival, H.W[j].place);
       H.W[hi].queued = 0;
       break;
     }
@@ -282,6 +298,12 @@ static void compare_events(void) {
       t.a = map_get(H.er, e.a);
       if (t.a < 0) fz_fail("%s of engine record %d, which the harness never saw", ev_name(e.type), e.a);
       t.c = map_get(H.ek, e.c);
+      /* the driver runs the destroy hook and reports it done later (op_destroyed),
+       * unless the harness reported it already, before reading the event */
+      if (e.type == CLIENTPOOL_EV_DESTROY && wb_rec_state(H.p, e.a) == WB_CLOSING) {
+        if (H.nd == EMAP) fz_fail("harness: too many closing records");
+        H.D[H.nd].r = e.a; H.D[H.nd].mr = t.a; H.nd++;
+      }
       break;
     case CLIENTPOOL_EV_KEY_FREE: {
       int n;
@@ -333,7 +355,7 @@ static void compare_stats(const clientpool_stats_t *a, const clientpool_stats_t 
                                                   (double)a->f, (double)b->f); } while (0)
   SAME(opened); SAME(reused); SAME(closed); SAME(leaked); SAME(timeouts); SAME(rejected);
   SAME(cancelled); SAME(create_failed); SAME(wait_count); SAME(wait_time);
-  SAME(live); SAME(idle); SAME(active); SAME(leases); SAME(creating); SAME(waiting);
+  SAME(live); SAME(idle); SAME(active); SAME(leases); SAME(creating); SAME(waiting); SAME(closing);
 #undef SAME
   for (i = 0; i < CLIENTPOOL_BY_COUNT; i++)
     if (a->closed_by[i] != b->closed_by[i])
@@ -350,7 +372,8 @@ static void check_identities(const clientpool_stats_t *s, const char *what) {
   if (s->live != s->idle + s->active) fz_fail("stats(%s): live != idle + active", what);
   if (s->leases < s->active) fz_fail("stats(%s): fewer leases than active records", what);
   if (s->leases > s->active * H.cfg.capacity + s->creating) fz_fail("stats(%s): too many leases", what);
-  if (s->live < 0 || s->idle < 0 || s->creating < 0 || s->waiting < 0) fz_fail("stats(%s): negative", what);
+  if (s->live < 0 || s->idle < 0 || s->creating < 0 || s->waiting < 0 || s->closing < 0)
+    fz_fail("stats(%s): negative", what);
 }
 
 static void unmap_dead(void) {
@@ -426,13 +449,20 @@ static void step_end(void) {
     model_stats(&H.m, mk, &km);
     compare_stats(&ke, &km, what);
     check_identities(&ke, what);
-    if (H.cfg.key_max_live >= 0 && ke.live + ke.creating > H.cfg.key_max_live)
-      fz_fail("key %d: live %d + creating %d > key_max_live", mk, ke.live, ke.creating);
-    if (!H.floor_used && H.cfg.key_max_idle >= 0 && ke.idle > H.cfg.key_max_idle)
-      fz_fail("key %d: idle %d > key_max_idle", mk, ke.idle);
+    {
+      int cap = H.m.keys[mk].cap_live >= 0 ? H.m.keys[mk].cap_live : H.cfg.key_max_live;
+      int icap = H.m.keys[mk].cap_idle >= 0 ? H.m.keys[mk].cap_idle : H.cfg.key_max_idle;
+      long held = ke.live + ke.creating + ke.closing;
+      if (cap >= 0 && held > cap && held > H.hi_key[mk])
+        fz_fail("key %d: live %d + creating %d + closing %d > its max_live %d (was %ld when lowered)", mk,
+                ke.live, ke.creating, ke.closing, cap, H.hi_key[mk]);
+      H.hi_key[mk] = cap >= 0 && held > cap ? held : 0;
+      if (!H.floor_used && icap >= 0 && ke.idle > icap) fz_fail("key %d: idle %d > its max_idle", mk, ke.idle);
+    }
     EXPECT_EQ(clientpool_gate(H.p, H.mk_ek[mk]), model_gate(&H.m, mk));
     sum.live += ke.live; sum.idle += ke.idle; sum.active += ke.active;
     sum.leases += ke.leases; sum.creating += ke.creating; sum.waiting += ke.waiting;
+    sum.closing += ke.closing;
   }
   {
     int used = 0;
@@ -440,11 +470,23 @@ static void step_end(void) {
     EXPECT_EQ(wb_keys_used(H.p), used);
   }
   if (sum.live != se.live || sum.idle != se.idle || sum.active != se.active || sum.leases != se.leases ||
-      sum.creating != se.creating || sum.waiting != se.waiting)
+      sum.creating != se.creating || sum.waiting != se.waiting || sum.closing != se.closing)
     fz_fail("per-key gauges do not sum to the pool's");
-  if (se.live + se.creating > H.cfg.max_live) fz_fail("live %d + creating %d > max_live", se.live, se.creating);
-  if (se.leases > H.cfg.max_concurrency) fz_fail("leases %d > max_concurrency", se.leases);
-  if (se.waiting > H.cfg.max_waiting) fz_fail("waiting %d > max_waiting", se.waiting);
+  /* the cap is physical: closing records count until their destroy is reported */
+  /* ... and after a lower cap, never more than there was when it was lowered */
+  {
+    long total = se.live + se.creating + se.closing;
+    if (total > H.cfg.max_live && total > H.hi_live)
+      fz_fail("live %d + creating %d + closing %d > max_live (%ld when lowered)", se.live, se.creating,
+              se.closing, H.hi_live);
+    if (se.leases > H.cfg.max_concurrency && se.leases > H.hi_leases)
+      fz_fail("leases %d > max_concurrency", se.leases);
+    if (se.waiting > H.cfg.max_waiting && se.waiting > H.hi_waiting)
+      fz_fail("waiting %d > max_waiting", se.waiting);
+    H.hi_live = total > H.cfg.max_live ? total : 0;
+    H.hi_leases = se.leases > H.cfg.max_concurrency ? se.leases : 0;
+    H.hi_waiting = se.waiting > H.cfg.max_waiting ? se.waiting : 0;
+  }
   if (!H.floor_used && se.idle > H.cfg.max_idle) fz_fail("idle %d > max_idle", se.idle);
   EXPECT_DEQ(clientpool_next_deadline(H.p), model_next_deadline(&H.m));
   EXPECT_EQ(clientpool_gate(H.p, -1), model_gate(&H.m, -1));
@@ -516,6 +558,8 @@ static void compare_grant(const clientpool_grant_t *g, const m_grant_t *mg) {
 
 /* ---- operations ------------------------------------------------------- */
 
+static void destroy_unread(void);
+
 static void begin(const char *op) {
   H.op = op;
   H.step++;
@@ -551,29 +595,43 @@ static double deadline_of(int b) {
   return H.now + (double)(b % 24) * 0.25;
 }
 
+/* a waiter's priority: mostly 0, some small ones, now and then an extreme */
+static int32_t priority_of(int b) {
+  switch (b % 8) {
+  case 0: case 1: case 2: case 3: return 0;
+  case 4: return 1;
+  case 5: return 2;
+  case 6: return -1;
+  default: return (b / 8) % 3 == 0 ? INT32_MAX : (b / 8) % 3 == 1 ? INT32_MIN : 3;
+  }
+}
+
 static void op_wait(int mk, int b) {
   double dl = deadline_of(b), t = t_call();
   uint32_t egen = 0;
   unsigned mgen = 0;
-  int32_t ew;
+  int32_t ew, prio = priority_of(byte());
   int mw;
   h_waiter *x = &H.W[H.nw];
   if (H.nw >= MAXH) return;
   begin("wait");
-  ew = clientpool_wait(H.p, H.mk_ek[mk], dl, t, &egen);
+  ew = prio ? clientpool_wait_priority(H.p, H.mk_ek[mk], dl, prio, t, &egen)
+            : clientpool_wait(H.p, H.mk_ek[mk], dl, t, &egen);
   if (ew >= 0) {
     H.cur_ew = ew; H.cur_egen = egen;
     /* the waiter is known before the model's dispatch can wake it */
     x->w = ew; x->gen = egen; x->mk = mk; x->queued = 1; x->arrival = ++H.arrivals;
+    x->place = x->arrival - (long long)prio * CLIENTPOOL_PRIORITY_STEP;
   }
-  mw = model_wait(&H.m, mk, dl, t, &mgen);
-  trace("wait key %d deadline %g -> engine %d, model %d", mk, dl, (int)ew, mw);
+  mw = model_wait_priority(&H.m, mk, dl, prio, t, &mgen);
+  trace("wait key %d deadline %g priority %d -> engine %d, model %d", mk, dl, (int)prio, (int)ew, mw);
   if (ew < 0 || mw < 0) {
     EXPECT_EQ(ew, mw);
     step_end();
     return;
   }
   x->mw = mw; x->mgen = mgen;
+  if (H.m.wai[mw].order < INT64_MIN / 4) x->place = INT64_MIN / 2 + x->arrival;   /* a kept place */
   H.nw++;
   if (H.ew[ew].valid) fz_fail("engine waiter slot %d handed out while in use", ew);
   map_set(H.ew, ew, mw, mgen);
@@ -660,6 +718,14 @@ static void op_release(int b, int c) {
     compare_grant(&g, &mg);
     step_end();
     if (est == CLIENTPOOL_GRANT_IDLE || est == CLIENTPOOL_GRANT_CREATE) take_grant(&g, &mg);
+    /* MUST_WAIT: the caller keeps its place and acquires again at once (as
+     * the driver does; now and then it does not, and the next call of any
+     * key ends the place) */
+    else if (est == CLIENTPOOL_MUST_WAIT && byte() % 4 != 3) {
+      int n;
+      for (n = 0; n < NAMES; n++)
+        if (H.name_mk[n] >= 0 && H.mk_ek[H.name_mk[n]] == g.key) { op_acquire(n); break; }
+    }
     return;
   }
   begin("release");
@@ -670,6 +736,7 @@ static void op_release(int b, int c) {
   EXPECT_EQ(erc, 0);
   EXPECT_EQ(mrc, 0);
   dead_lease(x.l, x.gen, x.ml, x.mgen);
+  if (c % 32 == 31) destroy_unread();
   step_end();
 }
 
@@ -745,6 +812,121 @@ static void op_leak(int b) {
     dead_lease(x.l, x.gen, x.ml, x.mgen);
     step_end();
   }
+}
+
+/* The driver reports a destroy done (its hook returned or failed). */
+static void op_destroyed(int b) {
+  h_closing x;
+  double t;
+  if ((b & 128) || !H.nd) {                 /* a record that is not closing: STALE */
+    int32_t e = (int32_t)((b & 127) % (span() + 1)) - 1;
+    int mr = map_get(H.er, e);
+    if (e >= 0 && wb_rec_state(H.p, e) == WB_CLOSING) return;
+    begin("destroyed(stale)");
+    t = t_call();
+    EXPECT_EQ(clientpool_destroyed(H.p, e, t), CLIENTPOOL_STALE);
+    EXPECT_EQ(model_destroyed(&H.m, mr, t), CLIENTPOOL_STALE);   /* (mr -1: none; the clock moves) */
+    step_end();
+    return;
+  }
+  x = H.D[b % H.nd];
+  H.D[b % H.nd] = H.D[--H.nd];
+  begin("destroyed");
+  t = t_call();
+  trace("destroyed record %d (model %d)", x.r, x.mr);
+  EXPECT_EQ(clientpool_destroyed(H.p, x.r, t), 0);
+  EXPECT_EQ(model_destroyed(&H.m, x.mr, t), 0);
+  step_end();
+}
+
+/* A driver whose destroy hook returns at once, before it reads the event:
+ * every closing record whose EV_DESTROY is still queued is reported done
+ * within the step that destroyed it. */
+static void destroy_unread(void) {
+  int32_t c[EMAP];
+  int32_t n = wb_closing(H.p, c, EMAP), i;
+  int j;
+  for (i = 0; i < n && i < EMAP; i++) {
+    int known = 0, mr;
+    for (j = 0; j < H.nd; j++) if (H.D[j].r == c[i]) known = 1;
+    if (known) continue;
+    mr = map_get(H.er, c[i]);
+    if (mr < 0) fz_fail("closing engine record %d is unknown to the harness", c[i]);
+    trace("destroyed (unread) record %d (model %d)", c[i], mr);
+    EXPECT_EQ(clientpool_destroyed(H.p, c[i], H.now), 0);
+    EXPECT_EQ(model_destroyed(&H.m, mr, H.now), 0);
+  }
+}
+
+/* Remembers the counts before a cap may be lowered (see hi_live). */
+static void hold_counts(void) {
+  clientpool_stats_t s;
+  int mk;
+  clientpool_stats(H.p, -1, &s);
+  H.hi_live = s.live + s.creating + s.closing;
+  H.hi_leases = s.leases;
+  H.hi_waiting = s.waiting;
+  for (mk = 0; mk < M_MAXKEY; mk++)
+    if (H.m.keys[mk].used && clientpool_stats(H.p, H.mk_ek[mk], &s) == 0)
+      H.hi_key[mk] = s.live + s.creating + s.closing;
+}
+
+/* configure: a new config made from the current one, valid or not */
+static void op_configure(int b) {
+  clientpool_config_t c = H.cfg;
+  int v = byte(), w = byte(), erc, mrc;
+  double t;
+  switch (b % 12) {
+  case 0: c.max_live = 1 + v % 6; if (c.max_idle > c.max_live) c.max_idle = c.max_live;
+          if (c.min_idle > c.max_idle) c.min_idle = c.max_idle;
+          if (c.key_max_live > c.max_live) c.key_max_live = c.max_live;
+          if (c.key_max_idle > c.max_idle) c.key_max_idle = c.max_idle; break;
+  case 1: c.max_idle = v % (c.max_live + 1); if (c.min_idle > c.max_idle) c.min_idle = c.max_idle;
+          if (c.key_max_idle > c.max_idle) c.key_max_idle = c.max_idle; break;
+  case 2: c.min_idle = v % (c.max_idle + 1); break;
+  case 3: c.max_concurrency = 1 + v % (c.max_live * c.capacity + 2); break;
+  case 4: c.max_waiting = v % 7; break;
+  case 5: c.key_max_live = v % 2 ? -1 : 1 + (v / 2) % c.max_live;
+          c.key_max_idle = w % 3 ? -1 : (w / 3) % (c.max_idle + 1); break;
+  case 6: c.idle_timeout = v % 3 == 0 ? -1 : (1 + (v / 3) % 32) * 0.25;
+          c.validate_after_idle = w % 2 ? -1 : ((w / 2) % 16) * 0.25; break;
+  case 7: c.max_lifetime = v % 3 == 0 ? -1 : (1 + (v / 3) % 64) * 0.25;
+          c.lifetime_jitter = w % 2 ? 0 : ((w / 2) % 8) / 16.0; break;
+  case 8: c.leak_threshold = v % 3 == 0 ? -1 : (1 + (v / 3) % 32) * 0.25; c.pause_fail = w % 4 == 0; break;
+  case 9: if (v % 3 == 0) c.create_backoff = c.create_backoff_max = -1;
+          else { c.create_backoff = (1 + (v / 3) % 8) * 0.125; c.create_backoff_max = c.create_backoff * (1 << (w % 4)); }
+          c.max_keys = w % 3 ? c.max_keys : 1 + (w / 3) % NAMES; break;
+  case 10: c.max_live = 1 + v % 6; c.max_idle = 1 + w % 6;   /* may break the envelope */
+           c.min_idle = (v * w) % 3; break;
+  default:                                  /* what cannot change */
+    if (v % 2) c.capacity = c.capacity % 3 + 1; else c.seed ^= 1 + (uint64_t)w;
+  }
+  begin("configure");
+  hold_counts();
+  t = t_call();
+  erc = clientpool_configure(H.p, &c, t);
+  mrc = model_configure(&H.m, &c, t);
+  trace("configure (change %d) -> %d/%d: max_live %d max_idle %d min_idle %d key_max_live %d", b % 12, erc,
+        mrc, c.max_live, c.max_idle, c.min_idle, c.key_max_live);
+  EXPECT_EQ(erc, mrc);
+  if (erc == 0) H.cfg = c;
+  step_end();
+}
+
+/* key_caps: a key's own caps (some out of range) */
+static void op_key_caps(int b) {
+  int name = b % NAMES, mk = H.name_mk[name], ml, mi;
+  int v = byte();
+  double t;
+  if (mk < 0) return;
+  ml = v % 4 == 0 ? -1 : (v / 4) % (H.cfg.max_live + 2);
+  mi = (v / 16) % 3 == 0 ? -1 : (b / NAMES) % (H.cfg.max_idle + 2);
+  begin("key_caps");
+  hold_counts();
+  t = t_call();
+  trace("key_caps key %d max_live %d max_idle %d", mk, ml, mi);
+  EXPECT_EQ(clientpool_key_caps(H.p, H.mk_ek[mk], ml, mi, t), model_key_caps(&H.m, mk, ml, mi, t));
+  step_end();
 }
 
 static void op_tick(int b) {
@@ -926,7 +1108,8 @@ static void op_stale(int b) {
 enum { OP_ACQUIRE, OP_ACQUIRE2, OP_ACQUIRE3, OP_WAIT, OP_CREATED, OP_CREATED2, OP_RELEASE,
        OP_RELEASE2, OP_RELEASE3, OP_CLAIM, OP_CLAIM2, OP_CANCEL, OP_ABANDON, OP_LEAK, OP_TICK,
        OP_TICK2, OP_ADVANCE, OP_CLOSE, OP_PAUSE, OP_RESUME, OP_PROBE_OK, OP_RETIRE,
-       OP_RETIRE_BEFORE, OP_KEYS, OP_FLOOR, OP_REFILL, OP_STALE, OP_SKEW, OP_COUNT };
+       OP_RETIRE_BEFORE, OP_KEYS, OP_FLOOR, OP_REFILL, OP_STALE, OP_SKEW, OP_DESTROYED,
+       OP_DESTROYED2, OP_CONFIGURE, OP_KEY_CAPS, OP_COUNT };
 
 /* ---- a run ------------------------------------------------------------ */
 
@@ -949,6 +1132,12 @@ static void decode_config(clientpool_config_t *c) {
   b = byte(); c->validate_after_idle = b % 2 ? -1 : ((b / 2) % 16) * 0.25;
   b = byte(); c->leak_threshold = b % 3 ? -1 : (1 + (b / 3) % 32) * 0.25;
   c->seed = (uint64_t)byte();
+  b = byte();
+  if (b % 3 == 0) c->create_backoff = c->create_backoff_max = -1;
+  else {
+    c->create_backoff = (1 + (b / 3) % 8) * 0.125;
+    c->create_backoff_max = c->create_backoff * (1 << ((b / 24) % 4));
+  }
 }
 
 /* Closes the pool, settles every waiter, reservation and lease, and checks
@@ -972,10 +1161,12 @@ static void settle(void) {
   }
   while (H.nr) op_created(H.nr % 2 ? 1 : 0);   /* alternately ok and failed */
   while (H.nl) op_release(0, 0);
+  while (H.nd) op_destroyed(0);
   clientpool_stats(H.p, -1, &s);
-  if (s.live || s.idle || s.active || s.leases || s.creating || s.waiting)
-    fz_fail("after settling: live %d idle %d active %d leases %d creating %d waiting %d",
-            s.live, s.idle, s.active, s.leases, s.creating, s.waiting);
+  if (s.live || s.idle || s.active || s.leases || s.creating || s.waiting || s.closing)
+    fz_fail("after settling: live %d idle %d active %d leases %d creating %d waiting %d closing %d",
+            s.live, s.idle, s.active, s.leases, s.creating, s.waiting, s.closing);
+  if (wb_keys_used(H.p) != 0) wb_dump_keys(H.p);
   if (wb_keys_used(H.p) != 0) fz_fail("after settling: %d keys left", wb_keys_used(H.p));
   for (i = 0; i < M_MAXKEY; i++) if (H.m.keys[i].used) fz_fail("after settling: model key %d left", i);
 }
@@ -1021,6 +1212,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case OP_REFILL: op_refill(); break;
     case OP_STALE: op_stale(b); break;
     case OP_SKEW: H.skew = 1 + b % 2; break;
+    case OP_DESTROYED: case OP_DESTROYED2: op_destroyed(b); break;
+    case OP_CONFIGURE: op_configure(b); break;
+    case OP_KEY_CAPS: op_key_caps(b); break;
     }
   }
   H.skew = 0;

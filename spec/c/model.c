@@ -9,6 +9,7 @@
  */
 #include "model.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -54,6 +55,10 @@ static int n_live(const model_t *m, int k) {
 }
 static int n_idle(const model_t *m, int k) { return n_records(m, k, MR_IDLE); }
 static int n_creating(const model_t *m, int k) { return n_records(m, k, MR_CREATING); }
+static int n_closing(const model_t *m, int k) { return n_records(m, k, MR_CLOSING); }
+/* "A record counts against max_live (and its key's cap) from its
+ * reservation until its destroy hook has returned or failed" */
+static int n_held(const model_t *m, int k) { return n_live(m, k) + n_creating(m, k) + n_closing(m, k); }
 static int n_leases(const model_t *m, int k) {
   int l, n = 0;
   for (l = 0; l < M_MAXLEASE; l++)
@@ -82,6 +87,7 @@ int model_stats(const model_t *m, int k, clientpool_stats_t *s) {
   s->leases = n_leases(m, k);
   s->creating = n_creating(m, k);
   s->waiting = n_waiting(m, k);
+  s->closing = n_closing(m, k);
   return 0;
 }
 
@@ -111,8 +117,9 @@ static double rnd(model_t *m) {
  * is held until the call ends. */
 static int key_maybe_free(model_t *m, int k) {
   m_key_t *key = &m->keys[k];
-  if (!key->used || key->pinned || k == m->hold_key) return 0;
-  if (n_live(m, k) || n_creating(m, k) || n_leases(m, k) || n_waiter_slots(m, k)) return 0;
+  if (!key->used || key->pinned || k == m->hold_key || k == m->kept || key->bstate != MB_NONE ||
+      ((key->cap_live >= 0 || key->cap_idle >= 0) && !m->closed)) return 0;
+  if (n_held(m, k) || n_leases(m, k) || n_waiter_slots(m, k)) return 0;
   key->used = 0;
   key->gen++;
   push(m, CLIENTPOOL_EV_KEY_FREE, k, 0, 0, 0);
@@ -132,6 +139,7 @@ int model_key_open(model_t *m) {
       key->gen = gen;
       key->used = 1;
       key->retire_before = -1;
+      key->cap_live = key->cap_idle = NONE;
       return k;
     }
   m->overflow = 1;
@@ -148,8 +156,23 @@ int model_key_pin(model_t *m, int k, int pinned) {
   return 0;
 }
 
+/* The caller of a regrant that kept its place (model_regrant) is back, or
+ * gave up: the place is used up whatever this call answers. */
+static int take_kept(model_t *m, int k) {
+  int kept = m->kept == k;
+  m->kept = NONE;
+  return kept;
+}
+
+static void finish(model_t *m, double now);
+
 int model_key_forget(model_t *m, int k) {
   if (!key_ok(m, k)) return 0;
+  if (take_kept(m, k)) {
+    int freed = key_maybe_free(m, k);
+    finish(m, m->now);                 /* what was held for it is served */
+    return freed;
+  }
   return key_maybe_free(m, k);
 }
 
@@ -255,11 +278,13 @@ static void idle_push(model_t *m, int r, double now) {
  * refills in flight, but no more than max_idle has room for (idle records
  * of every key and every refill in flight count), nor its key's max_idle";
  * floor_held is set when max_idle has no room for a key that is short. */
+static int key_cap_idle(const model_t *m, int k);
+
 static int floor_deficit(model_t *m, int k) {
   int d = m->cfg.min_idle - n_idle(m, k) - m->keys[k].refilling, room = m->cfg.max_idle - n_idle(m, -1), j;
-  int kroom = m->cfg.key_max_idle - n_idle(m, k) - m->keys[k].refilling;
+  int kroom = key_cap_idle(m, k) - n_idle(m, k) - m->keys[k].refilling;
   for (j = 0; j < M_MAXKEY; j++) if (m->keys[j].used) room -= m->keys[j].refilling;
-  if (m->cfg.key_max_idle >= 0 && kroom < d) d = kroom;
+  if (key_cap_idle(m, k) >= 0 && kroom < d) d = kroom;
   if (d > 0 && room <= 0) m->floor_held = 1;
   return room < d ? room : d;
 }
@@ -289,16 +314,18 @@ static int floor_keeps(const model_t *m, const m_record_t *x) {
 
 /* ---- destroy and expiry ----------------------------------------------- */
 
+/* The destroy starts: the record is closing, and still counts against the
+ * caps until the driver reports it done (model_destroyed). */
 static void destroy(model_t *m, int r, int reason) {
   m_record_t *x = &m->rec[r];
   int k = x->key;
   COUNT(m, k, closed, 1);
   COUNT(m, k, closed_by[reason], 1);
   push(m, CLIENTPOOL_EV_DESTROY, r, reason, k, 0);
-  x->state = MR_FREE;
-  x->gen++;
+  x->state = MR_CLOSING;
+  x->retire = x->doomed = 0;
+  x->lifetime_armed = 0;
   floor_check(m, k);
-  key_maybe_free(m, k);
 }
 
 /* retire_before: "every record created before `before` (before < 0: every
@@ -310,9 +337,14 @@ static int retired_by_age(const model_t *m, const m_record_t *x) {
 
 /* Why an idle record may not be handed out (retired, past max_lifetime, idle
  * past idle_timeout), in that order of precedence; 0 if it may. */
+/* past max_lifetime: found so by tick, or its deadline has come */
+static int life_over(const m_record_t *x, double now) {
+  return x->lifetime_over || (x->lifetime_armed && now >= x->expires);
+}
+
 static int idle_expired(const model_t *m, const m_record_t *x, double now, int *why) {
   if (x->retire || retired_by_age(m, x)) { *why = CLIENTPOOL_BY_RETIRED; return 1; }
-  if (has(m->cfg.max_lifetime) && now >= x->expires) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
+  if (life_over(x, now)) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
   if (has(m->cfg.idle_timeout) && now - x->gl_since >= m->cfg.idle_timeout && !floor_keeps(m, x)) {
     *why = CLIENTPOOL_BY_IDLE; return 1;
   }
@@ -364,7 +396,7 @@ static int take_open(model_t *m, int k, double now, m_grant_t *g, int who) {
       if (m->rec[r].key != k || !model_open(m, r) || m->rec[r].nleases != min) continue;
       x = &m->rec[r];
       n++;
-      if ((has(m->cfg.max_lifetime) && now >= x->expires) || retired_by_age(m, x)) {
+      if (life_over(x, now) || retired_by_age(m, x)) {
         if (m->oracle(m->octx, M_ORACLE_RETIRED, r, NULL, 0)) { x->retire = 1; changed = 1; }
       } else {
         fresh[nfresh++] = r;
@@ -394,11 +426,40 @@ static int take_open(model_t *m, int k, double now, m_grant_t *g, int who) {
 }
 
 static int room(const model_t *m) {
-  return n_live(m, -1) + n_creating(m, -1) < m->cfg.max_live;
+  return n_held(m, -1) < m->cfg.max_live;
+}
+
+/* clientpool.h, create backoff: "in which the key creates nothing ...
+ * After the window only one create of the key is in flight at a time" */
+static int backoff_allows(const model_t *m, int k) {
+  const m_key_t *key = &m->keys[k];
+  return key->bstate == MB_NONE || (key->bstate == MB_PROBE && n_creating(m, k) == 0);
+}
+
+/* "A key's caps: its own (clientpool_key_caps), else the pool's per-key ones" */
+static int key_cap_live(const model_t *m, int k) {
+  return m->keys[k].cap_live >= 0 ? m->keys[k].cap_live : m->cfg.key_max_live;
+}
+static int key_cap_idle(const model_t *m, int k) {
+  return m->keys[k].cap_idle >= 0 ? m->keys[k].cap_idle : m->cfg.key_max_idle;
 }
 
 static int under_key_cap(const model_t *m, int k) {
-  return m->cfg.key_max_live < 0 || n_live(m, k) + n_creating(m, k) < m->cfg.key_max_live;
+  if (!backoff_allows(m, k)) return 0;
+  return key_cap_live(m, k) < 0 || n_held(m, k) < key_cap_live(m, k);
+}
+
+/* "destroyed at release while [the pool or key holds] more than the cap
+ * (open or being created)" */
+static int over_cap(const model_t *m, int k) {
+  return n_live(m, -1) + n_creating(m, -1) > m->cfg.max_live ||
+         (key_cap_live(m, k) >= 0 && n_live(m, k) + n_creating(m, k) > key_cap_live(m, k));
+}
+
+/* decisions.md: at max_live an idle record of another key may be evicted
+ * to make room, unless a destroy is under way (its room comes first). */
+static int evict_ok(const model_t *m) {
+  return n_idle(m, -1) > 0 && n_closing(m, -1) == 0;
 }
 
 static void rec_init(model_t *m, int r, int k, double now) {
@@ -419,9 +480,9 @@ static int reserve(model_t *m, int k, double now, m_grant_t *g) {
   int r, l;
   if (!under_key_cap(m, k)) return 0;
   if (!room(m)) {
-    int victim = idle_oldest(m);
-    if (victim == NONE) return 0;
-    destroy(m, victim, CLIENTPOOL_BY_EVICTED);
+    /* the room comes when the evicted record's destroy is reported */
+    if (evict_ok(m)) destroy(m, idle_oldest(m), CLIENTPOOL_BY_EVICTED);
+    return 0;
   }
   r = rec_alloc(m);
   if (r == NONE) return 0;
@@ -446,12 +507,18 @@ static int grant(model_t *m, int k, double now, m_grant_t *g, int who) {
 
 /* ---- waiters ---------------------------------------------------------- */
 
-/* the key's FIFO head: its queued waiter that arrived first */
+/* "a higher priority is served first, arrival order within one priority":
+ * by place, then by arrival */
+static int before(const m_waiter_t *a, const m_waiter_t *b) {
+  return a->order < b->order || (a->order == b->order && a->seq < b->seq);
+}
+
+/* the key's head: its queued waiter with the first place */
 static int queue_head(const model_t *m, int k) {
   int w, best = NONE;
   for (w = 0; w < M_MAXWAIT; w++)
     if (m->wai[w].state == MW_QUEUED && m->wai[w].key == k &&
-        (best == NONE || m->wai[w].seq < m->wai[best].seq)) best = w;
+        (best == NONE || before(&m->wai[w], &m->wai[best]))) best = w;
   return best;
 }
 
@@ -508,32 +575,33 @@ static int next_ready(const model_t *m, int *held) {
     h = queue_head(m, k);
     if (h == NONE) continue;
     if (has_takeable(m, k)) {
-      if (best_take == NONE || m->wai[h].seq < m->wai[queue_head(m, best_take)].seq) best_take = k;
+      if (best_take == NONE || before(&m->wai[h], &m->wai[queue_head(m, best_take)])) best_take = k;
     } else if (under_key_cap(m, k)) {
-      if (best_create == NONE || m->wai[h].seq < m->wai[queue_head(m, best_create)].seq) best_create = k;
+      if (best_create == NONE || before(&m->wai[h], &m->wai[queue_head(m, best_create)])) best_create = k;
     }
   }
   /* no free slot: creating means evicting, allowed only if nobody can take
    * an idle record as it is (and there is one to evict) */
   if (best_create != NONE && !room(m)) {
-    if (n_idle(m, -1) == 0) {
-      best_create = NONE;                /* nothing to evict */
+    if (!evict_ok(m)) {
+      best_create = NONE;                /* nothing to evict, or room on its way */
     } else if (best_take != NONE) {
       const m_waiter_t *c = &m->wai[queue_head(m, best_create)];
       const m_waiter_t *t = &m->wai[queue_head(m, best_take)];
-      if (c->seq < t->seq && c->passed < m->cfg.max_live) *held = best_create;
-      if (c->seq > t->seq || c->passed < m->cfg.max_live) best_create = NONE;
+      if (before(c, t) && c->passed < m->cfg.max_live) *held = best_create;
+      if (before(t, c) || c->passed < m->cfg.max_live) best_create = NONE;
     }
   }
   if (best_take == NONE) return best_create;
   if (best_create == NONE) return best_take;
-  return m->wai[queue_head(m, best_create)].seq < m->wai[queue_head(m, best_take)].seq
+  return before(&m->wai[queue_head(m, best_create)], &m->wai[queue_head(m, best_take)])
     ? best_create : best_take;
 }
 
 /* "Waiters are served strictly in arrival order among those that can use the
  * freed resource", while the concurrency cap allows. */
 static void dispatch(model_t *m, double now) {
+  if (m->kept != NONE) return;           /* the caller that kept its place comes first */
   while (n_leases(m, -1) < m->cfg.max_concurrency) {
     int held, held2, k = next_ready(m, &held), w;
     m_grant_t g;
@@ -574,6 +642,8 @@ double model_next_deadline(const model_t *m) {
     if (m->wai[i].state == MW_QUEUED && has(m->wai[i].deadline)) EARLIER(m->wai[i].deadline);
   for (i = 0; i < M_MAXLEASE; i++)
     if (m->lea[i].alive && m->lea[i].leak_armed) EARLIER(m->lea[i].since + m->cfg.leak_threshold);
+  for (i = 0; i < M_MAXKEY; i++)
+    if (m->keys[i].used && m->keys[i].bstate != MB_NONE) EARLIER(m->keys[i].bdeadline);
 #undef EARLIER
   return d;
 }
@@ -590,6 +660,57 @@ static void finish(model_t *m, double now) {
   }
 }
 
+/* ---- create backoff ---------------------------------------------------- */
+
+/* "a window ... d/2 + d/2 * r, with d = min(create_backoff_max,
+ * create_backoff * 2^(failures in a row - 1))" */
+static void backoff_fail(model_t *m, int k, double now) {
+  m_key_t *key = &m->keys[k];
+  double d;
+  if (!(m->cfg.create_backoff > 0) || m->closed) return;
+  key->fails++;
+  d = ldexp(m->cfg.create_backoff, key->fails - 1 < 1000 ? key->fails - 1 : 1000);
+  if (!(d <= m->cfg.create_backoff_max)) d = m->cfg.create_backoff_max;
+  key->bstate = MB_WINDOW;
+  key->bdeadline = now + d / 2 + d / 2 * rnd(m);
+}
+
+/* "a successful create ends the backoff" */
+static void backoff_reset(model_t *m, int k) {
+  m->keys[k].fails = 0;
+  m->keys[k].bstate = MB_NONE;
+  m->keys[k].bdeadline = -1;
+}
+
+/* The window ended; or "create_backoff_max seconds after the window without
+ * a create in flight the failures are forgotten". */
+static void backoff_due(model_t *m, int k, double now) {
+  m_key_t *key = &m->keys[k];
+  if (key->bstate == MB_WINDOW) {
+    key->bstate = MB_PROBE;
+    key->bdeadline = now + m->cfg.create_backoff_max;
+    floor_check(m, k);
+  } else if (n_creating(m, k) > 0) {
+    key->bdeadline = now + m->cfg.create_backoff_max;
+  } else {
+    backoff_reset(m, k);
+    key_maybe_free(m, k);
+  }
+}
+
+/* an acquisition looks at the window's end before the timer did */
+static void backoff_check(model_t *m, int k, double now) {
+  if (m->keys[k].bstate == MB_WINDOW && now >= m->keys[k].bdeadline) backoff_due(m, k, now);
+}
+
+/* "an acquisition of the key that would create gets BACKOFF, unless a
+ * client of the key may come back soon (a record of it is leased, or a
+ * create of it is in flight)" */
+static int backoff_refuses(const model_t *m, int k) {
+  return m->keys[k].bstate == MB_WINDOW && n_records(m, k, MR_LEASED) == 0 &&
+         n_creating(m, k) == 0 && n_idle(m, k) == 0;
+}
+
 /* ---- public API ------------------------------------------------------- */
 
 void model_init(model_t *m, const clientpool_config_t *cfg, m_oracle_fn oracle, void *octx) {
@@ -599,8 +720,9 @@ void model_init(model_t *m, const clientpool_config_t *cfg, m_oracle_fn oracle, 
   m->octx = octx;
   m->armed = -1;
   m->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ULL;
-  m->hold_key = NONE;
+  m->hold_key = m->kept = NONE;
   m->retire_before = -1;
+  m->last_created = -1;
 }
 
 /* "In order: closed -> closed.  Otherwise take an eligible record ... Else
@@ -610,12 +732,14 @@ void model_init(model_t *m, const clientpool_config_t *cfg, m_oracle_fn oracle, 
  * acquisition" (or fails it with pause_fail); and it "never barges: if a key
  * has waiters, a new acquisition for it queues behind them". */
 int model_acquire(model_t *m, int k, double now, m_grant_t *g) {
+  int kept = take_kept(m, k);
   memset(g, 0, sizeof *g);
   g->key = k;
   now = clamp(m, now);
   if (m->closed) { g->status = CLIENTPOOL_CLOSED; return g->status; }
   if (!key_ok(m, k)) { g->status = CLIENTPOOL_STALE; return g->status; }
   m->hold_key = k;
+  backoff_check(m, k, now);
   if (!admits(m, k)) {
     if (m->cfg.pause_fail) {
       COUNT(m, k, rejected, 1);
@@ -626,27 +750,36 @@ int model_acquire(model_t *m, int k, double now, m_grant_t *g) {
     } else {
       g->status = CLIENTPOOL_MUST_WAIT;
     }
-  } else if (queue_head(m, k) == NONE && n_leases(m, -1) < m->cfg.max_concurrency &&
+  } else if ((queue_head(m, k) == NONE || kept) && n_leases(m, -1) < m->cfg.max_concurrency &&
              grant(m, k, now, g, NONE)) {
     gate_granted(m, g);
+  } else if (backoff_refuses(m, k)) {
+    g->status = CLIENTPOOL_BACKOFF;
   } else if (n_waiting(m, -1) >= m->cfg.max_waiting) {
     COUNT(m, k, rejected, 1);
     g->status = CLIENTPOOL_FULL;
   } else {
     g->status = CLIENTPOOL_MUST_WAIT;
   }
+  if (kept && g->status == CLIENTPOOL_MUST_WAIT) m->kept = k;   /* its wait uses it */
   finish(m, now);
   m->hold_key = NONE;
-  if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED) key_maybe_free(m, k);
+  if (g->status == CLIENTPOOL_FULL || g->status == CLIENTPOOL_PAUSED || g->status == CLIENTPOOL_BACKOFF)
+    key_maybe_free(m, k);
   return g->status;
 }
 
 int model_wait(model_t *m, int k, double deadline, double now, unsigned *gen) {
-  int w;
+  return model_wait_priority(m, k, deadline, 0, now, gen);
+}
+
+int model_wait_priority(model_t *m, int k, double deadline, int priority, double now, unsigned *gen) {
+  int w, kept;
   m_waiter_t *x;
   now = clamp(m, now);
   if (m->closed) return -CLIENTPOOL_CLOSED;
   if (!key_ok(m, k)) return -CLIENTPOOL_STALE;
+  kept = take_kept(m, k);
   if (n_waiting(m, -1) >= m->cfg.max_waiting) {
     COUNT(m, k, rejected, 1);
     key_maybe_free(m, k);
@@ -658,6 +791,10 @@ int model_wait(model_t *m, int k, double deadline, double now, unsigned *gen) {
   x->state = MW_QUEUED;
   x->key = k;
   x->seq = ++m->seq;
+  /* "A waiter of priority n is placed as if it had arrived n *
+   * CLIENTPOOL_PRIORITY_STEP acquisitions earlier"; a kept place ("without
+   * losing its place") is ahead of every other */
+  x->order = kept ? INT64_MIN / 2 + x->seq : x->seq - (long long)priority * CLIENTPOOL_PRIORITY_STEP;
   x->passed = 0;
   x->enq = now;
   x->deadline = has(deadline) ? deadline : -1;
@@ -677,7 +814,7 @@ static void close_past_max_idle(model_t *m, int r, unsigned gen, int k) {
   const m_record_t *x = &m->rec[r];
   if (x->state == MR_IDLE && x->gen == gen &&
       (n_idle(m, -1) > m->cfg.max_idle ||
-       (m->cfg.key_max_idle >= 0 && n_idle(m, k) > m->cfg.key_max_idle)))
+       (key_cap_idle(m, k) >= 0 && n_idle(m, k) > key_cap_idle(m, k))))
     destroy(m, r, CLIENTPOOL_BY_MAX_IDLE);
 }
 
@@ -706,11 +843,16 @@ int model_created(model_t *m, int r, int ok, double now) {
   x = &m->rec[r];
   k = x->key;
   if (!ok) {
+    m->hold_key = k;
     forfeit(m, r, 1);
+    backoff_fail(m, k, now);
+    m->hold_key = NONE;
+    key_maybe_free(m, k);
     finish(m, now);
     return 0;
   }
-  x->created = now;
+  backoff_reset(m, k);
+  x->created = m->last_created = now > m->last_created ? now : nextafter(m->last_created, HUGE_VAL);
   x->cseq = ++m->cseq;
   /* "lifetime_jitter shortens each record's lifetime by a random fraction up
    * to the jitter (never lengthens it)" */
@@ -724,6 +866,7 @@ int model_created(model_t *m, int r, int ok, double now) {
     x->refill = 0;
     x->state = MR_LEASED;
     if (m->closed) destroy(m, r, CLIENTPOOL_BY_DRAIN);
+    else if (over_cap(m, k)) destroy(m, r, CLIENTPOOL_BY_RESIZED);   /* a cap lowered meanwhile */
     else {
       /* "as for a release: past max_idle once waiters took what they could, it is closed" */
       unsigned gen = x->gen;
@@ -759,8 +902,9 @@ static void do_release(model_t *m, int l, int reason, double now) {
   if (reason < 0 && x->doomed) reason = x->doomed - 1;
   if (reason < 0) {
     if (m->closed) reason = CLIENTPOOL_BY_DRAIN;
-    else if (has(m->cfg.max_lifetime) && now >= x->expires) reason = CLIENTPOOL_BY_LIFETIME;
+    else if (life_over(x, now)) reason = CLIENTPOOL_BY_LIFETIME;
     else if (x->retire || retired_by_age(m, x)) reason = CLIENTPOOL_BY_RETIRED;
+    else if (over_cap(m, k)) reason = CLIENTPOOL_BY_RESIZED;
   }
   if (reason >= 0) { destroy(m, r, reason); return; }
   idle_push(m, r, now);
@@ -792,11 +936,17 @@ int model_regrant(model_t *m, int l, unsigned gen, double now, m_grant_t *g) {
   k = m->rec[m->lea[l].record].key;
   g->key = k;
   m->hold_key = k;
+  backoff_check(m, k, now);
   do_release(m, l, CLIENTPOOL_BY_INVALID, now);
   if (m->closed) g->status = CLIENTPOOL_CLOSED;
   else if (!admits(m, k)) g->status = CLIENTPOOL_MUST_WAIT;   /* "Pause stops later acquisitions" */
   else if (grant(m, k, now, g, NONE)) gate_granted(m, g);
-  else g->status = CLIENTPOOL_MUST_WAIT;
+  else {
+    /* nothing free now (at max_live the room comes when the invalid
+     * record's destroy is reported): the caller keeps its place */
+    g->status = CLIENTPOOL_MUST_WAIT;
+    m->kept = k;
+  }
   finish(m, now);
   m->hold_key = NONE;
   if (g->status != CLIENTPOOL_GRANT_IDLE && g->status != CLIENTPOOL_GRANT_CREATE) key_maybe_free(m, k);
@@ -876,9 +1026,24 @@ int model_abandon(model_t *m, int w, unsigned gen, double now) {
   return 0;
 }
 
+/* "until its destroy hook has returned or failed": the room is free now. */
+int model_destroyed(model_t *m, int r, double now) {
+  int k;
+  now = clamp(m, now);
+  if (r < 0 || r >= M_MAXREC || m->rec[r].state != MR_CLOSING) return CLIENTPOOL_STALE;
+  k = m->rec[r].key;
+  m->rec[r].state = MR_FREE;
+  m->rec[r].gen++;
+  floor_check(m, k);
+  key_maybe_free(m, k);
+  finish(m, now);
+  return 0;
+}
+
 int model_retire(model_t *m, int r, double now) {
   now = clamp(m, now);
-  if (r < 0 || r >= M_MAXREC || m->rec[r].state == MR_FREE) return CLIENTPOOL_STALE;
+  if (r < 0 || r >= M_MAXREC || m->rec[r].state == MR_FREE || m->rec[r].state == MR_CLOSING)
+    return CLIENTPOOL_STALE;
   m->rec[r].retire = 1;
   if (m->rec[r].state == MR_IDLE) destroy(m, r, CLIENTPOOL_BY_RETIRED);
   finish(m, now);
@@ -996,6 +1161,8 @@ int model_refill(model_t *m, double now, int *key) {
   int cand[M_MAXKEY], n = 0, k, r;
   now = clamp(m, now);
   *key = NONE;
+  for (k = 0; k < M_MAXKEY; k++)
+    if (m->keys[k].used && m->keys[k].pinned == 2) backoff_check(m, k, now);
   if (m->floor_on && !m->closed && room(m))
     for (k = 0; k < M_MAXKEY; k++)
       if (m->keys[k].used && m->keys[k].pinned == 2 && floor_deficit(m, k) > 0 && under_key_cap(m, k))
@@ -1047,7 +1214,11 @@ void model_tick(model_t *m, double now) {
           (kind < 0 || m->lea[i].since + m->cfg.leak_threshold < t)) {
         kind = 2; idx = i; t = m->lea[i].since + m->cfg.leak_threshold;
       }
+    for (i = 0; i < M_MAXKEY; i++)
+      if (m->keys[i].used && m->keys[i].bstate != MB_NONE && m->keys[i].bdeadline <= now &&
+          (kind < 0 || m->keys[i].bdeadline < t)) { kind = 3; idx = i; t = m->keys[i].bdeadline; }
     if (kind < 0) break;
+    if (kind == 3) { backoff_due(m, idx, now); continue; }
     if (kind == 0) {                     /* "nil, timeout at its deadline" */
       dequeue(m, idx, CLIENTPOOL_TIMEOUT, now);
       push(m, CLIENTPOOL_EV_WAKE, idx, (int)m->wai[idx].gen, m->wai[idx].key, 0);
@@ -1056,7 +1227,7 @@ void model_tick(model_t *m, double now) {
       x->lifetime_armed = 0;
       /* idle: destroyed; leased: retired at its release, no new share */
       if (x->state == MR_IDLE) destroy(m, idx, CLIENTPOOL_BY_LIFETIME);
-      else x->retire = 1;
+      else { x->retire = 1; x->lifetime_over = 1; }
     } else {
       m_lease_t *x = &m->lea[idx];
       x->leak_armed = 0;
@@ -1064,6 +1235,119 @@ void model_tick(model_t *m, double now) {
     }
   }
   finish(m, now);
+}
+
+/* ---- configure -------------------------------------------------------- */
+
+/* clientpool_new's rules (DESIGN section 3, "Capacity envelope"), restated. */
+static int config_valid(const clientpool_config_t *c) {
+  if (c->max_live < 1 || c->max_concurrency < 1 || c->capacity < 1 || c->max_waiting < 0) return 0;
+  if (c->min_idle < 0 || c->min_idle > c->max_idle || c->max_idle > c->max_live) return 0;
+  if (c->key_max_live >= 0 && (c->key_max_live < 1 || c->key_max_live > c->max_live)) return 0;
+  if (c->key_max_idle >= 0 && c->key_max_idle > c->max_idle) return 0;
+  if (c->max_keys == 0) return 0;
+  if (!(c->lifetime_jitter >= 0 && c->lifetime_jitter < 1)) return 0;
+  if (c->create_backoff != c->create_backoff) return 0;
+  if (c->create_backoff > 0 && !(c->create_backoff < HUGE_VAL && c->create_backoff_max >= c->create_backoff &&
+                                 c->create_backoff_max < HUGE_VAL)) return 0;
+  return 1;
+}
+
+/* the key's idle record released first (its LIFO stack's bottom) */
+static int idle_bottom(const model_t *m, int k) {
+  int r, best = NONE;
+  for (r = 0; r < M_MAXREC; r++)
+    if (m->rec[r].state == MR_IDLE && m->rec[r].key == k &&
+        (best == NONE || m->rec[r].stack_seq < m->rec[best].stack_seq)) best = r;
+  return best;
+}
+
+/* "A lower max_live or per-key max_live retires idle records at once (least
+ * recently used first, BY_RESIZED) ... A lower max_idle or per-key max_idle
+ * retires idle records the same way (BY_MAX_IDLE)." */
+static void shrink_key(model_t *m, int k) {
+  for (;;) {
+    int r = idle_bottom(m, k), cap = key_cap_live(m, k), icap = key_cap_idle(m, k);
+    int over = cap >= 0 && n_live(m, k) + n_creating(m, k) > cap;
+    if (r == NONE || !(over || (icap >= 0 && n_idle(m, k) > icap))) return;
+    destroy(m, r, over ? CLIENTPOOL_BY_RESIZED : CLIENTPOOL_BY_MAX_IDLE);
+  }
+}
+
+int model_configure(model_t *m, const clientpool_config_t *cfg, double now) {
+  clientpool_config_t old;
+  int k, r;
+  now = clamp(m, now);
+  if (!config_valid(cfg) || cfg->capacity != m->cfg.capacity || cfg->seed != m->cfg.seed)
+    return CLIENTPOOL_EINVAL;
+  if (m->closed) return CLIENTPOOL_ECLOSED;
+  old = m->cfg;
+  m->cfg = *cfg;
+  /* "max_lifetime: every record's lifetime deadline is scaled by new/old
+   * (its jitter kept), set for records that had none (jitter drawn in
+   * creation order), or dropped" */
+  if (!has(cfg->max_lifetime)) {
+    for (r = 0; r < M_MAXREC; r++) m->rec[r].lifetime_armed = 0;
+  } else if (has(old.max_lifetime) && cfg->max_lifetime != old.max_lifetime) {
+    double f = cfg->max_lifetime / old.max_lifetime;
+    for (r = 0; r < M_MAXREC; r++) {
+      m_record_t *x = &m->rec[r];
+      if (x->state != MR_FREE && x->lifetime_armed) x->expires = x->created + (x->expires - x->created) * f;
+    }
+  } else if (!has(old.max_lifetime)) {
+    double after = -HUGE_VAL;
+    for (;;) {
+      int next = NONE;
+      for (r = 0; r < M_MAXREC; r++) {
+        const m_record_t *x = &m->rec[r];
+        if ((x->state == MR_IDLE || x->state == MR_LEASED) && x->created > after &&
+            (next == NONE || x->created < m->rec[next].created)) next = r;
+      }
+      if (next == NONE) break;
+      m->rec[next].expires = m->rec[next].created + cfg->max_lifetime * (1.0 - cfg->lifetime_jitter * rnd(m));
+      m->rec[next].lifetime_armed = 1;
+      after = m->rec[next].created;
+    }
+  }
+  /* "held leases are measured against the new value (a report already
+   * made is not made again)" */
+  for (r = 0; r < M_MAXLEASE; r++) {
+    if (!has(cfg->leak_threshold)) m->lea[r].leak_armed = 0;
+    else if (!has(old.leak_threshold) && m->lea[r].alive) m->lea[r].leak_armed = 1;
+  }
+  for (;;) {
+    int v = idle_oldest(m);
+    if (v == NONE || n_live(m, -1) + n_creating(m, -1) <= cfg->max_live) break;
+    destroy(m, v, CLIENTPOOL_BY_RESIZED);
+  }
+  for (;;) {
+    int v = idle_oldest(m);
+    if (v == NONE || n_idle(m, -1) <= cfg->max_idle) break;
+    destroy(m, v, CLIENTPOOL_BY_MAX_IDLE);
+  }
+  for (k = 0; k < M_MAXKEY; k++) {
+    if (!m->keys[k].used) continue;
+    if (!(cfg->create_backoff > 0)) backoff_reset(m, k);   /* "backoff off ends every window" */
+    shrink_key(m, k);
+    key_maybe_free(m, k);
+  }
+  m->refill_signalled = 0;
+  for (k = 0; k < M_MAXKEY; k++) if (m->keys[k].used) floor_check(m, k);
+  finish(m, now);
+  return 0;
+}
+
+int model_key_caps(model_t *m, int k, int max_live, int max_idle, double now) {
+  now = clamp(m, now);
+  if (!key_ok(m, k) || max_live > m->cfg.max_live || max_idle > m->cfg.max_idle) return CLIENTPOOL_EINVAL;
+  if (m->closed) return CLIENTPOOL_ECLOSED;
+  m->keys[k].cap_live = max_live < 0 ? NONE : max_live;
+  m->keys[k].cap_idle = max_idle < 0 ? NONE : max_idle;
+  shrink_key(m, k);
+  floor_check(m, k);
+  key_maybe_free(m, k);
+  finish(m, now);
+  return 0;
 }
 
 /* "close() ... stop admission, wake queued acquisitions with closed and
@@ -1074,9 +1358,11 @@ void model_close(model_t *m, double now) {
   if (m->closed) return;
   m->closed = 1;
   m->floor_on = 0;
+  m->kept = NONE;
   for (k = 0; k < M_MAXKEY; k++) {
     if (!m->keys[k].used) continue;
     m->keys[k].pinned = 0;
+    backoff_reset(m, k);
     while ((w = queue_head(m, k)) != NONE) {
       dequeue(m, w, CLIENTPOOL_CLOSED, now);
       push(m, CLIENTPOOL_EV_WAKE, w, (int)m->wai[w].gen, k, 0);

@@ -38,9 +38,10 @@
 #define M_MAXKEY 16
 #define M_MAXEV 512
 
-enum { MR_FREE = 0, MR_CREATING, MR_IDLE, MR_LEASED };
+enum { MR_FREE = 0, MR_CREATING, MR_IDLE, MR_LEASED, MR_CLOSING };
 enum { MW_FREE = 0, MW_QUEUED, MW_DONE };
 enum { MP_NONE = 0, MP_READY, MP_OUT };           /* probe state of a gate */
+enum { MB_NONE = 0, MB_WINDOW, MB_PROBE };        /* create backoff of a key */
 enum { M_ORACLE_SHARE = 0, M_ORACLE_RETIRED, M_ORACLE_REFILL };
 
 /* who:  M_ORACLE_SHARE: the waiter being served, or -1 for a direct acquire;
@@ -65,6 +66,7 @@ typedef struct m_record {
   int refill;           /* while creating: a warm-floor reservation (no lease) */
   int res_lease;        /* while creating (not refill): the reservation's lease */
   int lifetime_armed;   /* its max_lifetime deadline has not been processed by tick */
+  int lifetime_over;    /* tick found it past max_lifetime while leased */
   double created, expires, idle_since, gl_since;
   unsigned long long cseq;       /* creation order (retire_before(-1)) */
   unsigned long long stack_seq;  /* when it went idle: the key's LIFO top is the highest */
@@ -83,7 +85,8 @@ typedef struct m_waiter {
   int state;            /* MW_* */
   unsigned gen;
   int key;
-  unsigned long long seq;   /* arrival order, pool-wide */
+  long long seq;        /* arrival order, pool-wide */
+  long long order;      /* its place: seq - priority * PRIORITY_STEP, or (kept) below every place */
   double enq, deadline;     /* deadline < 0: none */
   int result, record, lease;
   unsigned lease_gen;
@@ -100,6 +103,10 @@ typedef struct m_key {
   double retire_before;
   unsigned long long retire_seq;
   int refilling;        /* warm-floor reservations in flight */
+  int fails;            /* creates failed in a row */
+  int bstate;           /* MB_* */
+  double bdeadline;     /* the window's end, or when the failures are forgotten; < 0: none */
+  int cap_live, cap_idle;   /* model_key_caps: the key's own caps, or -1 (the pool's) */
   clientpool_stats_t st;    /* counters only; the gauges are computed */
 } m_key_t;
 
@@ -109,12 +116,15 @@ typedef struct model {
   void *octx;
   int closed;
   double now, armed;
-  unsigned long long rng, seq, cseq, idle_seq;
+  unsigned long long rng, cseq, idle_seq;
+  long long seq;
   int hold_key;
+  int kept;             /* the key whose regrant caller keeps its place, or -1 */
   int floor_on, refill_signalled;
   int floor_held;            /* max_idle had no room for a warm key that was short */
   double retire_before;
   unsigned long long retire_seq;
+  double last_created;  /* creation times are made strictly increasing, as the engine does */
   m_gate_t gate;
   clientpool_stats_t st;    /* counters only */
   m_record_t rec[M_MAXREC];
@@ -141,6 +151,7 @@ int model_key_pin(model_t *m, int key, int pinned);
 int model_key_forget(model_t *m, int key);
 int model_acquire(model_t *m, int key, double now, m_grant_t *g);
 int model_wait(model_t *m, int key, double deadline, double now, unsigned *gen);
+int model_wait_priority(model_t *m, int key, double deadline, int priority, double now, unsigned *gen);
 int model_created(model_t *m, int record, int ok, double now);
 int model_release(model_t *m, int lease, unsigned gen, int reason, double now);
 int model_claim(model_t *m, int waiter, unsigned gen, double now, m_grant_t *g);
@@ -148,6 +159,9 @@ int model_cancel(model_t *m, int waiter, unsigned gen, int status, double now, m
 int model_abandon(model_t *m, int waiter, unsigned gen, double now);
 int model_leak(model_t *m, int lease, unsigned gen, double now);
 int model_retire(model_t *m, int record, double now);
+int model_destroyed(model_t *m, int record, double now);
+int model_configure(model_t *m, const clientpool_config_t *cfg, double now);
+int model_key_caps(model_t *m, int key, int max_live, int max_idle, double now);
 int model_retire_before(model_t *m, int key, double before, double now);
 int model_retire_upto(model_t *m, int r, double now);
 int model_regrant(model_t *m, int l, unsigned gen, double now, m_grant_t *g);

@@ -164,6 +164,7 @@ static const char *status_name(int s) {
   case CLIENTPOOL_CANCELLED: return "CANCELLED";
   case CLIENTPOOL_STALE: return "STALE";
   case CLIENTPOOL_PAUSED: return "PAUSED";
+  case CLIENTPOOL_BACKOFF: return "BACKOFF";
   default: return "?";
   }
 }
@@ -241,12 +242,28 @@ static double last_timer(void) {   /* t of the last EV_TIMER of this drain, or -
 /* engine-call wrappers: each runs clientpool_check() after the call      */
 /* ===================================================================== */
 
+/* The driver of most tests has no destroy hook: it reports every destroy
+ * done at once (clientpool_destroyed), right after the call that started
+ * it.  Tests of the closing state itself turn this off (g_auto_destroy = 0)
+ * and report destroys when they choose. */
+static int g_auto_destroy = 1;
+
 static void after(clientpool_t *p, const char *file, int line, const char *what) {
   char buf[512];
-  if (g_stride > 1 && ++g_calls % g_stride != 0) return;
+  int32_t closing[64], n = 0, i;
+  int checked = !(g_stride > 1 && ++g_calls % g_stride != 0);
   buf[0] = 0;
-  if (clientpool_check(p, buf, sizeof buf) != 0)
+  if (checked && clientpool_check(p, buf, sizeof buf) != 0)
     fail_at(file, line, "clientpool_check after %s: %s", what, buf);
+  if (!g_auto_destroy) return;
+  do {
+    n = wb_closing(p, closing, 64);
+    for (i = 0; i < n && i < 64; i++)
+      if (clientpool_destroyed(p, closing[i], -1) != 0)
+        fail_at(file, line, "clientpool_destroyed(%d) after %s failed", (int)closing[i], what);
+  } while (n > 64);
+  if (n > 0 && checked && clientpool_check(p, buf, sizeof buf) != 0)
+    fail_at(file, line, "clientpool_check after %s and its destroys: %s", what, buf);
 }
 
 static void check_full(clientpool_t *p, const char *file, int line) {
@@ -345,6 +362,28 @@ static int w_key_forget(clientpool_t *p, int32_t k, const char *file, int line) 
 #define KEY_OPEN(p) w_key_open((p), __FILE__, __LINE__)
 #define KEY_PIN(p, k, on) w_key_pin((p), (k), (on), __FILE__, __LINE__)
 #define KEY_FORGET(p, k) w_key_forget((p), (k), __FILE__, __LINE__)
+
+static int w_destroyed(clientpool_t *p, int32_t r, double now, const char *file, int line) {
+  int rc = clientpool_destroyed(p, r, now);
+  after(p, file, line, "clientpool_destroyed");
+  return rc;
+}
+#define DESTROYED(p, r, now) w_destroyed((p), (r), (now), __FILE__, __LINE__)
+
+static int w_configure(clientpool_t *p, const clientpool_config_t *c, double now, const char *file, int line) {
+  int rc = clientpool_configure(p, c, now);
+  after(p, file, line, "clientpool_configure");
+  return rc;
+}
+#define CONFIGURE(p, c, now) w_configure((p), &(c), (now), __FILE__, __LINE__)
+
+
+static int w_key_caps(clientpool_t *p, int32_t k, int32_t ml, int32_t mi, double now, const char *file, int line) {
+  int rc = clientpool_key_caps(p, k, ml, mi, now);
+  after(p, file, line, "clientpool_key_caps");
+  return rc;
+}
+#define KEY_CAPS(p, k, ml, mi, now) w_key_caps((p), (k), (ml), (mi), (now), __FILE__, __LINE__)
 
 /* ===================================================================== */
 /* helpers                                                               */
@@ -453,6 +492,16 @@ static waiter_h wait_at(clientpool_t *p, int32_t k, double deadline, double now,
 }
 #define WAIT(p, k, deadline, now) wait_at((p), (k), (deadline), (now), __FILE__, __LINE__)
 
+static waiter_h wait_prio_at(clientpool_t *p, int32_t k, int32_t prio, double now, const char *file, int line) {
+  waiter_h wh;
+  wh.gen = 0;
+  wh.w = clientpool_wait_priority(p, k, -1, prio, now, &wh.gen);
+  after(p, file, line, "clientpool_wait_priority");
+  if (wh.w < 0) fail_at(file, line, "wait_priority(key %d, %d) gave %d", (int)k, (int)prio, (int)wh.w);
+  return wh;
+}
+#define WAIT_PRIO(p, k, prio, now) wait_prio_at((p), (k), (prio), (now), __FILE__, __LINE__)
+
 static void must_wait_at(clientpool_t *p, int32_t k, double now, const char *file, int line) {
   clientpool_grant_t g;
   int st = w_acquire(p, k, now, &g, file, line);
@@ -522,7 +571,7 @@ static void check_sums_at(const clientpool_t *p, const int32_t *keys, int n, con
 /* ===================================================================== */
 
 static void t_config_rejects_outside_envelope(void) {
-  struct { const char *what; clientpool_config_t c; } bad[24];
+  struct { const char *what; clientpool_config_t c; } bad[32];
   clientpool_config_t c;
   int n = 0, i;
   clientpool_t *p;
@@ -547,6 +596,11 @@ static void t_config_rejects_outside_envelope(void) {
   BAD(c.lifetime_jitter = 2.0);
   BAD(c.lifetime_jitter = NAN);
   BAD(c.lifetime_jitter = INFINITY);
+  BAD(c.create_backoff = 1; c.create_backoff_max = 0.5);   /* max below the base */
+  BAD(c.create_backoff = NAN);
+  BAD(c.create_backoff = INFINITY; c.create_backoff_max = INFINITY);
+  BAD(c.create_backoff = 1; c.create_backoff_max = INFINITY);
+  BAD(c.create_backoff = 1; c.create_backoff_max = NAN);
 #undef BAD
   for (i = 0; i < n; i++) {
     int rc;
@@ -1092,10 +1146,13 @@ static void t_key_max_live_under_global(void) {
   CHECK_EQ(x.record, a1.record);
   RELEASE(p, x, 3);
   drain(p);
-  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_CREATE);   /* by evicting a's idle one */
+  /* evicting a's idle one: the room comes when its destroy is reported
+   * (here at once, after the call), so this acquisition waits */
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_MUST_WAIT);
   drain(p);
   EXPECT_DESTROY(a1.record, CLIENTPOOL_BY_EVICTED);
   CHECK(find_ev(CLIENTPOOL_EV_DESTROY, a1.record, CLIENTPOOL_BY_EVICTED, a) >= 0);
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_CREATE);
   CHECK(pstats(p).live + pstats(p).creating == 4);
 }
 
@@ -1115,17 +1172,21 @@ static void t_evict_lru_idle_of_other_key(void) {
   RELEASE(p, ha, 1);                        /* least recently used */
   RELEASE(p, hb, 2);
   drain(p);
-  CHECK_STATUS(ACQUIRE(p, k3, 3, &g), CLIENTPOOL_GRANT_CREATE);
+  /* the eviction starts; its room is the waiter's once the destroy is
+   * reported done (at once here, after the call) */
+  CHECK_STATUS(ACQUIRE(p, k3, 3, &g), CLIENTPOOL_MUST_WAIT);
   drain(p);
   CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 1);
   EXPECT_DESTROY(ha.record, CLIENTPOOL_BY_EVICTED);
   CHECK_EQ(n_key_free(a), 1);               /* a held only that record */
   CHECK_EQ(KSTATS(p, b).idle, 1);
+  CHECK_STATUS(ACQUIRE(p, k3, 3, &g), CLIENTPOOL_GRANT_CREATE);
   CHECK_EQ(CREATED(p, g.record, 1, 3), 0);
   drain(p);
-  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_MUST_WAIT);
   drain(p);
   EXPECT_DESTROY(hb.record, CLIENTPOOL_BY_EVICTED);
+  CHECK_STATUS(ACQUIRE(p, k3, 4, &g), CLIENTPOOL_GRANT_CREATE);
   s = pstats(p);
   CHECK(s.closed_by[CLIENTPOOL_BY_EVICTED] == 2 && s.idle == 0);
   RELEASE(p, hc, 5);
@@ -3121,7 +3182,8 @@ static void t_key_pin_modes(void) {
 
 /* regrant: validate failed on idle reuse; the record is destroyed and the
  * same caller granted again ahead of the queue (an idle record, else a
- * reservation in the room just freed). */
+ * reservation where there is room); at max_live the room comes when the
+ * destroy is reported, and the caller keeps its place until then. */
 static void t_regrant_keeps_place(void) {
   clientpool_config_t c = cfg_base();
   clientpool_t *p;
@@ -3138,10 +3200,16 @@ static void t_regrant_keeps_place(void) {
   h1 = REUSE(p, a, 2, &g);                   /* the caller whose validate fails */
   MUST_WAIT(p, a, 2); w = WAIT(p, a, -1, 2); /* queued behind it */
   drain(p);
-  CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 3, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 3, &g), CLIENTPOOL_MUST_WAIT);
   drain(p);
   EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_INVALID);
-  EXPECT_NO_WAKE(w);                         /* the room went to the same caller */
+  CHECK_EQ(pstats(p).closing, 1);            /* still counts: max_live is reached */
+  CHECK_EQ(clientpool_destroyed(p, h1.record, 3), 0);
+  drain(p);
+  EXPECT_NO_WAKE(w);                         /* the room is kept for the same caller */
+  CHECK_STATUS(ACQUIRE(p, a, 3, &g), CLIENTPOOL_GRANT_CREATE);   /* past w: its place */
+  drain(p);
+  EXPECT_NO_WAKE(w);
   CHECK_EQ(CREATED(p, g.record, 1, 3), 0);
   h1 = hold_of(&g);
   CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen ^ 1u, 3, &g), CLIENTPOOL_STALE);
@@ -3523,7 +3591,9 @@ static void t_oom_new_keys_waiters(void) {
   k = PKEY(p);
   h = NEW_LEASE(p, k, 0);
   MUST_WAIT(p, k, 0);
-  wb_alloc_fail(1);                         /* the waiter array */
+  wb_alloc_fail(1);                         /* the key's queue */
+  CHECK_EQ(WAIT_RAW(p, k, -1, 0, &gen), CLIENTPOOL_ENOMEM);
+  wb_alloc_fail(2);                         /* (the queue again, then) the waiter array */
   CHECK_EQ(WAIT_RAW(p, k, -1, 0, &gen), CLIENTPOOL_ENOMEM);
   (void)WAIT(p, k, -1, 0);
   RELEASE(p, h, 1);
@@ -3555,7 +3625,7 @@ static void t_oom_records_leases_deadlines(void) {
   CHECK_EQ(CREATED(p, g.record, 1, 0), 0);  /* its lifetime is lost */
   h = hold_of(&g);
   MUST_WAIT(p, k, 0);
-  wb_alloc_fail(2);                         /* waiter array, then the heap */
+  wb_alloc_fail(3);                         /* the key's queue, waiter array, then the heap */
   w = WAIT(p, k, 1, 0);
   CHECK(clientpool_next_deadline(p) < 0);   /* nothing armed */
   TICK(p, 100);
@@ -3793,6 +3863,796 @@ static void t_idle_record_bytes(void) {
 #endif
 }
 
+
+/* ===================================================================== */
+/* 24. the physical cap: closing records                                 */
+/* ===================================================================== */
+
+/* A record counts against max_live from its reservation until its destroy
+ * is reported done: EV_DESTROY starts the destroy, clientpool_destroyed
+ * ends it, and only then does a waiter get the room (issue 12: a 0.5 s
+ * destroy let 14 clients exist under max_live = 2). */
+static void t_closing_counts_against_max_live(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  waiter_h w;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  g_auto_destroy = 0;
+  c.max_live = 1; c.max_idle = 1; c.max_concurrency = 4;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 1);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_ERROR);
+  s = pstats(p);
+  CHECK(s.live == 0 && s.closed == 1 && s.closing == 1 && s.opened - s.closed == s.live);
+  CHECK_EQ(KSTATS(p, k).closing, 1);
+  CHECK_EQ(clientpool_record_key(p, h.record), k);    /* still a record of k */
+  CHECK_EQ(clientpool_retire(p, h.record, 1), CLIENTPOOL_STALE);
+  MUST_WAIT(p, k, 1);                        /* no room while it closes */
+  w = WAIT(p, k, -1, 1);
+  drain(p);
+  EXPECT_NO_WAKE(w);
+  CHECK_EQ(DESTROYED(p, h.record, 2), 0);    /* the destroy hook returned */
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 2, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(pstats(p).closing, 0);
+  CHECK_EQ(DESTROYED(p, h.record, 2), CLIENTPOOL_STALE);   /* once per EV_DESTROY */
+  CHECK_EQ(DESTROYED(p, -1, 2), CLIENTPOOL_STALE);
+  CHECK_EQ(DESTROYED(p, 9999, 2), CLIENTPOOL_STALE);
+  CHECK_EQ(DESTROYED(p, g.record, 2), CLIENTPOOL_STALE);   /* creating, not closing */
+  CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  CHECK_EQ(pstats(p).live, 1);
+}
+
+/* The per-key cap is physical too, and a key holding only closing records
+ * is not forgotten (its destroy hook still needs the key's name). */
+static void t_closing_key_cap_and_key_kept(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t h, hb;
+  clientpool_grant_t g;
+  g_auto_destroy = 0;
+  c.max_live = 4; c.key_max_live = 1;
+  p = POOL(c);
+  a = UKEY(p); b = PKEY(p);
+  h = NEW_LEASE(p, a, 0);
+  hb = NEW_LEASE(p, b, 0);
+  RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 1);
+  drain(p);
+  CHECK_EQ(n_key_free(a), 0);               /* held by its closing record */
+  CHECK_EQ(KSTATS(p, a).closing, 1);
+  MUST_WAIT(p, a, 1);                       /* a's cap: the pool has room */
+  CHECK_EQ(KEY_FORGET(p, a), 0);
+  CHECK_EQ(DESTROYED(p, h.record, 2), 0);
+  drain(p);
+  CHECK_EQ(n_key_free(a), 1);               /* empty now */
+  RELEASE_AS(p, hb, CLIENTPOOL_BY_ERROR, 3);
+  /* the slot of a destroyed record is reused only once the event is read
+   * and the destroy reported: here reported first, read later */
+  CHECK_EQ(DESTROYED(p, hb.record, 3), 0);
+  CHECK_STATUS(ACQUIRE(p, b, 3, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK(g.record != hb.record);
+  drain(p);
+  EXPECT_DESTROY(hb.record, CLIENTPOOL_BY_ERROR);
+  CHECK_EQ(CREATED(p, g.record, 1, 3), 0);
+}
+
+/* Eviction for another key starts the destroy; the waiter is served once
+ * it is reported, and no second client is evicted for room on its way. */
+static void t_closing_eviction_waits_for_destroy(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t h1, h2;
+  waiter_h w, w2;
+  clientpool_grant_t g;
+  g_auto_destroy = 0;
+  c.max_live = 2; c.max_idle = 2;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p);
+  h1 = NEW_LEASE(p, a, 0);
+  h2 = NEW_LEASE(p, a, 0);
+  RELEASE(p, h1, 1);
+  RELEASE(p, h2, 2);
+  drain(p);
+  CHECK_STATUS(ACQUIRE(p, b, 3, &g), CLIENTPOOL_MUST_WAIT);
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_EVICTED);    /* the least recently used */
+  w = WAIT(p, b, -1, 3);
+  w2 = WAIT(p, b, -1, 3);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);        /* room is on its way: no second eviction */
+  EXPECT_NO_WAKE(w);
+  CHECK_EQ(DESTROYED(p, h1.record, 4), 0);
+  drain(p);
+  EXPECT_WAKE(w);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_EVICTED);    /* now for w2 */
+  EXPECT_NO_WAKE(w2);
+  CHECK_STATUS(CLAIM(p, w, 4, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 4), 0);
+  CHECK_EQ(DESTROYED(p, h2.record, 5), 0);
+  drain(p);
+  EXPECT_WAKE(w2);
+  CHECK(pstats(p).live + pstats(p).creating + pstats(p).closing <= 2);
+}
+
+/* regrant at max_live: the invalid record's room comes when its destroy is
+ * reported; the caller queues again ahead of the waiters that were behind
+ * it, and nothing is served meanwhile. */
+static void t_closing_regrant_keeps_place(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b;
+  hold_t h1, h2;
+  waiter_h w, wb, wme;
+  clientpool_grant_t g;
+  g_auto_destroy = 0;
+  c.max_live = 2; c.max_idle = 2; c.max_concurrency = 4;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p);
+  h1 = NEW_LEASE(p, a, 0);
+  h2 = NEW_LEASE(p, a, 0);
+  RELEASE(p, h1, 1);
+  h1 = REUSE(p, a, 2, &g);
+  w = WAIT(p, a, -1, 2);                      /* behind the caller */
+  wb = WAIT(p, b, -1, 2);                     /* another key, behind it too */
+  drain(p);
+  CHECK_EQ(clientpool_regrant(p, h1.lease, h1.gen, 3, &g), CLIENTPOOL_MUST_WAIT);
+  drain(p);
+  EXPECT_DESTROY(h1.record, CLIENTPOOL_BY_INVALID);
+  CHECK_STATUS(ACQUIRE(p, a, 3, &g), CLIENTPOOL_MUST_WAIT);
+  wme = WAIT(p, a, -1, 3);                    /* queued ahead of w and wb */
+  RELEASE(p, h2, 4);                          /* an idle record for a: the caller's */
+  drain(p);
+  EXPECT_WAKE(wme);
+  EXPECT_NO_WAKE(w);
+  CHECK_STATUS(CLAIM(p, wme, 4, &g), CLIENTPOOL_GRANT_IDLE);
+  h2 = hold_of(&g);
+  CHECK_EQ(DESTROYED(p, h1.record, 5), 0);    /* the room: w is older than wb */
+  drain(p);
+  EXPECT_WAKE(w);
+  EXPECT_NO_WAKE(wb);
+  CHECK_STATUS(CLAIM(p, w, 5, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 5), 0);
+  /* reported before the caller is back: the room is held for it, and a
+   * kept place the caller gives up (key_forget) serves the others again */
+  CHECK_EQ(clientpool_regrant(p, h2.lease, h2.gen, 7, &g), CLIENTPOOL_MUST_WAIT);
+  CHECK_EQ(DESTROYED(p, h2.record, 7), 0);
+  drain(p);
+  EXPECT_NO_WAKE(wb);                         /* held for the caller */
+  CHECK_EQ(KEY_FORGET(p, a), 0);
+  drain(p);
+  EXPECT_WAKE(wb);
+}
+
+/* The warm floor's refill waits for the room too, and is signalled again
+ * when the destroy is reported. */
+static void t_closing_floor_refill(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, r, kk;
+  g_auto_destroy = 0;
+  c.max_live = 1; c.max_idle = 1; c.min_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  r = WARM_RECORD(p, k, 0);
+  CHECK_EQ(clientpool_refill(p, 0, &kk), -1);   /* the floor is met */
+  drain(p);
+  CHECK_EQ(RETIRE(p, r, 1), 0);
+  drain(p);
+  EXPECT_DESTROY(r, CLIENTPOOL_BY_RETIRED);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
+  CHECK_EQ(clientpool_refill(p, 1, &kk), -1);   /* no room yet */
+  CHECK_EQ(DESTROYED(p, r, 2), 0);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);  /* signalled again */
+  r = clientpool_refill(p, 2, &kk);
+  CHECK(r >= 0 && kk == k);
+  CHECK_EQ(CREATED(p, r, 1, 2), 0);
+  /* close leaves closing records to their destroys */
+  CLOSE(p, 3);
+  drain(p);
+  CHECK_EQ(pstats(p).closing, 1);
+  CHECK_EQ(KEY_PIN(p, k, 0), 0);
+  drain(p);
+  CHECK_EQ(n_key_free(k), 0);
+  CHECK_EQ(DESTROYED(p, r, 4), 0);
+  drain(p);
+  CHECK_EQ(n_key_free(k), 1);
+  CHECK_EQ(pstats(p).closing, 0);
+}
+
+
+/* ===================================================================== */
+/* 25. create backoff                                                    */
+/* ===================================================================== */
+
+static double backoff_end(const clientpool_t *p) { return clientpool_next_deadline(p); }
+
+/* Failed creates of a key open a jittered, doubling, bounded window in which
+ * an acquisition that would create fails fast (BACKOFF) when no client of
+ * the key may come back; waiters queued meanwhile get a reservation when
+ * the window ends, one create at a time until one succeeds (issue 12: with
+ * redis down, about 2000 connect attempts per second). */
+static void t_backoff_window_fail_fast_and_probe(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  clientpool_grant_t g, g2;
+  waiter_h w1, w2;
+  double end, prev;
+  int i;
+  c.create_backoff = 1; c.create_backoff_max = 4;
+  p = POOL(c);
+  k = PKEY(p);
+  CHECK_STATUS(ACQUIRE(p, k, 10, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 10), 0);
+  CHECK(pstats(p).create_failed == 1 && KSTATS(p, k).create_failed == 1);
+  end = backoff_end(p);
+  CHECK(end >= 10.5 && end <= 11);          /* d = 1: [d/2, d] */
+  drain(p);
+  CHECK(last_timer() == end);               /* the driver's timer is told */
+  CHECK_STATUS(ACQUIRE(p, k, 10.2, &g), CLIENTPOOL_BACKOFF);   /* fail fast */
+  CHECK_EQ(pstats(p).creating, 0);
+  w1 = WAIT(p, k, -1, 10.3);                /* a driver may queue all the same */
+  w2 = WAIT(p, k, -1, 10.3);
+  TICK(p, end - 1e-6);
+  drain(p);
+  EXPECT_NO_WAKE(w1);
+  TICK(p, end);                             /* the window ends: one create */
+  drain(p);
+  EXPECT_WAKE(w1);
+  EXPECT_NO_WAKE(w2);
+  CHECK_STATUS(CLAIM(p, w1, end, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_STATUS(ACQUIRE(p, k, end, &g2), CLIENTPOOL_MUST_WAIT);   /* one in flight: wait */
+  CHECK_EQ(CREATED(p, g.record, 0, end), 0); /* fails again: 2 in a row, d = 2 */
+  prev = end;
+  end = backoff_end(p);
+  CHECK(end >= prev + 1 && end <= prev + 2);
+  drain(p);
+  EXPECT_NO_WAKE(w2);
+  TICK(p, end);
+  drain(p);
+  EXPECT_WAKE(w2);
+  CHECK_STATUS(CLAIM(p, w2, end, &g), CLIENTPOOL_GRANT_CREATE);
+  /* the window is bounded by create_backoff_max */
+  for (i = 0; i < 6; i++) {
+    CHECK_EQ(CREATED(p, g.record, 0, end), 0);
+    prev = end;
+    end = backoff_end(p);
+    CHECK(end >= prev + 2 && end <= prev + 4);   /* d = 4, then max */
+    CHECK_STATUS(ACQUIRE(p, k, end, &g), CLIENTPOOL_GRANT_CREATE);   /* at its end, lazily */
+  }
+  CHECK_EQ(KSTATS(p, k).create_failed, 8);
+  CHECK_EQ(CREATED(p, g.record, 1, end), 0);  /* a success ends the backoff */
+  CHECK_EQ(clientpool_next_deadline(p), -1);
+  CHECK_STATUS(ACQUIRE(p, k, end, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_STATUS(ACQUIRE(p, k, end, &g2), CLIENTPOOL_GRANT_CREATE);   /* several at once again */
+}
+
+/* While a client of the key may come back (one leased, or a create in
+ * flight), an acquisition waits as usual instead of failing fast. */
+static void t_backoff_waits_when_a_client_may_come_back(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  clientpool_grant_t g;
+  waiter_h w;
+  c.create_backoff = 1; c.create_backoff_max = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 0), 0);
+  MUST_WAIT(p, k, 0.1);                     /* h is leased: it may come back */
+  w = WAIT(p, k, -1, 0.1);
+  RELEASE(p, h, 0.2);                       /* and it does, inside the window */
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 0.2, &g), CLIENTPOOL_GRANT_IDLE);
+  /* off (create_backoff <= 0): no window at all */
+  c.create_backoff = 0;
+  p = POOL(c);
+  k = PKEY(p);
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 0), 0);
+  CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(clientpool_next_deadline(p), -1);
+}
+
+/* The window is jittered from the pool's seeded generator: the same seed
+ * gives the same windows, others spread them over [d/2, d]. */
+static void t_backoff_jitter_by_seed(void) {
+  double ends[8];
+  int s, distinct = 0, i;
+  for (s = 0; s < 8; s++) {
+    clientpool_config_t c = cfg_base();
+    clientpool_t *p;
+    int32_t k;
+    clientpool_grant_t g;
+    c.create_backoff = 2; c.create_backoff_max = 2; c.seed = (uint64_t)(s % 4 + 1);
+    p = POOL(c);
+    k = PKEY(p);
+    CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
+    CHECK_EQ(CREATED(p, g.record, 0, 0), 0);
+    ends[s] = backoff_end(p);
+    CHECK(ends[s] >= 1 && ends[s] <= 2);
+    free_pool(p);
+  }
+  for (s = 0; s < 4; s++) {
+    CHECK(ends[s] == ends[s + 4]);
+    for (i = 0; i < s; i++) if (ends[i] == ends[s]) break;
+    if (i == s) distinct++;
+  }
+  CHECK(distinct >= 3);
+}
+
+/* A failed warm-floor refill counts the same; the floor is signalled again
+ * when the window ends.  The failures are forgotten create_backoff_max
+ * after the window with no create, and a key that backs off is not
+ * forgotten before (its next acquisition must still back off). */
+static void t_backoff_refill_and_forget(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, u, r, kk;
+  clientpool_grant_t g;
+  double end;
+  c.create_backoff = 1; c.create_backoff_max = 1; c.min_idle = 1;
+  p = POOL(c);
+  k = KEY_OPEN(p);
+  CHECK_EQ(KEY_PIN(p, k, 2), 0);
+  clientpool_floor(p, 1, 0);
+  r = clientpool_refill(p, 0, &kk);
+  CHECK(r >= 0 && kk == k);
+  CHECK_EQ(CREATED(p, r, 0, 0), 0);         /* the refill failed */
+  CHECK(KSTATS(p, k).create_failed == 1);
+  CHECK_EQ(clientpool_refill(p, 0.1, &kk), -1);
+  end = backoff_end(p);
+  drain(p);
+  TICK(p, end);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
+  r = clientpool_refill(p, end, &kk);
+  CHECK(r >= 0 && kk == k);
+  CHECK_EQ(CREATED(p, r, 1, end), 0);
+  /* an unpinned key keeps its failures while it backs off */
+  u = UKEY(p);
+  CHECK_STATUS(ACQUIRE(p, u, 5, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 5), 0);
+  drain(p);
+  CHECK_EQ(n_key_free(u), 0);
+  CHECK_STATUS(ACQUIRE(p, u, 5.1, &g), CLIENTPOOL_BACKOFF);
+  drain(p);
+  CHECK_EQ(n_key_free(u), 0);
+  end = backoff_end(p);
+  TICK(p, end);                             /* the window ends; max later... */
+  drain(p);
+  CHECK_EQ(n_key_free(u), 0);
+  CHECK_STATUS(ACQUIRE(p, u, end + 0.5, &g), CLIENTPOOL_GRANT_CREATE);   /* one create */
+  CHECK_EQ(CREATED(p, g.record, 0, end + 0.5), 0);   /* 2 in a row */
+  end = backoff_end(p);
+  TICK(p, end);
+  TICK(p, end + 1);                         /* max after the window, nothing in flight */
+  drain(p);
+  CHECK_EQ(n_key_free(u), 1);               /* failures forgotten with the key */
+  /* close ends every backoff: nothing is left */
+  u = UKEY(p);
+  CHECK_STATUS(ACQUIRE(p, u, 20, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 20), 0);
+  CLOSE(p, 20);
+  drain(p);
+  CHECK_EQ(n_key_free(u), 1);
+  CHECK_EQ(clientpool_next_deadline(p), -1);
+}
+
+
+/* ===================================================================== */
+/* 26. configure and per-key caps of a live engine                       */
+/* ===================================================================== */
+
+/* A config clientpool_new would refuse, another capacity or seed: EINVAL,
+ * and nothing changes; a closed pool: ECLOSED. */
+static void t_configure_refuses_and_changes_nothing(void) {
+  clientpool_config_t c = cfg_base(), bad;
+  clientpool_t *p;
+  clientpool_stats_t before;
+  int32_t k;
+  hold_t h;
+  c.max_lifetime = 50; c.leak_threshold = 20;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  (void)h;
+  drain(p);
+  before = pstats(p);
+  bad = c; bad.capacity = 2;
+  CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
+  bad = c; bad.seed = 99;
+  CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
+  bad = c; bad.max_idle = 5;                 /* > max_live */
+  CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
+  bad = c; bad.max_live = 0; bad.max_idle = 0;
+  CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
+  bad = c; bad.create_backoff = 1; bad.create_backoff_max = 0.5;
+  CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
+  CHECK_EQ(clientpool_configure(p, NULL, 1), CLIENTPOOL_EINVAL);
+  drain(p);
+  CHECK_EQ(g_nev, 0);
+  {
+    clientpool_stats_t now_s = pstats(p);
+    CHECK(stats_equal(&before, &now_s));
+  }
+  CHECK(clientpool_next_deadline(p) == 20);  /* the lease's report, as before */
+  CHECK_EQ(CONFIGURE(p, c, 1), 0);           /* the same config: nothing to do */
+  CLOSE(p, 2);
+  CHECK_EQ(CONFIGURE(p, c, 2), CLIENTPOOL_ECLOSED);
+}
+
+/* A lower max_live retires idle clients at once and closes leased ones at
+ * their release while over it; new creates wait until the physical count is
+ * under it; the count never grows meanwhile. */
+static void t_configure_lower_max_live(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h[6];
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  waiter_h w;
+  int i;
+  g_auto_destroy = 0;
+  c.max_live = 6; c.max_idle = 6; c.max_concurrency = 6;
+  p = POOL(c);
+  k = PKEY(p);
+  for (i = 0; i < 6; i++) h[i] = NEW_LEASE(p, k, 0);
+  RELEASE(p, h[4], 1);                       /* two idle, h[4] the older */
+  RELEASE(p, h[5], 2);
+  drain(p);
+  c.max_live = 2; c.max_idle = 2; c.max_concurrency = 2;
+  CHECK_EQ(CONFIGURE(p, c, 3), 0);
+  drain(p);
+  EXPECT_DESTROY(h[4].record, CLIENTPOOL_BY_RESIZED);
+  EXPECT_DESTROY(h[5].record, CLIENTPOOL_BY_RESIZED);
+  s = pstats(p);
+  CHECK(s.live == 4 && s.closing == 2 && s.closed_by[CLIENTPOOL_BY_RESIZED] == 2);
+  RELEASE(p, h[0], 4);                       /* over the cap: closed at release */
+  RELEASE(p, h[1], 4);
+  drain(p);
+  EXPECT_DESTROY(h[0].record, CLIENTPOOL_BY_RESIZED);
+  EXPECT_DESTROY(h[1].record, CLIENTPOOL_BY_RESIZED);
+  CHECK_EQ(pstats(p).live, 2);
+  RELEASE(p, h[2], 5);                       /* at the cap now: kept idle */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  h[2] = REUSE(p, k, 5, &g);
+  MUST_WAIT(p, k, 5);                        /* 2 live + 4 closing: no room */
+  w = WAIT(p, k, -1, 5);
+  for (i = 0; i < 3; i++) CHECK_EQ(DESTROYED(p, h[i == 2 ? 4 : i].record, 6), 0);
+  drain(p);
+  EXPECT_NO_WAKE(w);                         /* 2 live + 1 closing = 3 > 2 */
+  CHECK_EQ(DESTROYED(p, h[5].record, 6), 0);
+  drain(p);
+  EXPECT_NO_WAKE(w);                         /* 2 live: at the cap */
+  RELEASE_AS(p, h[3], CLIENTPOOL_BY_ERROR, 7);
+  CHECK_EQ(DESTROYED(p, h[3].record, 7), 0);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 7, &g), CLIENTPOOL_GRANT_CREATE);
+  s = pstats(p);
+  CHECK(s.live + s.creating + s.closing <= 2);
+}
+
+/* A higher cap serves waiters at once; a lower max_waiting keeps the queued
+ * ones and refuses new ones; a lower max_idle retires idle clients. */
+static void t_configure_raise_and_waiting(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, i1, i2, i3;
+  waiter_h w1, w2, w3;
+  uint32_t gen;
+  clientpool_grant_t g;
+  c.max_live = 1; c.max_idle = 1; c.max_concurrency = 8; c.max_waiting = 4;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  w1 = WAIT(p, k, -1, 0); w2 = WAIT(p, k, -1, 0); w3 = WAIT(p, k, -1, 0);
+  c.max_waiting = 1;
+  CHECK_EQ(CONFIGURE(p, c, 1), 0);
+  CHECK_EQ(pstats(p).waiting, 3);            /* the queued ones stay */
+  CHECK_EQ(WAIT_RAW(p, k, -1, 1, &gen), -CLIENTPOOL_FULL);
+  c.max_live = 4; c.max_idle = 4;
+  CHECK_EQ(CONFIGURE(p, c, 2), 0);           /* room: all three served at once */
+  drain(p);
+  EXPECT_WAKE(w1); EXPECT_WAKE(w2); EXPECT_WAKE(w3);
+  CHECK_STATUS(CLAIM(p, w1, 2, &g), CLIENTPOOL_GRANT_CREATE); CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  i1 = hold_of(&g);
+  CHECK_STATUS(CLAIM(p, w2, 2, &g), CLIENTPOOL_GRANT_CREATE); CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  i2 = hold_of(&g);
+  CHECK_STATUS(CLAIM(p, w3, 2, &g), CLIENTPOOL_GRANT_CREATE); CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  i3 = hold_of(&g);
+  CHECK(WAIT_RAW(p, k, -1, 2, &gen) >= 0);   /* under max_waiting again */
+  RELEASE(p, h, 3); RELEASE(p, i1, 4); RELEASE(p, i2, 5);
+  drain(p);
+  CHECK_EQ(pstats(p).idle, 2);               /* the waiter took the first */
+  RELEASE(p, i3, 6);
+  CHECK_EQ(pstats(p).idle, 3);
+  c.max_idle = 1;
+  CHECK_EQ(CONFIGURE(p, c, 7), 0);
+  drain(p);
+  CHECK_EQ(g_evby[CLIENTPOOL_BY_MAX_IDLE], 2);
+  EXPECT_DESTROY(i1.record, CLIENTPOOL_BY_MAX_IDLE);   /* least recently used first */
+  CHECK_EQ(pstats(p).idle, 1);
+}
+
+/* Durations: lifetimes are scaled (jitter kept), set or dropped; leak
+ * reports follow the new threshold; an earlier deadline is announced. */
+static void t_configure_durations(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, h2;
+  c.max_lifetime = 100; c.leak_threshold = 50;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  h2 = NEW_LEASE(p, k, 10);
+  RELEASE(p, h2, 10);
+  drain(p);
+  CHECK(clientpool_next_deadline(p) == 50);  /* h's leak report */
+  c.max_lifetime = 20; c.leak_threshold = 30;
+  CHECK_EQ(CONFIGURE(p, c, 11), 0);
+  drain(p);
+  CHECK(clientpool_next_deadline(p) == 20);  /* h's lifetime: 0 + 100 * 20/100 */
+  CHECK(last_timer() == 20);
+  TICK(p, 20);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);   /* leased: at its release */
+  CHECK(clientpool_next_deadline(p) == 30);  /* h2 (10 + 20), h's report (0 + 30) */
+  TICK(p, 30);
+  drain(p);
+  EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_LIFETIME);
+  CHECK_EQ(n_leak(h.lease, h.gen), 1);
+  c.leak_threshold = 5;                      /* a report made is not made again */
+  CHECK_EQ(CONFIGURE(p, c, 31), 0);
+  TICK(p, 40);
+  drain(p);
+  CHECK_EQ(n_leak(h.lease, h.gen), 0);
+  RELEASE(p, h, 41);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_LIFETIME);
+  /* off, then on again: records that had none get one (created + L) */
+  c.max_lifetime = -1; c.leak_threshold = -1;
+  CHECK_EQ(CONFIGURE(p, c, 42), 0);
+  h = NEW_LEASE(p, k, 42);
+  h2 = NEW_LEASE(p, k, 44);
+  RELEASE(p, h, 44);
+  CHECK(clientpool_next_deadline(p) == -1);
+  c.max_lifetime = 10; c.leak_threshold = 3;
+  CHECK_EQ(CONFIGURE(p, c, 45), 0);
+  CHECK(clientpool_next_deadline(p) == 47);  /* h2's report: 44 + 3 */
+  TICK(p, 47);
+  drain(p);
+  CHECK_EQ(n_leak(h2.lease, h2.gen), 1);
+  CHECK(clientpool_next_deadline(p) == 52);  /* h's lifetime: 42 + 10 */
+  TICK(p, 52);
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_LIFETIME);
+  /* idle_timeout from now; backoff off ends a window */
+  c.create_backoff = 1; c.create_backoff_max = 1;
+  CHECK_EQ(CONFIGURE(p, c, 53), 0);
+  {
+    clientpool_grant_t g;
+    int32_t b = PKEY(p);
+    CHECK_STATUS(ACQUIRE(p, b, 53, &g), CLIENTPOOL_GRANT_CREATE);
+    CHECK_EQ(CREATED(p, g.record, 0, 53), 0);
+    CHECK_STATUS(ACQUIRE(p, b, 53, &g), CLIENTPOOL_BACKOFF);
+    c.create_backoff = -1;
+    CHECK_EQ(CONFIGURE(p, c, 53), 0);
+    CHECK_STATUS(ACQUIRE(p, b, 53, &g), CLIENTPOOL_GRANT_CREATE);
+  }
+}
+
+/* A key's own caps (the fleet's share of a key's budget). */
+static void t_key_caps(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, u;
+  hold_t h[3];
+  clientpool_grant_t g;
+  waiter_h w;
+  int i;
+  c.max_live = 4; c.max_idle = 4; c.key_max_live = 3; c.max_concurrency = 4;
+  p = POOL(c);
+  k = PKEY(p);
+  for (i = 0; i < 3; i++) h[i] = NEW_LEASE(p, k, 0);
+  for (i = 0; i < 3; i++) RELEASE(p, h[i], 1 + i);
+  CHECK_EQ(KEY_CAPS(p, k, 5, -1, 4), CLIENTPOOL_EINVAL);    /* > max_live */
+  CHECK_EQ(KEY_CAPS(p, k, -1, 5, 4), CLIENTPOOL_EINVAL);    /* > max_idle */
+  CHECK_EQ(KEY_CAPS(p, 99, 1, 1, 4), CLIENTPOOL_EINVAL);
+  drain(p);
+  CHECK_EQ(KEY_CAPS(p, k, 1, -1, 4), 0);
+  drain(p);
+  EXPECT_DESTROY(h[0].record, CLIENTPOOL_BY_RESIZED);       /* oldest idle first */
+  EXPECT_DESTROY(h[1].record, CLIENTPOOL_BY_RESIZED);
+  CHECK_EQ(KSTATS(p, k).live, 1);
+  h[2] = REUSE(p, k, 5, &g);
+  MUST_WAIT(p, k, 5);                        /* the key's cap: the pool has room */
+  w = WAIT(p, k, -1, 5);
+  CHECK_EQ(KEY_CAPS(p, k, 0, 0, 6), 0);      /* a share of nothing */
+  RELEASE(p, h[2], 7);
+  drain(p);
+  EXPECT_DESTROY(h[2].record, CLIENTPOOL_BY_RESIZED);       /* over the key's cap */
+  EXPECT_NO_WAKE(w);
+  CHECK_EQ(KEY_CAPS(p, k, -1, -1, 8), 0);    /* the pool's per-key caps again */
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 8, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 8), 0);
+  /* a key with caps of its own is kept until they are cleared */
+  u = UKEY(p);
+  CHECK_EQ(KEY_CAPS(p, u, 2, 1, 9), 0);
+  drain(p);
+  CHECK_EQ(KEY_FORGET(p, u), 0);
+  CHECK_EQ(KEY_CAPS(p, u, -1, -1, 9), 0);
+  drain(p);
+  CHECK_EQ(n_key_free(u), 1);
+  /* a warm key's floor is signalled when its min_idle rises */
+  c.min_idle = 2;
+  u = KEY_OPEN(p);
+  CHECK_EQ(KEY_PIN(p, u, 2), 0);
+  CHECK_EQ(CONFIGURE(p, c, 10), 0);
+  clientpool_floor(p, 1, 10);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
+}
+
+
+/* ===================================================================== */
+/* 27. priorities                                                        */
+/* ===================================================================== */
+
+/* Which of the n waiters was woken by this drain (-1: none). */
+static int woken_of(const waiter_h *ws, int n) {
+  int i;
+  for (i = 0; i < n; i++) if (n_wake(ws[i].w, ws[i].gen) == 1) return i;
+  return -1;
+}
+
+/* Serves the n waiters one release at a time; order[i] = the index served
+ * i-th. */
+static void serve_in_turn(clientpool_t *p, hold_t h, waiter_h *ws, int n, int *order) {
+  int i;
+  clientpool_grant_t g;
+  for (i = 0; i < n; i++) {
+    int j;
+    RELEASE(p, h, 1 + i);
+    drain(p);
+    j = woken_of(ws, n);
+    CHECK(j >= 0);
+    order[i] = j;
+    CHECK_STATUS(CLAIM(p, ws[j], 1 + i, &g), CLIENTPOOL_GRANT_IDLE);
+    h = hold_of(&g);
+  }
+  RELEASE(p, h, 1 + n);
+}
+
+/* Higher priority first, arrival order within a priority. */
+static void t_priority_order(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  waiter_h ws[6];
+  int order[6], i;
+  static const int prio[6] = { 0, 1, 0, 1, 5, -3 };
+  static const int want[6] = { 4, 1, 3, 0, 2, 5 };
+  c.max_live = 1; c.max_idle = 1;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  for (i = 0; i < 6; i++) ws[i] = WAIT_PRIO(p, k, prio[i], 0);
+  drain(p);
+  serve_in_turn(p, h, ws, 6, order);
+  for (i = 0; i < 6; i++) CHECK_EQ(order[i], want[i]);
+}
+
+/* The aging bound: a waiter is passed over by at most (P - n) *
+ * PRIORITY_STEP waiters that queued after it; then it is served before
+ * every later one, whatever their priority. */
+static void t_priority_aging_bound(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  clientpool_grant_t g;
+  waiter_h low, high[200];
+  int i, served_before = 0, nh = 2 * CLIENTPOOL_PRIORITY_STEP + 8;
+  c.max_live = 1; c.max_idle = 1; c.max_waiting = 300;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  low = WAIT_PRIO(p, k, 0, 0);
+  for (i = 0; i < nh; i++) high[i] = WAIT_PRIO(p, k, i < CLIENTPOOL_PRIORITY_STEP + 4 ? 1 : 2, 0);
+  drain(p);
+  for (;;) {
+    RELEASE(p, h, 1);
+    drain(p);
+    if (n_wake(low.w, low.gen)) {
+      CHECK_STATUS(CLAIM(p, low, 1, &g), CLIENTPOOL_GRANT_IDLE);
+      break;
+    }
+    i = woken_of(high, nh);
+    CHECK(i >= 0);
+    CHECK_STATUS(CLAIM(p, high[i], 1, &g), CLIENTPOOL_GRANT_IDLE);
+    h = hold_of(&g);
+    served_before++;
+  }
+  /* priority 2 waiters that queued within 2 steps, priority 1 within 1 */
+  CHECK_EQ(served_before, (CLIENTPOOL_PRIORITY_STEP - 1) +
+                          (2 * CLIENTPOOL_PRIORITY_STEP - 1 - (CLIENTPOOL_PRIORITY_STEP + 4)));
+  CHECK(served_before <= 2 * CLIENTPOOL_PRIORITY_STEP);
+}
+
+/* Across keys: among the waiters that can use a freed slot, the higher
+ * priority first; one that cannot use it holds nobody up; the extremes of
+ * int32 neither overflow nor pass a kept place. */
+static void t_priority_cross_key_and_extremes(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t a, b, d;
+  hold_t h, hb;
+  waiter_h wa, wb, wd, wmax, wmin;
+  clientpool_grant_t g;
+  c.max_live = 2; c.max_idle = 2; c.key_max_live = 1;
+  p = POOL(c);
+  a = PKEY(p); b = PKEY(p); d = PKEY(p);
+  h = NEW_LEASE(p, a, 0);
+  hb = NEW_LEASE(p, b, 0);
+  wa = WAIT_PRIO(p, a, 0, 1);               /* a is at its cap: cannot create */
+  wd = WAIT_PRIO(p, d, 0, 1);
+  wb = WAIT_PRIO(p, b, 3, 1);               /* later, higher */
+  RELEASE_AS(p, hb, CLIENTPOOL_BY_ERROR, 2); /* a free slot: b's waiter before d's */
+  drain(p);
+  EXPECT_WAKE(wb);
+  EXPECT_NO_WAKE(wd);
+  EXPECT_NO_WAKE(wa);
+  CHECK_STATUS(CLAIM(p, wb, 2, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
+  hb = hold_of(&g);
+  wmax = WAIT_PRIO(p, a, INT32_MAX, 3);
+  wmin = WAIT_PRIO(p, a, INT32_MIN, 3);
+  RELEASE(p, h, 4);                         /* a's idle client: the highest of a's */
+  drain(p);
+  EXPECT_WAKE(wmax);
+  CHECK_STATUS(CLAIM(p, wmax, 4, &g), CLIENTPOOL_GRANT_IDLE);
+  h = hold_of(&g);
+  /* a regrant's kept place beats any priority: the invalid record's room
+   * (its destroy is reported after the acquire) goes to the caller, past
+   * wmin, wa and the older wd */
+  wmax = WAIT_PRIO(p, a, INT32_MAX, 5);
+  CHECK_EQ(clientpool_regrant(p, h.lease, h.gen, 5, &g), CLIENTPOOL_MUST_WAIT);
+  MUST_WAIT(p, a, 5);
+  drain(p);
+  {
+    waiter_h wk = WAIT(p, a, -1, 5);
+    drain(p);
+    EXPECT_WAKE(wk);
+  }
+  EXPECT_NO_WAKE(wmax);
+  EXPECT_NO_WAKE(wd);
+  EXPECT_NO_WAKE(wa);
+  EXPECT_NO_WAKE(wmin);
+}
+
 #define T(f) { #f, f }
 
 static const test_t tests[] = {
@@ -3898,12 +4758,34 @@ static const test_t tests[] = {
   T(t_check_catches_corruption),
   /* 23 memory */
   T(t_idle_record_bytes),
+  /* 24 the physical cap */
+  T(t_closing_counts_against_max_live),
+  T(t_closing_key_cap_and_key_kept),
+  T(t_closing_eviction_waits_for_destroy),
+  T(t_closing_regrant_keeps_place),
+  T(t_closing_floor_refill),
+  /* 25 create backoff */
+  T(t_backoff_window_fail_fast_and_probe),
+  T(t_backoff_waits_when_a_client_may_come_back),
+  T(t_backoff_jitter_by_seed),
+  T(t_backoff_refill_and_forget),
+  /* 26 configure, key caps */
+  T(t_configure_refuses_and_changes_nothing),
+  T(t_configure_lower_max_live),
+  T(t_configure_raise_and_waiting),
+  T(t_configure_durations),
+  T(t_key_caps),
+  /* 27 priorities */
+  T(t_priority_order),
+  T(t_priority_aging_bound),
+  T(t_priority_cross_key_and_extremes),
 };
 
 /* runs one test; a failed CHECK longjmps back here.  Returns 1 if it failed. */
 static int run_one(const test_t *t) {
   g_test = t->name;
   g_failed = 0;
+  g_auto_destroy = 1;
   g_stride = 1;
   g_calls = 0;
   g_ctx[0] = 0;

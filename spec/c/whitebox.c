@@ -39,7 +39,8 @@ long wb_allocs(void) { return wb_count; }
 /* ---- reading ---------------------------------------------------------- */
 
 typedef char wb_states_match[((int)WB_FREE == (int)R_FREE && (int)WB_CREATING == (int)R_CREATING &&
-                              (int)WB_IDLE == (int)R_IDLE && (int)WB_LEASED == (int)R_LEASED) ? 1 : -1];
+                              (int)WB_IDLE == (int)R_IDLE && (int)WB_LEASED == (int)R_LEASED &&
+                              (int)WB_CLOSING == (int)R_CLOSING) ? 1 : -1];
 
 int wb_rec_state(const clientpool_t *p, int32_t r) {
   return r < 0 || r >= p->nrec ? R_FREE : p->rec[r].state;
@@ -60,6 +61,16 @@ int32_t wb_span(const clientpool_t *p) {
   return n;
 }
 int wb_keys_used(const clientpool_t *p) { return p->keys_used; }
+
+int32_t wb_closing(const clientpool_t *p, int32_t *out, int32_t n) {
+  int32_t r, c = 0;
+  for (r = 0; r < p->nrec; r++)
+    if (p->rec[r].state == R_CLOSING) {
+      if (c < n) out[c] = r;
+      c++;
+    }
+  return c;
+}
 
 void wb_waiter(const clientpool_t *p, int32_t w, int *result, int32_t *rec, int32_t *lease, uint32_t *lgen) {
   const waiter_t *x = &p->wai[w];
@@ -83,10 +94,8 @@ static int32_t wb_find_free_rec(const clientpool_t *p) { return wb_find_rec(p, R
 static int32_t wb_key_with_waiters(const clientpool_t *p, int n) {
   int32_t k;
   for (k = 0; k < p->nkeys; k++) {
-    int32_t w, c = 0;
     if (!p->keys[k].used) continue;
-    for (w = p->keys[k].wq_head; w != NONE; w = p->wai[w].next) c++;
-    if (c >= n) return k;
+    if (p->keys[k].wlen >= n) return k;
   }
   return NONE;
 }
@@ -114,7 +123,7 @@ const char *wb_corrupt(clientpool_t *p, int what) {
   int32_t idle = wb_find_rec(p, R_IDLE, -1), open = wb_find_rec(p, R_LEASED, 1);
   int32_t full = wb_find_rec(p, R_LEASED, 0), ka = wb_key_with_waiters(p, 2), l, k;
   if (idle == NONE || open == NONE || full == NONE || ka == NONE) return NULL;
-  if (p->rlen[RH_CREATE] < 3 || p->rlen[RH_IDLE] < 1 || p->hlen < 3) return NULL;
+  if (p->rlen[RH_CREATE] < 3 || p->rlen[RH_IDLE] < 1 || p->dl.len < 3) return NULL;
   switch (what) {
   case 0:
     for (k = 0; k < p->nkeys && p->keys[k].used; k++) {}
@@ -140,13 +149,13 @@ const char *wb_corrupt(clientpool_t *p, int what) {
   case 14: p->keys[ka].refilling = 1; return "refilling";
   case 15: p->keys[ka].st.live++; return "key: live";
   case 16: p->cfg.key_max_live = 0; return "over its max_live";
-  case 17: p->wai[p->wai[p->keys[ka].wq_head].next].prev = NONE; return "queue broken";
+  case 17: p->wai[p->keys[ka].wheap[1]].wpos = 0; return "queue position";
   case 18: {
-    int32_t w = p->keys[ka].wq_head;
-    p->wai[p->wai[w].next].seq = p->wai[w].seq;
+    int32_t w = p->keys[ka].wheap[0];
+    p->wai[p->keys[ka].wheap[1]].order = p->wai[w].order - 1;
     return "out of order";
   }
-  case 19: p->keys[ka].wq_tail = p->keys[ka].wq_head; return "tail wrong";
+  case 19: p->keys[ka].wlen--; return "queue holds";
   case 20:
     k = wb_key_without_idle(p);
     if (k == NONE) return NULL;
@@ -171,14 +180,14 @@ const char *wb_corrupt(clientpool_t *p, int what) {
     /* the three keys by arrival s0 < s1 < s2, laid out [s1, s2, s0]: the
      * left child is in order, the right one is not */
     int32_t *a = p->rheap[RH_CREATE];
-    if (kseq(p, a[1]) > kseq(p, a[2])) wb_rswap(p, RH_CREATE, 1, 2);   /* [s0, s1, s2] */
+    if (kbefore(p, a[2], a[1])) wb_rswap(p, RH_CREATE, 1, 2);             /* [s0, s1, s2] */
     wb_rswap(p, RH_CREATE, 0, 1);                                        /* [s1, s0, s2] */
     wb_rswap(p, RH_CREATE, 1, 2);                                        /* [s1, s2, s0] */
     return "ready heap order";
   }
-  case 33: *hpos_of(p, &p->heap[0]) = 1; return "deadline heap position wrong";
-  case 34: p->heap[1].t = p->heap[0].t - 1; return "deadline heap order";
-  case 35: p->heap[1].t = p->heap[0].t + 1; p->heap[2].t = p->heap[0].t - 1; return "deadline heap order";
+  case 33: *hpos_of(p, &p->dl.a[0]) = 1; return "deadline heap position wrong";
+  case 34: p->dl.a[1].t = p->dl.a[0].t - 1; return "deadline heap order";
+  case 35: p->dl.a[1].t = p->dl.a[0].t + 1; p->dl.a[2].t = p->dl.a[0].t - 1; return "deadline heap order";
   case 36: p->cfg.max_concurrency = 1000; return "servable waiter";
   case 37:
     for (l = 0; l < p->nlea && p->lea[l].record == NONE; l++) {}
@@ -186,6 +195,18 @@ const char *wb_corrupt(clientpool_t *p, int what) {
     p->lea[l].record = wb_find_free_rec(p);
     return "points at record";
   case 38: p->keys[ka].st.waiting++; return "key: waiting";
+  case 39: p->st.closing++; return "pool: closing";
+  case 40: p->keys[ka].st.closing++; return "key: closing";
   default: return NULL;
+  }
+}
+void wb_dump_keys(const clientpool_t *p) {
+  int32_t k;
+  for (k = 0; k < p->nkeys; k++) {
+    const key_t_ *x = &p->keys[k];
+    if (!x->used) continue;
+    fprintf(stderr, "key %d: pinned %d live %d creating %d closing %d leases %d wrefs %d bstate %d caps %d/%d hold %d kept %d\n",
+            k, x->pinned, x->st.live, x->st.creating, x->st.closing, x->st.leases, x->wrefs, x->bstate, x->cap_live,
+            x->cap_idle, p->hold_key, p->kept);
   }
 }

@@ -20,7 +20,7 @@ void wb_alloc_fail_all(int on);
 long wb_allocs(void);
 
 /* ---- reading ---------------------------------------------------------- */
-enum { WB_FREE = 0, WB_CREATING, WB_IDLE, WB_LEASED };   /* record states */
+enum { WB_FREE = 0, WB_CREATING, WB_IDLE, WB_LEASED, WB_CLOSING };   /* record states */
 int wb_rec_state(const clientpool_t *p, int32_t r);
 int wb_rec_nleases(const clientpool_t *p, int32_t r);
 int wb_rec_retire(const clientpool_t *p, int32_t r);
@@ -30,14 +30,20 @@ int32_t wb_lease_record(const clientpool_t *p, int32_t l);
 int32_t wb_nrec(const clientpool_t *p);
 int32_t wb_span(const clientpool_t *p);                 /* the largest slot array */
 int wb_keys_used(const clientpool_t *p);
+/* the closing records (destroy started, not reported done): up to n in out;
+ * returns how many there are */
+int32_t wb_closing(const clientpool_t *p, int32_t *out, int32_t n);
 /* what a waiter holds: PENDING while queued, else its result and grant */
 void wb_waiter(const clientpool_t *p, int32_t w, int *result, int32_t *rec, int32_t *lease, uint32_t *lgen);
+
+/* what holds each key that is in use, on stderr (a failure's context) */
+void wb_dump_keys(const clientpool_t *p);
 
 /* ---- corrupting (tests of clientpool_check) ---------------------------
  * Applies corruption `what` (0 .. WB_CORRUPTIONS - 1) to a pool in the shape
  * wb_corrupt documents, and returns the text clientpool_check must report,
  * or NULL if the pool lacks what the corruption needs. */
-#define WB_CORRUPTIONS 39
+#define WB_CORRUPTIONS 41
 const char *wb_corrupt(clientpool_t *p, int what);
 
 #endif

@@ -1,0 +1,511 @@
+-- clientpool.fleet and its two bindings (clientpool.core.fleet through the
+-- Lua C API, clientpool.fleet_ffi through LuaJIT's FFI): the bindings give
+-- the same results for the same calls; fleet.new validates its options as
+-- clientpool.new does; separate plain Lua processes attach to one fleet by
+-- name and share its budget, and a killed one's share comes back.
+-- The C tests (spec/c/test_fleet.c) cover the core under forked hammering.
+
+local core = require "clientpool.core"
+
+local IS_JIT = rawget(_G, "jit") ~= nil
+local INTERP = (arg and arg[-1]) or (IS_JIT and "luajit" or ("lua" .. _VERSION:match("%d+%.%d+")))
+local sleep = core.sleep
+
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- Unique per process (the pid) and call: concurrent runs never share a fleet.
+local PID = assert(read("/proc/self/stat"):match("^(%d+)"))
+local seq = 0
+local function fresh(tag)
+  seq = seq + 1
+  return string.format("fs%s-%s-%d", PID, tag, seq)
+end
+
+-- Names made by a test, removed after it whatever happens.
+local made = {}
+local function name_for(tag)
+  local n = fresh(tag)
+  made[#made + 1] = n
+  return n
+end
+local function cleanup()
+  for _, n in ipairs(made) do core.fleet.remove(n) end
+  made = {}
+end
+
+local BACKENDS = { { "core", core.fleet } }
+if IS_JIT then BACKENDS[2] = { "ffi", require "clientpool.fleet_ffi" } end
+
+for _, b in ipairs(BACKENDS) do
+  local bname, F = b[1], b[2]
+  describe("fleet binding (" .. bname .. ")", function()
+    after_each(cleanup)
+
+    it("creates, attaches, and reports an unknown fleet as a result, not an error", function()
+      local name = name_for("open")
+      local h, code, msg = F.open(name)
+      assert.is_nil(h)
+      assert.equal("enoent", code)
+      assert.truthy(msg:find("does not exist", 1, true))
+      local a, created = assert(F.open(name, { max_live = 3 }))
+      assert.is_true(created)
+      local c, created2 = assert(F.open(name))
+      assert.is_false(created2)
+      assert.equal(3, c:limits().max_live)
+      assert.truthy(tostring(a):find("^clientpool.Fleet: 0x"))
+      a:close()
+      a:close()                                   -- idempotent
+      assert.truthy(tostring(a):find("closed"))
+      assert.has_error(function() a:join() end)
+      c:close()
+      assert.truthy(F.shm_name(name):find("^/clientpool%.%d+%.n%."))
+      assert.equal(true, F.remove(name))
+      local ok, rcode = F.remove(name)
+      assert.is_nil(ok)
+      assert.equal("enoent", rcode)
+    end)
+
+    it("takes and gives budget, per key and fleet-wide", function()
+      local name = name_for("budget")
+      local a = assert(F.open(name, { max_live = 2, key_max_live = 1, max_keys = 4, members = 4 }))
+      local c = assert(F.open(name))
+      assert(a:join())
+      assert(c:join())
+      assert.are_not.equal(a:row(), c:row())
+      local ka, kc = assert(a:key_open("redis-a")), assert(c:key_open("redis-a"))
+      assert.equal(ka, kc)
+      local kb = assert(c:key_open("redis-b"))
+      assert.equal(F.TAKEN, a:take(F.LIVE, ka))
+      assert.equal(F.REFUSED_KEY, c:take(F.LIVE, kc))
+      assert.equal(F.TAKEN, c:take(F.LIVE, kb))
+      assert.equal(F.REFUSED, a:take(F.LIVE))
+      local s = a:stats()
+      assert.equal(2, s.live)
+      assert.equal(2, s.members)
+      assert.equal(2, s.keys)
+      assert.equal(2, a:count(F.LIVE))
+      assert.equal(1, a:count(F.LIVE, ka))
+      -- limits change in place; a bad one is refused with its rule
+      assert(c:update { max_live = 3, key_max_live = 1, max_keys = 4, members = 4 })
+      assert.equal(3, a:limits().max_live)
+      local uok, ucode, umsg = c:update { max_live = 3, max_keys = 5, members = 4 }
+      assert.is_nil(uok)
+      assert.equal("egeometry", ucode)
+      assert.truthy(umsg:find("max_keys = 4", 1, true), umsg)
+      assert(c:update { max_live = 2, key_max_live = 1, max_keys = 4, members = 4 })
+      local kname, ks = a:key_stats(ka)
+      assert.equal("redis-a", kname)
+      assert.equal(1, ks.live)
+      assert.equal(2, ks.refs)
+      local m = a:member_stats(a:row())
+      assert.equal(1, m.live)
+      assert.equal(1, m.self)
+      assert.equal(1, m.alive)
+      assert.is_true(m.pid > 0)
+      -- a waiter learns of freed budget from the sequence number
+      assert.equal(0, a:waiting())
+      local s0 = c:demand(F.LIVE, -1, 1)
+      assert.equal(1, a:waiting())
+      assert.equal(F.REFUSED, c:take(F.LIVE))
+      assert.equal(0, a:give(F.LIVE, ka))
+      assert.are_not.equal(s0, c:poll())
+      assert.equal(F.REFUSED_TURN, a:take(F.LIVE, ka))  -- c waited: its turn
+      assert.equal(F.TAKEN, c:take(F.LIVE, kc))
+      c:demand(F.LIVE, -1, 0)
+      assert.equal(0, c:give(F.LIVE, kc))
+      assert.equal(0, c:give(F.LIVE, kb))
+      assert.equal(-14, c:give(F.LIVE, kb))             -- ENOTHELD: nothing changes
+      assert.equal(0, a:stats().live)
+      assert(c:key_close(kb))
+      assert.is_nil(a:key_stats(kb))
+      local ok, code = c:key_close(kb)
+      assert.is_nil(ok)
+      assert.equal("enotheld", code)
+      assert.equal(0, c:scan(true))
+      a:close()
+      c:close()
+    end)
+
+    it("pauses and resumes the fleet or a key, with a reason", function()
+      local name = name_for("gate")
+      local a = assert(F.open(name, { max_live = 2 }))
+      assert.is_false(a:gate())
+      local g0 = a:gates_gen()
+      assert(a:pause("429 from upstream"))
+      assert.are_not.equal(g0, a:gates_gen())
+      local paused, reason, till = a:gate()
+      assert.is_true(paused)
+      assert.equal("429 from upstream", reason)
+      assert.is_nil(till)
+      assert(a:resume())
+      assert.is_false(a:gate())
+      assert(a:pause("slow", "k1", core.monotime() + 3600))
+      local slot = assert(a:key_find("k1"))
+      paused, reason, till = a:gate(slot)
+      assert.is_true(paused)
+      assert.equal("slow", reason)
+      assert.is_true(till > core.monotime())
+      assert(a:resume("k1"))
+      local none, code = a:key_find("k1")
+      assert.is_nil(none)
+      assert.equal("enoent", code)
+      a:close()
+    end)
+
+    it("refuses bad limits with a sentence naming the limit", function()
+      local h, code, msg = F.open(name_for("bad"), { max_live = 4, max_idle = 9 })
+      assert.is_nil(h)
+      assert.equal("einval", code)
+      assert.truthy(msg:find("max_idle (9) must be <= max_live (4)", 1, true), msg)
+      assert.has_error(function() F.open("x", { max_live = "many" }) end,
+                       "clientpool: fleet limit 'max_live' must be a 32-bit integer")
+      h, code = F.open("", { max_live = 1 })
+      assert.is_nil(h)
+      assert.equal("einval", code)
+    end)
+
+    it("has the surface of the other binding", function()
+      local other = bname == "core" and (IS_JIT and require "clientpool.fleet_ffi") or core.fleet
+      for _, k in ipairs { "LIVE", "IDLE", "LEASE", "FLOOR", "TAKEN", "REFUSED", "REFUSED_KEY", "REFUSED_TURN",
+                           "NAME_MAX", "KEY_MAX", "REASON_MAX" } do
+        assert.equal(other[k], F[k], k)
+      end
+      local name = name_for("surface")
+      local a = assert(F.open(name, { max_live = 2 }))
+      local o = assert(other.open(name))
+      assert(a:join())
+      local ka = assert(a:key_open("k"))
+      a:take(F.LIVE, ka)
+      local function keys(t)
+        local r = {}
+        for k in pairs(t) do r[#r + 1] = k end
+        table.sort(r)
+        return table.concat(r, ",")
+      end
+      local sa, so = a:stats(), o:stats()
+      assert.equal(keys(sa), keys(so))
+      assert.equal(keys(sa.limits), keys(so.limits))
+      for k, v in pairs(sa) do
+        if type(v) ~= "table" and k ~= "created" then assert.equal(v, so[k], k) end
+      end
+      local n1, k1 = a:key_stats(ka)
+      local n2, k2 = o:key_stats(ka)
+      assert.equal(n1, n2)
+      assert.same(k1, k2)
+      local m1, m2 = a:member_stats(a:row()), o:member_stats(a:row())
+      assert.equal(keys(m1), keys(m2))
+      assert.equal(m1.pid, m2.pid)
+      assert.equal(m1.live, m2.live)
+      assert.same({ F.strerror(-3) }, { other.strerror(-3) })
+      a:close()
+      o:close()
+    end)
+  end)
+end
+
+describe("fleet binding cdef", function()
+  local jit_it = IS_JIT and it or pending
+  jit_it("lua/clientpool/fleet_cdef.lua is csrc/fleet.h as make cdef writes it, and every function resolves", function()
+    local header = read("csrc/fleet.h")
+    local body = {}
+    for line in (header .. "\n"):gmatch("(.-)\n") do
+      if not line:find("^#") then body[#body + 1] = line end
+    end
+    if body[#body] == "" then body[#body] = nil end
+    local want = "-- Generated by `make cdef` from csrc/fleet.h: do not edit.\nreturn [[\n"
+                 .. table.concat(body, "\n") .. "\n]]\n"
+    assert.equal(want, read("lua/clientpool/fleet_cdef.lua"))
+    local ffi = require "ffi"
+    require "clientpool.fleet_ffi"
+    local C = ffi.load(package.searchpath("clientpool.core", package.cpath))
+    local text = header:gsub("/%*.-%*/", " ")
+    local n = 0
+    for fname in text:gmatch("(clientpool_fleet_[%w_]+)%s*%(") do
+      assert.is_not_nil(C[fname], fname)
+      n = n + 1
+    end
+    assert.is_true(n >= 25)
+  end)
+end)
+
+describe("clientpool.fleet", function()
+  local fleet = require "clientpool.fleet"
+  after_each(function()
+    for _, n in ipairs(made) do fleet.remove(n) end
+    made = {}
+  end)
+
+  local function err_of(fn, ...)
+    local ok, e = pcall(fn, ...)
+    assert.is_false(ok, "expected an error")
+    return tostring(e)
+  end
+
+  it("validates options as clientpool.new does, naming the option and the rule", function()
+    local cases = {
+      { nil, "fleet.new expects an options table, got nil" },
+      { {}, "fleet option 'max_live' is required" },
+      { { max_live = 0 }, "fleet option 'max_live' must be >= 1, got 0" },
+      { { max_live = 1.5 }, "fleet option 'max_live' must be an integer, got 1.5" },
+      { { max_live = "2" }, "fleet option 'max_live' must be an integer, got string" },
+      { { max_live = 4, max_idle = 5 }, "fleet option 'max_idle' (5) must be <= max_live (4)" },
+      { { max_live = 4, max_idle = 2, min_idle = 3 }, "fleet option 'min_idle' (3) must be <= max_idle (2)" },
+      { { max_live = 4, max_concurrency = 0 }, "fleet option 'max_concurrency' must be >= 1, got 0" },
+      { { max_live = 4, per_key = 3 }, "fleet option 'per_key' must be a table, got number" },
+      { { max_live = 4, per_key = { max_live = 5 } }, "fleet option 'per_key.max_live' (5) must be <= max_live (4)" },
+      { { max_live = 4, per_key = { max_idle = 5 } }, "fleet option 'per_key.max_idle' (5) must be <= max_idle (4)" },
+      { { max_live = 4, per_key = { max_live = 2, max_idle = 3 } },
+        "fleet option 'per_key.max_idle' (3) must be <= per_key.max_live (2)" },
+      { { max_live = 4, min_idle = 3, per_key = { max_live = 2 } },
+        "fleet option 'min_idle' (3) must be <= per_key.max_live (2)" },
+      { { max_live = 4, per_key = { max_waiting = 1 } }, "unknown fleet option 'per_key.max_waiting'" },
+      { { max_live = 4, max_keys = 0 }, "fleet option 'max_keys' must be >= 1, got 0" },
+      { { max_live = 4, max_keys = 70000 }, "fleet option 'max_keys' must be <= 65536, got 70000" },
+      { { max_live = 4, members = 5000 }, "fleet option 'members' must be <= 4096, got 5000" },
+      { { max_live = 4, members = 4096, max_keys = 4096 }, "fleet options 'members' x 'max_keys' (4096 x 4096)" },
+      { { max_live = 4, attempts = 0 }, "fleet option 'attempts' must be >= 1, got 0" },
+      { { max_live = 4, max_waiting = 3 }, "unknown fleet option 'max_waiting'" },
+      { { max_live = 4, backend = "redis" }, "the Redis backend (across machines) is not built yet" },
+    }
+    for _, c in ipairs(cases) do
+      local e = err_of(fleet.new, name_for("v"), c[1])
+      assert.truthy(e:find("clientpool: ", 1, true) == 1, e)
+      assert.truthy(e:find(c[2], 1, true), "expected '" .. c[2] .. "' in: " .. e)
+    end
+    for _, bad in ipairs { "", 42, ("x"):rep(201), "a\0b" } do
+      local e = err_of(fleet.new, bad, { max_live = 1 })
+      assert.truthy(e:find("clientpool: fleet.new: the fleet name must be", 1, true), e)
+    end
+    -- nothing was created by a refused call
+    local e = err_of(fleet.stats, made[1])
+    assert.truthy(e:find("no fleet", 1, true), e)
+  end)
+
+  it("creates, then attaches and updates the limits", function()
+    local name = name_for("new")
+    local f = fleet.new(name, { max_live = 8, per_key = { max_live = 4 }, max_keys = 16, members = 8 })
+    assert.is_true(f.created)
+    assert.equal(name, f.name)
+    local s = fleet.stats(name)
+    assert.equal(8, s.limits.max_live)
+    assert.equal(8, s.limits.max_idle)
+    assert.equal(0, s.limits.min_idle)
+    assert.is_nil(s.limits.max_concurrency)     -- none unless given
+    assert.equal(4, s.limits.per_key.max_live)
+    assert.is_nil(s.limits.per_key.max_idle)
+    assert.equal(16, s.limits.max_keys)
+    assert.equal(8, s.rows)
+    local again = fleet.new(name, { max_live = 20, max_idle = 10, min_idle = 2, max_concurrency = 100,
+                                    max_keys = 8, members = 4 })
+    assert.equal(f, again)                      -- one object per process and name
+    assert.is_false(again.created)
+    s = f:stats()
+    assert.equal(20, s.limits.max_live)
+    assert.equal(10, s.limits.max_idle)
+    assert.equal(2, s.limits.min_idle)
+    assert.equal(100, s.limits.max_concurrency)
+    assert.is_nil(s.limits.per_key.max_live)
+    assert.equal(8, s.limits.max_keys)
+    local e = err_of(fleet.new, name, { max_live = 20, members = 9 })
+    assert.truthy(e:find("members = 8, max_keys = 16", 1, true), e)
+    assert.truthy(e:find("fleet.remove", 1, true), e)
+    -- remove unlinks; the next new makes a fresh segment
+    assert.is_true(fleet.remove(name))
+    assert.is_false(fleet.remove(name))
+    local f2 = fleet.new(name, { max_live = 3 })
+    assert.is_true(f2.created)
+    assert.equal(3, fleet.stats(name).limits.max_live)
+  end)
+
+  it("reports counts fleet-wide, per key and per member, and pauses fleet-wide or per key", function()
+    local name = name_for("stats")
+    fleet.new(name, { max_live = 4 })
+    local h = assert(fleet._backend.open(name))
+    assert(h:join())
+    local k = assert(h:key_open("origin-a"))
+    h:take(fleet._backend.LIVE, k)
+    h:take(fleet._backend.IDLE, k)
+    local s = fleet.stats(name)
+    assert.equal(1, s.live)
+    assert.equal(1, s.idle)
+    assert.equal(1, s.member_count)
+    assert.equal(1, #s.members)
+    assert.equal(1, s.members[1].live)
+    assert.is_true(s.members[1].alive)
+    assert.equal(1, s.keys["origin-a"].live)
+    assert.equal(1, s.keys["origin-a"].members)
+    assert.is_false(s.paused)
+    assert.is_false(s.keys["origin-a"].paused)
+    fleet.pause(name, "maintenance")
+    assert.equal("maintenance", fleet.stats(name).paused)
+    local paused, reason = h:gate()
+    assert.is_true(paused)
+    assert.equal("maintenance", reason)
+    fleet.resume(name)
+    assert.is_false(fleet.stats(name).paused)
+    fleet.pause(name, "503", "origin-a")
+    assert.equal("503", fleet.stats(name).keys["origin-a"].paused)
+    assert.is_true((h:gate(k)))
+    fleet.resume(name, "origin-a")
+    assert.is_false((h:gate(k)))
+    fleet.pause(name, "retry-after", nil, { resume_after = 3600 })
+    assert.equal("retry-after", fleet.stats(name).paused)
+    fleet.resume(name)
+    assert.truthy(err_of(fleet.pause, name, 42):find("reason must be a string", 1, true))
+    assert.truthy(err_of(fleet.pause, name, "r", nil, { resume_after = -1 }):find("resume_after", 1, true))
+    assert.truthy(err_of(fleet.pause, name, "r", ("k"):rep(300)):find("key must be a string of at most 256", 1, true))
+    assert.truthy(err_of(fleet.pause, "nope-" .. name, "r"):find("no fleet 'nope-", 1, true))
+    h:close()
+    assert.equal(0, fleet.stats(name).live)      -- closing a member gives its units back
+  end)
+
+  -- Plain Lua processes, started with this interpreter, attaching by name.
+  describe("across processes", function()
+    local script
+    setup(function()
+      script = os.tmpname()
+      local f = assert(io.open(script, "w"))
+      f:write([=[
+local name, backend, lpath, cpath, out = arg[1], arg[2], arg[3], arg[4], arg[5]
+package.path, package.cpath = lpath, cpath
+local B = backend == "ffi" and require "clientpool.fleet_ffi" or require("clientpool.core").fleet
+local function say(...)
+  local o = assert(io.open(out, "a"))
+  o:write(table.concat({ ... }, " "), "\n")
+  o:close()
+end
+local pid = assert(io.open("/proc/self/stat")):read("*l"):match("^(%d+)")
+local h = assert(B.open(name))
+assert(h:join())
+say("pid", pid)
+local keys = {}
+for line in io.lines() do
+  local cmd, a = line:match("^(%S+)%s*(%S*)")
+  local k = -1
+  if a ~= "" then keys[a] = keys[a] or assert(h:key_open(a)); k = keys[a] end
+  if cmd == "take" then say("take", h:take(B.LIVE, k))
+  elseif cmd == "give" then say("give", h:give(B.LIVE, k))
+  elseif cmd == "gate" then local p, r = h:gate(); say("gate", tostring(p), r or "-")
+  elseif cmd == "new" then
+    local fleet = require "clientpool.fleet"
+    fleet.new(name, { max_live = tonumber(a) })
+    say("new", "ok")
+  elseif cmd == "scan" then say("scan", h:scan(true))
+  elseif cmd == "leave" then h:close(); say("leave", "ok"); break
+  elseif cmd == "exit" then say("exit", "ok"); os.exit(0) end    -- holding: reclaimed as dead
+end
+]=])
+      f:close()
+    end)
+    teardown(function() os.remove(script) end)
+
+    local children = {}
+    after_each(function()
+      for _, c in ipairs(children) do
+        if c.pid then os.execute("kill -9 " .. c.pid .. " 2>/dev/null") end
+        pcall(c.p.close, c.p)
+        os.remove(c.out)
+      end
+      children = {}
+    end)
+
+    local function lines_of(path)
+      local f = io.open(path, "r")
+      if not f then return {} end
+      local t = {}
+      for l in f:lines() do t[#t + 1] = l end
+      f:close()
+      return t
+    end
+
+    local function spawn(name, backend)
+      local c = { out = os.tmpname(), n = 0 }
+      os.remove(c.out)
+      local cmd = string.format("exec %s %q %q %q %q %q %q", INTERP, script, name, backend,
+                                package.path, package.cpath, c.out)
+      c.p = assert(io.popen(cmd, "w"))
+      children[#children + 1] = c
+      for _ = 1, 1000 do                        -- its first line: the pid
+        local l = lines_of(c.out)
+        if l[1] then c.pid = tonumber(l[1]:match("pid (%d+)")); c.n = 1; return c end
+        sleep(0.01)
+      end
+      error("child did not start: " .. cmd)
+    end
+
+    local function send(c, line)
+      c.p:write(line, "\n")
+      c.p:flush()
+      for _ = 1, 1000 do
+        local l = lines_of(c.out)
+        if #l > c.n then c.n = c.n + 1; return l[c.n] end
+        sleep(0.01)
+      end
+      error("child " .. tostring(c.pid) .. " did not answer '" .. line .. "'")
+    end
+
+    for _, b in ipairs(BACKENDS) do
+      local bname = b[1]
+      it("share one budget; a killed member's share comes back (" .. bname .. " in the children)", function()
+        local name = name_for("procs")
+        fleet.new(name, { max_live = 5, per_key = { max_live = 3 } })
+        local cs = { spawn(name, bname), spawn(name, bname), spawn(name, bname) }
+        local taken, refused = 0, 0
+        for round = 1, 3 do
+          for _, c in ipairs(cs) do
+            local r = send(c, "take k" .. (round % 2))
+            if r == "take 0" then taken = taken + 1 else refused = refused + 1 end
+          end
+        end
+        assert.equal(5, taken)                   -- the fleet's cap, not 5 per process
+        assert.equal(4, refused)
+        local s = fleet.stats(name)
+        assert.equal(5, s.live)
+        assert.equal(3, s.member_count)
+        assert.is_true(s.keys.k0.live <= 3 and s.keys.k1.live <= 3)
+        local pids = {}
+        for _, m in ipairs(s.members) do pids[m.pid] = m.live end
+        for _, c in ipairs(cs) do assert.is_not_nil(pids[c.pid], "member pid " .. c.pid) end
+        -- a fleet-wide pause reaches every member
+        fleet.pause(name, "draining")
+        assert.equal("gate true draining", send(cs[2], "gate"))
+        fleet.resume(name)
+        assert.equal("gate false -", send(cs[3], "gate"))
+        -- attaching with other limits updates them for everybody
+        assert.equal("new ok", send(cs[1], "new 6"))
+        assert.equal(6, fleet.stats(name).limits.max_live)
+        -- kill -9 the member holding the most; another member's scan reclaims it
+        local victim = cs[1]
+        local held = pids[victim.pid]
+        assert.is_true(held > 0)
+        os.execute("kill -9 " .. victim.pid)
+        victim.p:close()
+        victim.pid = nil
+        assert.equal("scan 1", send(cs[2], "scan"))
+        s = fleet.stats(name)
+        assert.equal(5 - held, s.live)
+        assert.equal(2, s.member_count)
+        assert.equal(1, s.reclaimed)
+        assert.equal("take 0", send(cs[3], "take k0"))
+        -- one leaves cleanly, the other exits holding: both end at zero
+        assert.equal("leave ok", send(cs[2], "leave"))
+        cs[2].p:close(); cs[2].pid = nil
+        assert.equal("exit ok", send(cs[3], "exit"))
+        cs[3].p:close(); cs[3].pid = nil
+        -- no member is left alive: the next attach recovers the stale segment
+        local h = assert(fleet._backend.open(name))
+        s = fleet.stats(name)
+        assert.equal(0, s.live)
+        assert.equal(0, s.member_count)
+        assert.equal(2, s.reclaimed)
+        assert.equal(1, s.resets)
+        h:close()
+      end)
+    end
+  end)
+end)
