@@ -146,6 +146,9 @@ local function gen_config(R)
   -- allocation (finalizers inside the pool's calls; the model looks for
   -- what went at every check)
   c.gc_running = R.chance(0.3)
+  -- create backoff (on by default): failed creates of a key space the next
+  -- ones, and an acquisition that would create meanwhile fails fast
+  if R.chance(0.3) then c.create_backoff = false end
   return c
 end
 
@@ -184,6 +187,7 @@ function M.run(seed, opts)
     created_ok = 0, create_fail = 0, creates_in_flight = 0, cif_key = {},
     alive = 0, alive_key = {}, destroy_started = 0, destroy_returned = 0, destroy_events = 0,
     leak_events = 0, leaked_collected = 0,
+    key_failing = {},
     held = 0, inflight = 0, validating = 0, wait_total = 0, wait_credit = 0, validates = {},
     token_at = setmetatable({}, { __mode = "k" }),
     clients = {}, nclients = 0,
@@ -299,11 +303,13 @@ function M.run(seed, opts)
     hook_time(call, t0)
     if R.chance(cfg.create_fail) then
       Mo.create_fail = Mo.create_fail + 1
+      Mo.key_failing[k] = true
       if call then call.create_failed = true end
       log("create %s failed", k)
       return nil, "refused"
     elseif R.chance(cfg.create_throw) then
       Mo.create_fail = Mo.create_fail + 1
+      Mo.key_failing[k] = true
       if call then call.create_failed = true end
       log("create %s threw", k)
       error("create exploded")
@@ -313,6 +319,7 @@ function M.run(seed, opts)
                 fresh_call = call, validating = 0 }
     Mo.clients[c.id] = c
     Mo.created_ok = Mo.created_ok + 1
+    Mo.key_failing[k] = false
     Mo.alive = Mo.alive + 1
     kcount(Mo.alive_key, k, 1)
     log("create %s -> c%d%s", k, c.id, call and (" for w" .. call.w.id) or " (floor)")
@@ -419,6 +426,7 @@ function M.run(seed, opts)
     validate_after_idle = cfg.validate_after_idle, pause_mode = cfg.pause_mode, probe = cfg.probe,
     max_keys = cfg.max_keys, policy = policy, scheduler = S,
   }
+  if cfg.create_backoff == false then popts.create_backoff = false end
   local pool = clientpool.new(popts)
   local max_conc = cfg.max_concurrency or cfg.max_live * cfg.capacity
   local warm = {}
@@ -639,7 +647,11 @@ function M.run(seed, opts)
           nkeys))
       end
     elseif code == "create" then
-      if not call.create_failed then fail(who .. ": 'create' without a failed create of its own") end
+      -- its own create failed, or the key's creates back off after failures
+      -- (the last create of the key failed)
+      if not (call.create_failed or (cfg.create_backoff ~= false and Mo.key_failing[kname(call.key)])) then
+        fail(who .. ": 'create' without a failed create of its own or of its key's last")
+      end
     elseif code == "paused" then
       local pp, pc = gate_state(false)
       local kp, kc = gate_state(kname(call.key))
