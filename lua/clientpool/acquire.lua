@@ -315,6 +315,8 @@ end
 -- (a fresh acquisition): the same, with what is left until its deadline.
 -- (The timeout started over before: a waiter could end a whole timeout
 -- past its deadline; issue 18.)
+-- (Every option of ACQUIRE_OPTS but timeout is copied by name: no loop on
+-- a path the hot path reaches, see the opening comment.)
 local function retry_opts(self, opts, deadline)
   local left = deadline - clock(self)
   if left < 0 then left = 0 end
