@@ -19,6 +19,8 @@
 #                        new inputs to the seed corpus
 #   make coverage        branch coverage of csrc/engine.c from the C tests and
 #                        the lua5.4 specs (gcc --coverage, build/cov)
+#   make stress          the driver's model-checked random workload, longer
+#                        (STRESS_SEEDS, default 5000, on every interpreter)
 #   make demo            the nginx gateway demo (clientpool against bare
 #                        lua-resty-redis under wrk; a table and an SVG)
 #   make demo-lua | bench | bench-nginx | bench-http | lint | install | clean | cdef
@@ -255,7 +257,29 @@ test-busted-asan: build/asan-lua5.4/clientpool/core.so
 
 # ---------------------------------------------------------------- reliability
 
-.PHONY: fuzz fuzz-ci fuzz-merge coverage soak soak-valgrind
+.PHONY: fuzz fuzz-ci fuzz-merge coverage soak soak-valgrind stress $(addprefix stress-,$(INTERPS)) stress-luajit-ffi
+
+# The driver's model-checked random workload (spec/stress_spec.lua,
+# spec/stress_model.lua) for longer than the 200 seeds each busted step of
+# `make test` runs: STRESS_SEEDS seeds from STRESS_SEED on every interpreter
+# and both LuaJIT backends. STRESS_FLAGS passes more, e.g.
+# CLIENTPOOL_STRESS_PHYSICAL=1 (the physical cap) or
+# CLIENTPOOL_STRESS_STRICT_DEADLINE=1; one seed with its trace:
+# make stress-lua5.4 STRESS_SEEDS=1 STRESS_SEED=N STRESS_FLAGS=CLIENTPOOL_STRESS_TRACE=1
+STRESS_SEEDS ?= 5000
+STRESS_SEED  ?= 1
+STRESS_FLAGS ?=
+stress:
+	@MAKE='$(MAKE)' scripts/run-steps.sh $(addprefix stress-,$(INTERPS)) stress-luajit-ffi
+
+define stress_rule
+stress-$(1): build/$(3)/clientpool/core.so
+	@env CLIENTPOOL_STRESS_SEEDS=$$(STRESS_SEEDS) CLIENTPOOL_STRESS_SEED=$$(STRESS_SEED) $$(STRESS_FLAGS) \
+	  CLIENTPOOL_BACKEND=$(2) scripts/busted-run.sh $(3) '--lpath=$$(LPATH)' '--cpath=./build/$(3)/?.so' \
+	  spec/stress_spec.lua
+endef
+$(foreach i,$(INTERPS),$(eval $(call stress_rule,$(i),core,$(i))))
+$(eval $(call stress_rule,luajit-ffi,ffi,luajit))
 
 FUZZ_TIME    ?= 60
 FUZZ_CI_TIME ?= 20

@@ -152,6 +152,8 @@ struct clientpool {
   int32_t lim_live, lim_leases, lim_waiting, lim_keys, lim_any;
   int32_t *warm; int32_t nwarm, warmcap;  /* pinned keys: the warm floor's keys */
   int32_t floor_on, refill_signalled;
+  int32_t refilling;            /* warm-floor reservations in flight, all keys */
+  int32_t floor_held;           /* a warm key is short, but max_idle has no room (floor_deficit) */
   double retire_before, retire_upto;
   double last_created;          /* the latest record_t.created handed out */
   gate_t gate;
@@ -713,15 +715,35 @@ static void orefresh(clientpool_t *p, int32_t r) {
 
 /* ---- warm floor ------------------------------------------------------- */
 
-static int32_t floor_deficit(const clientpool_t *p, int32_t k) {
+/* How many refills warm key k needs: min_idle less its idle records and
+ * refills in flight, but no more than max_idle has room for (the idle
+ * records of every key and all refills in flight count), nor the key's
+ * max_idle: a refill past either would be closed as it became idle, and
+ * the floor would open it again. Sets floor_held when max_idle has no room
+ * for a key that is short (room comes when another key's idle record goes). */
+static int32_t floor_deficit(clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
-  return p->cfg.min_idle - key->st.idle - key->refilling;
+  int32_t d = p->cfg.min_idle - key->st.idle - key->refilling;
+  int32_t room = p->cfg.max_idle - p->st.idle - p->refilling;
+  int32_t kcap = key_cap_idle(p, key);
+  if (kcap >= 0 && kcap - key->st.idle - key->refilling < d) d = kcap - key->st.idle - key->refilling;
+  if (d > 0 && room <= 0) p->floor_held = 1;
+  return room < d ? room : d;
 }
 
-/* Signals the driver (once until it asks) that a warm key fell short. */
+/* Signals the driver (once until it asks) that a warm key fell short: k,
+ * or, while max_idle had no room for one, any (an idle record of k just
+ * went: there may be room now). */
 static void floor_check(clientpool_t *p, int32_t k) {
-  if (!p->floor_on || p->refill_signalled || p->closed || p->keys[k].pinned != 2) return;
-  if (floor_deficit(p, k) <= 0) return;
+  int32_t i;
+  if (!p->floor_on || p->refill_signalled || p->closed) return;
+  if (p->keys[k].pinned != 2 || floor_deficit(p, k) <= 0) {
+    if (!p->floor_held) return;
+    p->floor_held = 0;
+    for (i = 0; i < p->nwarm && floor_deficit(p, p->warm[i]) <= 0; i++) continue;
+    if (i == p->nwarm) return;
+    k = p->warm[i];
+  }
   p->refill_signalled = 1;
   push_event(p, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
 }
@@ -1328,6 +1350,10 @@ int clientpool_keepalive_done(clientpool_t *p, int32_t r, int32_t ok, double now
            (has(p->cfg.idle_timeout) && now >= idle_deadline(x, p->cfg.idle_timeout) && !floor_keeps(p, x)))
     why = CLIENTPOOL_BY_IDLE;
   else if (over_cap(p, &p->keys[k])) why = CLIENTPOOL_BY_RESIZED;
+  /* (it still counts as idle: over a max_idle lowered while it was out) */
+  else if (p->st.idle > p->cfg.max_idle ||
+           (key_cap_idle(p, &p->keys[k]) >= 0 && p->keys[k].st.idle > key_cap_idle(p, &p->keys[k])))
+    why = CLIENTPOOL_BY_MAX_IDLE;
   if (why >= 0) destroy(p, r, why);
   else {
     /* good: on top of its stack, its idle time and place on the pool's
@@ -1640,13 +1666,24 @@ int32_t clientpool_wait_priority(clientpool_t *p, int32_t k, double deadline, in
   return w;
 }
 
+/* Record r (generation gen, key k) just became idle, and dispatch served
+ * whom it could: if it is still idle past max_idle (or its key's), it is
+ * closed. A release and a refill that completes keep the same rule. */
+static void close_past_max_idle(clientpool_t *p, int32_t r, uint32_t gen, int32_t k) {
+  const record_t *x = &p->rec[r];      /* (dispatch may have grown the array) */
+  if (x->state == R_IDLE && x->gen == gen &&
+      (p->st.idle > p->cfg.max_idle ||
+       (key_cap_idle(p, &p->keys[k]) >= 0 && p->keys[k].st.idle > key_cap_idle(p, &p->keys[k]))))
+    destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
+}
+
 /* Gives a reservation back: its lease and record slot are freed. */
 static void forfeit(clientpool_t *p, int32_t r, int failed) {
   record_t *x = &p->rec[r];
   int32_t k = x->key;
   BOTH(p, k, creating, -1);
   if (failed) BOTH(p, k, create_failed, 1);
-  if (x->refill) p->keys[k].refilling--;
+  if (x->refill) { p->keys[k].refilling--; p->refilling--; }
   else {
     gate_lease_ended(p, k, x->res_lease, p->lea[x->res_lease].gen);
     lease_free(p, x->res_lease);
@@ -1688,14 +1725,19 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
   push_event(p, CLIENTPOOL_EV_CREATED, r, x->refill, k, 0);
   if (x->refill) {                     /* the warm floor's: straight to idle */
     p->keys[k].refilling--;
+    p->refilling--;
     x->refill = 0;
     x->state = R_LEASED;               /* (not idle yet: destroy needs no unlink) */
     x->opos = NONE;
     if (p->closed) destroy(p, r, CLIENTPOOL_BY_DRAIN);
     else if (over_cap(p, &p->keys[k])) destroy(p, r, CLIENTPOOL_BY_RESIZED);   /* a cap lowered meanwhile */
     else {
+      uint32_t gen = x->gen;
       idle_push(p, r, now);
       key_refresh(p, k);
+      /* releases may have filled max_idle while it was created */
+      dispatch(p, now);
+      close_past_max_idle(p, r, gen, k);
     }
   } else {
     x->state = R_LEASED;
@@ -1749,11 +1791,7 @@ static void release(clientpool_t *p, int32_t l, int32_t reason, double now) {
   key_refresh(p, k);
   gen = x->gen;
   dispatch(p, now);                     /* a waiter of k may take it at once */
-  x = &p->rec[r];                       /* dispatch may have grown the array */
-  if (x->state == R_IDLE && x->gen == gen &&
-      (p->st.idle > p->cfg.max_idle ||
-       (key_cap_idle(p, &p->keys[k]) >= 0 && p->keys[k].st.idle > key_cap_idle(p, &p->keys[k]))))
-    destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
+  close_past_max_idle(p, r, gen, k);
 }
 
 int clientpool_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason, double now) {
@@ -2026,6 +2064,7 @@ int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key) {
       rec_init(p, r, k, now);
       p->rec[r].refill = 1;
       p->keys[k].refilling++;
+      p->refilling++;
       BOTH(p, k, creating, 1);
       key_refresh(p, k);              /* k may have reached its cap */
       *key = k;
@@ -2164,7 +2203,7 @@ static int check_counts(const clientpool_stats_t *a, const clientpool_stats_t *b
 
 int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   clientpool_stats_t tot, *per;
-  int32_t i, k, used = 0, ready = 0;
+  int32_t i, k, used = 0, ready = 0, refilling = 0;
   int h;
   const clientpool_config_t *c = &p->cfg;
   memset(&tot, 0, sizeof tot);
@@ -2230,6 +2269,11 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (!key->used) continue;
     used++;
     if (per[k].rejected != key->refilling) FAIL("key %d refilling %d, counted %g", k, key->refilling, per[k].rejected);
+    refilling += key->refilling;
+    /* over max_idle only while all its idle records are out for a keepalive
+     * (a cap lowered meanwhile: each is closed at its report) */
+    if (key_cap_idle(p, key) >= 0 && key->st.idle > key_cap_idle(p, key) && key->st.idle != key->nchecking)
+      FAIL("key %d over its max_idle", k);
     per[k].opened = key->st.opened; per[k].closed = key->st.closed;
     if (check_counts(&key->st, &per[k], "key", buf, n)) { free(per); return -1; }
     if (key_cap_live(p, key) >= 0 && key_held(key) > key_cap_live(p, key) && key_held(key) > key->lim_live)
@@ -2269,6 +2313,8 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
         "leases %d > max_concurrency", p->st.leases);
   CHECK(p->st.waiting <= c->max_waiting || p->st.waiting <= p->lim_waiting,
         "waiting %d > max_waiting", p->st.waiting);
+  CHECK(p->st.idle <= c->max_idle || p->st.idle == p->nchecking, "idle %d > max_idle %d", p->st.idle, c->max_idle);
+  CHECK(refilling == p->refilling, "refills in flight %d, counted %d", p->refilling, refilling);
   for (h = 0; h < 2; h++) {
     const int32_t *a = p->rheap[h];
     for (i = 0; i < p->rlen[h]; i++) {

@@ -338,15 +338,19 @@ describe("clientpool.http", function()
       local busy, err, code, paused
       e.run(function()
         busy = assert(cphttp.request(pool, { path = t .. "/busy" }))
-        paused = pool:stats().paused
+        local s = pool:stats()
+        paused = { pool = s.paused, key = s.keys[clientpool.DEFAULT_KEY].paused }
         local _
         _, err, code = cphttp.request(pool, { path = t .. "/next" })
-        pool:resume()
+        pool:resume(clientpool.DEFAULT_KEY)
         assert(cphttp.request(pool, { path = t .. "/after" }))
       end)
       assert.equal(429, busy.status)
       assert.equal("2", busy.headers:get("retry-after"))
-      assert.equal("http 429", paused)     -- the default key is the pool's one upstream
+      -- the origin is the pool's default key: the pause is that key's
+      -- (issue 18: a key-scope pause of the default key no longer pauses
+      -- the whole pool)
+      assert.same({ pool = false, key = "http 429" }, paused)
       assert.equal("paused", code)
       assert.truthy(err:find("http 429", 1, true))
       assert.equal(2, #srv:lines(t, 2))     -- the paused request never reached nginx

@@ -49,6 +49,16 @@ local function grant(st, rec, l, g, validate, idle, waited, sentinel)
   return { st = st, rec = rec, l = l, g = g, validate = validate, idle = idle, waited = waited,
            sentinel = sentinel }
 end
+
+-- (capacity > 1) Whether shared record rec was lost by a co-holder: a share
+-- granted before the loss but not yet taken up (its caller had not run) is
+-- not handed out. Like a client that failed validate, its caller looks
+-- again, in its place (issue 18: it came back with a plain lease on the
+-- lost client; the engine was right to grant it, the hand-over was late).
+local function lost_share(self, rec)
+  local lost = self._lost
+  return lost ~= nil and lost[rec] == true
+end
 M.grant = grant
 
 -- The granted idle record failed unpark or validate: it is retired as
@@ -68,6 +78,7 @@ end
 -- regrant).
 local function ready_idle(self, name, gr, want)
   local rec = gr.rec
+  if lost_share(self, rec) then return regrant(self, gr, want) end
   local client = self._clients[rec]
   if self._parked[rec] then
     local ok, c = ycall(self._unpark, client, hook_key(name))
@@ -87,6 +98,9 @@ local function ready_idle(self, name, gr, want)
       if not ok then log(self, "validate hook failed: " .. tostring(good)) end
       return regrant(self, gr, want)
     end
+    -- (capacity > 1) a co-holder lost it while validate ran (a share may be
+    -- handed out meanwhile: docs/decisions.md "Shared leases")
+    if lost_share(self, rec) then return regrant(self, gr, want) end
   end
   return client
 end
@@ -99,13 +113,11 @@ local function create_client(self, name, rec, lease)
   local ok, client, err = ycall(self._create, hook_key(name))
   local e = self._e
   if not ok or client == nil then
-    if lease then
-      lease._g = nil
-      lease._s = nil
-    end
+    if lease then lease._g = nil end
     if ok then err = err or "create returned nil" else err = client end
     self._create_err[name] = err   -- what an acquisition refused by the backoff returns
     local _, pending = e:created(rec, false, now_of(self))
+    if lease then lease._s = nil end   -- (after: see lease.lua's finish_lease)
     if pending > 0 then pump(self) end
     return nil, "create", err
   end
@@ -237,7 +249,7 @@ local function wait_for(self, k, name, opts, bare)
   if done then done(h) end
   if pending > 0 then pump(self) end
   if st == GRANT_IDLE or st == GRANT_CREATE then
-    return true, st, rec, l, lg, validate, idle, waited, sentinel
+    return true, st, rec, l, lg, validate, idle, waited, sentinel, deadline
   elseif st == TIMEOUT then
     local d = snapshot(self, "timeout", name, waited)
     d.waiting = d.waiting + 1   -- the caller was waiting too, until now
@@ -298,13 +310,29 @@ local function acquire_opts(self, opts)
   return token, drain
 end
 
+-- The options of an acquisition that waited, was granted a client that
+-- failed validate or was lost, and must look again with nothing else free
+-- (a fresh acquisition): the same, with what is left until its deadline.
+-- (The timeout started over before: a waiter could end a whole timeout
+-- past its deadline; issue 18.)
+-- (Every option of ACQUIRE_OPTS but timeout is copied by name: no loop on
+-- a path the hot path reaches, see the opening comment.)
+local function retry_opts(self, opts, deadline)
+  local left = deadline - clock(self)
+  if left < 0 then left = 0 end
+  return { timeout = left, cancel = opts and opts.cancel, on_drain = opts and opts.on_drain }
+end
+M.retry_opts = retry_opts
+
 local acquire_from
 
 function Pool:acquire(key, opts)
   if getmetatable(self) ~= Pool then not_a_pool(self, "acquire") end
   local token, drain = acquire_opts(self, opts)
   local e = self._e
-  if token and token._cancelled then return nil, "cancelled" end
+  -- a token cancelled beforehand: the caller wants no client, not even a
+  -- free one; a closed pool says so first (docs/decisions.md)
+  if token and token._cancelled then return nil, self._closed and "closed" or "cancelled" end
   local k, name, kerr = key_id(self, key, "acquire")
   if not k then return no_key(self, kerr, name) end
   if self._nwaiters > 0 then reap_if_full(self) end
@@ -316,10 +344,10 @@ end
 -- not finish.
 function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, idle, pending, sentinel)
   if pending > 0 then pump(self) end
-  local waited
+  local waited, deadline
   if st == MUST_WAIT then
     local ok
-    ok, st, rec, l, g, validate, idle, waited, sentinel = wait_for(self, k, name, opts)
+    ok, st, rec, l, g, validate, idle, waited, sentinel, deadline = wait_for(self, k, name, opts)
     if not ok then
       if st == STALE then return self:acquire(key, opts) end
       return nil, st, rec
@@ -330,7 +358,8 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
   elseif REFUSED[st] then
     return refused(self, st, name)
   end
-  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) then
+  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) and
+     not (self._lost and self._lost[rec]) then   -- (lost_share, inline: the hot path)
     -- the common case: an idle client usable as it is
     local lease = new_lease(self, name, rec, l, g, self._clients[rec], sentinel, drain)
     if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, waited) end
@@ -338,9 +367,11 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
   end
   local lease, code, err = on_grant(self, name, grant(st, rec, l, g, validate, idle, waited, sentinel), drain)
   if lease or code then return lease, code, err end
-  -- the idle record failed validate/unpark and is retired: look again (a
-  -- tail call, not a loop: a loop here keeps the JIT from compiling the
-  -- caller's acquire/release loop, "inner loop in root trace")
+  -- the idle record failed validate/unpark (or was lost) and nothing else
+  -- was free: look again (a tail call, not a loop: a loop here keeps the
+  -- JIT from compiling the caller's acquire/release loop, "inner loop in
+  -- root trace"), within what is left of the deadline it waited for
+  if deadline then return self:acquire(key, retry_opts(self, opts, deadline)) end
   return self:acquire(key, opts)
 end
 
@@ -369,8 +400,11 @@ function Pool:try_acquire(key)
     if self._nwaiters > 0 then reap_if_full(self) end
     local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), true)
     if pending > 0 then pump(self) end
-    if st == MUST_WAIT then
-      e:key_forget(k)
+    if st == MUST_WAIT or st == FULL then
+      -- nothing free now: "timeout", also when max_waiting acquisitions
+      -- wait (the engine refuses it as full: try_acquire never queues, so
+      -- the queue's length is not its answer; issue 18)
+      if st == MUST_WAIT then e:key_forget(k) end
       pump(self)
       return nil, "timeout", snapshot(self, "timeout", name, 0)
     elseif REFUSED[st] then

@@ -36,6 +36,7 @@ local acquire = require "clientpool.acquire"
 local grant, wait_for, ready_idle, create_client = acquire.grant, acquire.wait_for, acquire.ready_idle,
                                                    acquire.create_client
 local acquire_from, acquire_opts = acquire.acquire_from, acquire.acquire_opts
+local retry_opts = acquire.retry_opts
 
 local M = {}
 
@@ -54,8 +55,9 @@ local BY_ERROR = BY.error
 -- Returns client, nil, rec, lease, gen, waited or nil, code[, detail]. No
 -- loop: a retry is a tail call. (LuaJIT: a loop here would abort every
 -- trace recorded through a create, and enough aborts blacklist checkout
--- itself, hot path included.)
-local function checkout_grant(self, key, k, name, gr)
+-- itself, hot path included.) deadline (k nil): a wait before, whose
+-- grant fell through, bounds the wait here too (acquire's retry_opts).
+local function checkout_grant(self, key, k, name, gr, deadline)
   if k == nil then
     local kerr
     k, name, kerr = key_id(self, key, "checkout")
@@ -65,17 +67,19 @@ local function checkout_grant(self, key, k, name, gr)
     if pending > 0 then pump(self) end
     local waited
     if st == MUST_WAIT then
-      local ok
-      ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
+      local ok, _
+      ok, st, rec, l, g, validate, idle, waited, _, deadline =
+        wait_for(self, k, name, deadline and retry_opts(self, nil, deadline), true)
       if not ok then
-        if st == STALE then return checkout_grant(self, key, nil, name) end
+        if st == STALE then return checkout_grant(self, key, nil, name, nil, deadline) end
         return nil, st, rec
       end
     elseif st == STALE then
       stale_key(self, k, name)
-      return checkout_grant(self, key, nil, name)
+      return checkout_grant(self, key, nil, name, nil, deadline)
     end
     gr = grant(st, rec, l, g, validate, idle, waited)
+    gr.deadline = deadline
   end
   if REFUSED[gr.st] then return refused(self, gr.st, name) end
   -- a leak sentinel while the hooks run (they may yield): if this coroutine
@@ -102,7 +106,7 @@ local function checkout_grant(self, key, k, name, gr)
     gr.waited = nil
     return checkout_grant(self, key, k, name, gr)
   end
-  return checkout_grant(self, key, nil, name)
+  return checkout_grant(self, key, nil, name, nil, gr.deadline)
 end
 
 -- Raises for a checkout key that is neither a string nor nil, at the
@@ -119,12 +123,12 @@ end
 -- wrapper (fastpath below), which hands over whatever it does not finish.
 local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, pending)
   if pending and pending > 0 then pump(self) end
-  local client, waited
+  local client, waited, deadline
   if st == MUST_WAIT then
     -- waited for here, not in checkout_grant: a waiting coroutine's stack
     -- is one frame shallower (memory per waiter)
-    local ok
-    ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
+    local ok, _
+    ok, st, rec, l, g, validate, idle, waited, _, deadline = wait_for(self, k, name, nil, true)
     if not ok then
       if st ~= STALE then return nil, st, rec end
       st, k = nil, nil            -- looked up and acquired again (checkout_grant)
@@ -133,13 +137,18 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
     stale_key(self, k, name)
     st, k = nil, nil
   end
-  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) then
+  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) and
+     not (self._lost and self._lost[rec]) then   -- (acquire's lost_share, inline: the hot path)
     client = self._clients[rec]
   elseif k ~= nil and REFUSED[st] then
     return refused(self, st, name)
   else
-    local code, w
-    client, code, rec, l, g, w = checkout_grant(self, key, k, name, k and grant(st, rec, l, g, validate, idle))
+    local code, w, gr
+    if k then
+      gr = grant(st, rec, l, g, validate, idle)
+      gr.deadline = deadline
+    end
+    client, code, rec, l, g, w = checkout_grant(self, key, k, name, gr)
     if client == nil then return nil, code, rec end
     waited = waited or w
   end

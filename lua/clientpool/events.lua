@@ -182,7 +182,7 @@ ON[EV_DESTROY] = function(self, _, a, b, c)
   local client = self._clients[a]
   self._clients[a] = nil
   self._parked[a] = nil
-  if self._rec_leases then self._rec_leases[a] = nil end
+  if self._rec_leases then self._rec_leases[a] = nil; self._lost[a] = nil end
   local reason = BY_NAME[b]
   local name = self._knames[c]
   run_destroy(self, a, client, name, reason)

@@ -50,6 +50,12 @@ local _M = { _VERSION = "0.1.0" }
 -- otherwise: "ffi" (LuaJIT) or "core".
 _M.backend = base.BACKEND
 
+--- The default key's name (acquire without a key, or with nil, uses it):
+-- pause, resume and retire take it to mean the default key alone (no key
+-- means the whole pool); stats().keys and the pause and resume events name
+-- the default key so. Hooks receive nil for it.
+_M.DEFAULT_KEY = DEFAULT
+
 --- Runtime outcome codes, returned as the second value of a failed acquire.
 _M.codes = { timeout = "timeout", full = "full", closed = "closed", cancelled = "cancelled",
              create = "create", paused = "paused" }
@@ -92,6 +98,7 @@ function _M.new(opts)
     _paused = false, _kpaused = {}, _pause_gen = 0,   -- admission
     _strikes = 0, _spent = false, _refilling = 0,     -- floor
     _rec_leases = c.capacity > 1 and {} or nil,       -- lease: record -> its co-holders
+    _lost = c.capacity > 1 and {} or nil,             -- lease: shared records lost, until destroyed
     _scratch = {}, _drain_hs = nil,         -- stats' scratch table; drain: drain() waiters
     _pgen = {}, _pgen_next = 0,             -- admission: pause generations
     _adopted = setmetatable({}, WEAK_KEYS), -- acquire: try_acquire's adopted coroutines
@@ -99,7 +106,9 @@ function _M.new(opts)
     _create_err = {},             -- key name -> the error of its last failed create (BACKOFF)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
-  e:set_notify(function() kick(self) end)
+  -- a collected lease is reported at the pool's clock: a grant it makes is
+  -- dated then (its wait, its client's idle time), not at the last call
+  e:set_notify(function() kick(self) end, self._mono and base.monotime or sched.now)
   checkout.install_fastpath(self, mod)
   -- The warm keys are opened and pinned now. Without `keys` the default key
   -- is the warm key, but only a floor (min_idle > 0) needs it open before
