@@ -76,8 +76,8 @@ function _M.new(opts)
   }
   pools_made = pools_made + 1
   -- The pool's private fields, by the file that owns them (the others read
-  -- some of them). Lazily set: _timer_at, _timer_h, _timer_spawned, _kicked
-  -- (events), _early_leaks (leak), _run_h, _run_waits (floor), _drain_started
+  -- some of them). Lazily set: _timer_at, _timer_h, _timer_spawned, _kicked,
+  -- _dco (events), _early_leaks (leak), _run_h, _run_waits (floor), _drain_started
   -- (drain), _frel (checkout), _warm (here).
   local self = setmetatable({
     _e = e, _c = c, _sched = sched, _mono = sched.monotonic == true,          -- base, options
@@ -97,6 +97,7 @@ function _M.new(opts)
     _adopted = setmetatable({}, WEAK_KEYS), -- acquire: try_acquire's adopted coroutines
     _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
     _create_err = {},             -- key name -> the error of its last failed create (BACKOFF)
+    _dq = {}, _dqh = 1, _dqt = 0, -- events: destroys queued until the pump is done (rec, client, name, reason)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
   e:set_notify(function() kick(self) end)
