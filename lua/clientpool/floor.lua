@@ -77,7 +77,10 @@ local function refill_task(self, rec, name)
   else
     local _, pending = e:created(rec, false, now_of(self))
     if pending > 0 then pump(self) end
-    refill_failed(self, tostring(ok and (err or "create returned nil") or client))
+    local why = ok and (err or "create returned nil") or client
+    self._create_err[name] = why   -- (the key backs off too: what a refused acquisition returns)
+    if self._on.create_failed then emit(self, "create_failed", hook_key(name), why) end
+    refill_failed(self, tostring(why))
   end
   if self._run_h then self._sched.wake(self._run_h) end
 end
