@@ -90,7 +90,8 @@ function _M.new(opts)
     _on = {}, _closed = false,              -- listeners (base.emit); drain
     _held = setmetatable({}, { __mode = "v" }),   -- lease: slot -> lease (weak)
     _paused = false, _kpaused = {}, _pause_gen = 0,   -- admission
-    _strikes = 0, _spent = false, _refilling = 0,     -- floor
+    _strikes = 0, _spent = false, _refilling = 0,     -- floor (and _spends, _retry_at, _retry_due)
+    _spends = 0, _retry_at = 0, _retry_due = false,
     _rec_leases = c.capacity > 1 and {} or nil,       -- lease: record -> its co-holders
     _scratch = {}, _drain_hs = nil,         -- stats' scratch table; drain: drain() waiters
     _pgen = {}, _pgen_next = 0,             -- admission: pause generations
