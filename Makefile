@@ -21,12 +21,12 @@
 #                        the lua5.4 specs (gcc --coverage, build/cov)
 #   make demo            the nginx gateway demo (clientpool against bare
 #                        lua-resty-redis under wrk; a table and an SVG)
-#   make demo-lua | bench | bench-nginx | lint | install | clean | cdef
+#   make demo-lua | bench | bench-nginx | bench-http | lint | install | clean | cdef
 #
 # Single steps of `make test`: all test-c test-c-asan test-fleet test-fleet-asan
 # test-fleet-valgrind fuzz-ci test-busted-<interp>
 # test-busted-luajit-ffi test-busted-asan test-valgrind-<interp> test-nginx
-# check-rockspec test-rocks soak-valgrind lint.
+# test-prometheus check-rockspec test-rocks soak-valgrind lint.
 #
 # check-memory preloads clang-14's ASan runtime (libclang_rt.asan-<arch>.so)
 # into the uninstrumented lua5.4 so an ASan/UBSan build of core.so can be
@@ -92,7 +92,7 @@ LINT_DIRS = $(wildcard lua spec examples bench)
 .PHONY: all module test deps check-memory demo demo-lua bench lint install clean cdef \
         test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind \
         test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
-        test-busted-luajit-ffi test-nginx bench-nginx
+        test-busted-luajit-ffi test-nginx test-prometheus bench-nginx bench-http
 
 all: $(foreach i,$(INTERPS),build/$(i)/clientpool/core.so)
 
@@ -167,7 +167,7 @@ deps:
 
 TEST_STEPS := all test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind fuzz-ci \
               $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
-              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.1 test-nginx check-rockspec \
+              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.1 test-nginx test-prometheus check-rockspec \
               test-rocks soak-valgrind lint
 
 # Every step runs even after one fails; scripts/run-steps.sh prints one
@@ -208,6 +208,12 @@ test-busted-luajit-ffi: build/luajit/clientpool/core.so
 # private redis-server, both on 127.0.0.1 and always stopped: spec/nginx/run.sh.
 test-nginx: build/luajit/clientpool/core.so
 	@spec/nginx/run.sh
+
+# A real Prometheus server (Debian's) scrapes clientpool.metrics from a
+# server in the test process and the values read back through its HTTP API
+# must match pool:stats() (spec/prometheus/scrape.lua; about 10 s).
+test-prometheus: build/lua5.4/clientpool/core.so
+	@$(call lua_env,build/lua5.4) LUA_PATH_5_4='./?.lua;$(LPATH);;' lua5.4 spec/prometheus/scrape.lua
 
 # Build and install with LuaRocks into build/rocks, then run the lua5.4 specs
 # against the installed tree only (no ./lua, no build/<interp> on the paths).
@@ -353,6 +359,13 @@ bench: all build/bench/engine_pair build/bench/fleet_pair
 # build/bench/nginx.tsv). Not part of `make test`.
 bench-nginx: build/luajit/clientpool/core.so
 	@bench/nginx/run.sh
+
+# clientpool.http against lua-http's own request:go() (a connection per
+# request): TCP connections nginx saw and requests/s, in a private nginx
+# (bench/http_pool.lua). lua-http loads on LuaJIT and Lua 5.1 only.
+BENCH_HTTP_LUA ?= luajit
+bench-http: build/$(BENCH_HTTP_LUA)/clientpool/core.so
+	$(call lua_env,build/$(BENCH_HTTP_LUA)) LUA_PATH='./?.lua;$(LPATH);;' $(BENCH_HTTP_LUA) bench/http_pool.lua $(BENCH_HTTP_ARGS)
 
 install: module
 	install -d '$(DESTDIR)$(LUA_CMODDIR)/clientpool'

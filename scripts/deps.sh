@@ -25,6 +25,10 @@ PACKAGES=(
   redis-server redis-tools curl wrk
   # real drivers: lua-resty-redis (installed as nginx/redis.lua)
   lua-nginx-redis
+  # clientpool.http (lua-http on cqueues, Lua 5.1/LuaJIT) and its specs'
+  # TLS certificate (made at test time); clientpool.metrics: promtool and a
+  # Prometheus server scraping a test endpoint
+  lua-http openssl prometheus
   # packaging
   luarocks
   # C tooling; llvm-14 gives llvm-symbolizer for readable ASan reports

@@ -254,6 +254,22 @@ CHECKS["quickstart"] = function()
   assert.equal("4\t96\nrc=0\n", run_fresh("quickstart"))
 end
 
+-- docs/metrics.md -----------------------------------------------------------
+
+CHECKS["metrics-quick"] = function()
+  -- as written: five tasks, two clients, three waits; a valid exposition
+  local P = require "spec.prom_text"
+  local out = run_fresh("metrics-quick")
+  local text, rc = out:match("^(.*)rc=(%d+)\n$")
+  assert.equal("0", rc, out)
+  local doc = assert(P.parse(text))
+  assert.equal(2, P.value(doc, "clientpool_opened_total", { pool = "main" }))
+  assert.equal(3, P.value(doc, "clientpool_waits_total", { pool = "main" }))
+  assert.equal(3, P.value(doc, "clientpool_wait_duration_seconds_count", { pool = "main" }))
+  local ok, promtool_out = P.promtool(text)
+  assert.is_true(ok, promtool_out)
+end
+
 CHECKS["quickstart-game"] = function()
   assert.equal("2\t8\nrc=0\n", run_fresh("quickstart-game"))
 end
