@@ -53,8 +53,9 @@ describe("clientpool deadlines over the whole acquire", function()
     run(function(sched)
       local c = counting(sched, 5, 1)
       local pool = clientpool.new { create = c.create, destroy = c.destroy, max_live = 1, scheduler = sched }
-      local timeouts = {}
+      local timeouts, acquires = {}, {}
       pool:on("timeout", function(_, d) timeouts[#timeouts + 1] = d end)
+      pool:on("acquire", function(_, _, waited) acquires[#acquires + 1] = waited or 0 end)
       local got = {}
       sched.spawn(function()
         sched.sleep(1)
@@ -78,6 +79,7 @@ describe("clientpool deadlines over the whole acquire", function()
       sched.sleep(6)
       assert.equal(1, got.id)                         -- the background create's client
       assert.equal(4, got.waited)                     -- from 1 to 5: when the create finished
+      assert.same({ 4 }, acquires)                    -- B's; none for the caller that left
       assert.equal(1, c.attempts)
       assert.equal(0, c.over)
       s = pool:stats()

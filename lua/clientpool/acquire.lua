@@ -73,6 +73,13 @@ local function regrant(self, gr, want)
   return nil
 end
 
+-- Whether the running code is a grant whose caller left at its deadline
+-- (see bounded): what it makes goes back to the pool, and it reports no
+-- `acquire` (the caller's `timeout` was reported).
+local function orphaned(self)
+  return self._adopted[co_running()] == true
+end
+
 -- The granted idle record failed unpark or validate after its caller left
 -- (its deadline passed while the hook ran in the background: see bounded):
 -- the record is retired and nothing more is done for that caller (gr.st =
@@ -97,7 +104,7 @@ local function ready_idle(self, name, gr, want)
     if not ok or c == nil then
       if not ok then log(self, "unpark hook failed: " .. tostring(c)) end
       self._clients[rec] = client
-      if self._adopted[co_running()] == true then return retire_orphan(self, gr) end
+      if orphaned(self) then return retire_orphan(self, gr) end
       return regrant(self, gr, want)
     end
     client = c
@@ -109,7 +116,7 @@ local function ready_idle(self, name, gr, want)
     local ok, good = ycall(v, client, hook_key(name), gr.idle)
     if not ok or not good then
       if not ok then log(self, "validate hook failed: " .. tostring(good)) end
-      if self._adopted[co_running()] == true then return retire_orphan(self, gr) end
+      if orphaned(self) then return retire_orphan(self, gr) end
       return regrant(self, gr, want)
     end
   end
@@ -164,7 +171,7 @@ local function on_grant(self, name, gr, drain)
       return nil   -- nothing granted (out of memory): the caller acquires anew
     end
     local lease = new_lease(self, name, gr.rec, gr.l, gr.g, client, gr.sentinel, drain)
-    if self._on.acquire then emit(self, "acquire", hook_key(name), client, gr.waited) end
+    if self._on.acquire and not orphaned(self) then emit(self, "acquire", hook_key(name), client, gr.waited) end
     return lease
   end
   -- the lease exists before create runs: if the creating coroutine is killed
@@ -172,7 +179,7 @@ local function on_grant(self, name, gr, drain)
   local lease = new_lease(self, name, gr.rec, gr.l, gr.g, nil, gr.sentinel, drain)
   local client, code, err = create_client(self, name, gr.rec, lease)
   if client == nil then return nil, code, err end
-  if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, gr.waited) end
+  if self._on.acquire and not orphaned(self) then emit(self, "acquire", hook_key(name), lease.client, gr.waited) end
   return lease
 end
 
