@@ -241,6 +241,26 @@ describe("clientpool.events", function()
       assert.equal(0, pool:stats().closing)
     end)
 
+    it("hooks that call into the pool run one after another, not nested (close() of 1000 idle clients)", function()
+      local pool
+      local n, depth, max_depth = 0, 0, 0
+      pool = clientpool.new { create = function() return {} end, max_live = 1000,
+                              destroy = function()
+                                depth = depth + 1
+                                if depth > max_depth then max_depth = depth end
+                                n = n + 1
+                                pool:stats()          -- pumps: must not start the next hook in this one
+                                depth = depth - 1
+                              end }
+      local ls = {}
+      for i = 1, 1000 do ls[i] = assert(pool:acquire()) end
+      for i = 1, 1000 do ls[i]:release() end
+      pool:close()
+      assert.equal(1000, n)
+      assert.equal(1, max_depth)                -- (nested, Lua 5.4 hit "C stack overflow" at about 100)
+      assert.equal(0, pool:stats().closing)
+    end)
+
     it("where the host cannot yield at all (adapter yieldable() false), the hook goes to the scheduler", function()
       local sched = Loop.new { clock = "virtual" }
       local adapter = setmetatable({ yieldable = function() return false end }, { __index = sched })

@@ -300,7 +300,10 @@ pump = function(self)
   local e = self._e
   local t, a, b, c, tt = e:next_event()
   if not t then
-    if self._dqt >= self._dqh then return run_queued(self) end
+    -- (not from inside a destroy hook that runs now, _dco: the run_queued
+    -- that started it goes on once it returns, so hooks that call into the
+    -- pool do not nest one coroutine per queued destroy)
+    if self._dqt >= self._dqh and not self._dco then return run_queued(self) end
     if self._drain_hs then wake_drainers(self) end
     return
   end
