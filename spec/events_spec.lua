@@ -139,6 +139,20 @@ describe("clientpool.events", function()
       assert.equal(1, c.peak)
     end)
 
+    it("in a plain script an acquisition that evicts another key's idle client takes its room at once", function()
+      for _, with_hook in ipairs { true, false } do
+        local c = counting()
+        local pool = clientpool.new { create = c.create, destroy = with_hook and c.destroy or nil, max_live = 1 }
+        assert(pool:acquire("a")):release()
+        local l = assert(pool:acquire("b"))     -- (it raised "acquire would wait": a wait for the eviction)
+        assert.equal(2, l.client.id)
+        assert.equal(1, pool:stats().closed_by.evicted)
+        if with_hook then assert.equal(1, c.destroyed) end
+        l:release()
+        pool:close()
+      end
+    end)
+
     it("max_idle overflow and a failed validate run the destroy hook before the call returns", function()
       local c = counting()
       local valid = true

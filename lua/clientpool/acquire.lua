@@ -337,6 +337,13 @@ local function wait_for(self, k, name, opts, bare)
   local sched = self._sched
   local h, why = sched.current()
   if h == nil then
+    -- One look more before giving up: an eviction whose destroy did not
+    -- yield has freed its room by now (the events were carried out), and
+    -- a caller that cannot wait could not be served from it otherwise.
+    local st, rec, l, lg, validate, idle, pending, sentinel = self._e:acquire(k, now_of(self), not bare)
+    if pending > 0 then pump(self) end
+    if st == GRANT_IDLE or st == GRANT_CREATE then return true, st, rec, l, lg, validate, idle, nil, sentinel end
+    if REFUSED[st] then return refused(self, st, name) end
     self._e:key_forget(k)
     pump(self)
     local what = bare and "checkout" or "acquire"
