@@ -36,11 +36,21 @@ local keys = require "clientpool.keys"
 local key_id, stale_key = keys.key_id, keys.stale_key
 local stats = require "clientpool.stats"
 local snapshot, REFUSED, refused, no_key = stats.snapshot, stats.REFUSED, stats.refused, stats.no_key
+local timed_out = stats.timed_out
 local floor = require "clientpool.floor"
 local new_lease = require("clientpool.lease").new_lease
 local Token = require("clientpool.token").Token
 
 local M = {}
+
+-- PUC Lua 5.1's pcall cannot yield, so a hook runs in a pass-through
+-- coroutine nested in the caller's (base.ycall): run detached, such a hook's
+-- first turn could be taken by the scheduler directly (sleep(0)), leaving
+-- the outer coroutine suspended for good. There the deadline bounds the
+-- wait only, and the hooks run in the caller as before (docs/decisions.md).
+local IS_51 = _VERSION == "Lua 5.1" and rawget(_G, "jit") == nil
+local co_isyieldable = coroutine.isyieldable   -- (5.3+, LuaJIT)
+local BY_INVALID = base.BY.invalid
 
 -- A grant of the engine as a record: status, record, lease slot and
 -- generation, whether validate is due, the seconds it sat idle, the
@@ -73,6 +83,26 @@ local function regrant(self, gr, want)
   return nil
 end
 
+-- Whether the running code is a grant whose caller left at its deadline
+-- (see bounded): what it makes goes back to the pool, and it reports no
+-- `acquire` (the caller's `timeout` was reported).
+local function orphaned(self)
+  return self._adopted[co_running()] == true
+end
+
+-- The granted idle record failed unpark or validate after its caller left
+-- (its deadline passed while the hook ran in the background: see bounded):
+-- the record is retired and nothing more is done for that caller (gr.st =
+-- CLOSED: on_grant and checkout_grant end there, and nobody takes the
+-- answer).
+local function retire_orphan(self, gr)
+  gr.sentinel = nil
+  local _, pending = self._e:release(gr.l, gr.g, BY_INVALID, now_of(self))
+  if pending > 0 then pump(self) end
+  gr.st = CLOSED
+  return nil
+end
+
 -- Makes the granted idle record of gr usable: unpark and validate. Returns
 -- the client, or nil when the record failed and gr holds a new grant (see
 -- regrant).
@@ -85,6 +115,7 @@ local function ready_idle(self, name, gr, want)
     if not ok or c == nil then
       if not ok then log(self, "unpark hook failed: " .. tostring(c)) end
       self._clients[rec] = client
+      if orphaned(self) then return retire_orphan(self, gr) end
       return regrant(self, gr, want)
     end
     client = c
@@ -96,6 +127,7 @@ local function ready_idle(self, name, gr, want)
     local ok, good = ycall(v, client, hook_key(name), gr.idle)
     if not ok or not good then
       if not ok then log(self, "validate hook failed: " .. tostring(good)) end
+      if orphaned(self) then return retire_orphan(self, gr) end
       return regrant(self, gr, want)
     end
     -- (capacity > 1) a co-holder lost it while validate ran (a share may be
@@ -119,6 +151,7 @@ local function create_client(self, name, rec, lease)
     local _, pending = e:created(rec, false, now_of(self))
     if lease then lease._s = nil end   -- (after: see lease.lua's finish_lease)
     if pending > 0 then pump(self) end
+    if self._on.create_failed then emit(self, "create_failed", hook_key(name), err) end
     return nil, "create", err
   end
   self._create_err[name] = nil
@@ -150,7 +183,7 @@ local function on_grant(self, name, gr, drain)
       return nil   -- nothing granted (out of memory): the caller acquires anew
     end
     local lease = new_lease(self, name, gr.rec, gr.l, gr.g, client, gr.sentinel, drain)
-    if self._on.acquire then emit(self, "acquire", hook_key(name), client, gr.waited) end
+    if self._on.acquire and not orphaned(self) then emit(self, "acquire", hook_key(name), client, gr.waited) end
     return lease
   end
   -- the lease exists before create runs: if the creating coroutine is killed
@@ -158,9 +191,123 @@ local function on_grant(self, name, gr, drain)
   local lease = new_lease(self, name, gr.rec, gr.l, gr.g, nil, gr.sentinel, drain)
   local client, code, err = create_client(self, name, gr.rec, lease)
   if client == nil then return nil, code, err end
-  if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, gr.waited) end
+  if self._on.acquire and not orphaned(self) then emit(self, "acquire", hook_key(name), lease.client, gr.waited) end
   return lease
 end
+
+---------------------------------------------------------------------------
+-- Deadlines over the hooks (DESIGN section 3 "Deadlines", issue 12): a
+-- caller's deadline bounds its own create and validate too. Such a grant
+-- runs in a coroutine of its own (the technique of try_acquire); if a hook
+-- yields, the coroutine goes on as a task (adopt_task) and the caller waits
+-- for it until its deadline. At the deadline the caller returns nil,
+-- "timeout" and leaves the grant to the task: `_adopted[co]` is then true,
+-- and the body hands what it got back to the pool (a client joins the idle
+-- set or serves the next waiter; a client that failed validate is retired).
+-- While the caller waits, `_adopted[co]` is its record w, through which the
+-- body hands it the results. A hook that does not yield cannot be cut
+-- short: its caller gets what it made.
+---------------------------------------------------------------------------
+
+-- The deadline and timeout that bound grant gr's hooks, or nil when they
+-- run in the caller as before: nothing to bound (an idle client without
+-- validate), no timeout, Lua 5.1, or a caller that could not wait anyway.
+local function bound_of(self, gr, opts)
+  if IS_51 then return nil end
+  local st = gr.st
+  if st ~= GRANT_CREATE and not (st == GRANT_IDLE and gr.validate and self._validate) then return nil end
+  local timeout = opts and opts.timeout
+  if timeout == nil then timeout = self._c.acquire_timeout end
+  if timeout == nil then return nil end
+  local co, main = co_running()
+  if co == nil or main or (co_isyieldable and not co_isyieldable()) then return nil end
+  local yieldable = self._sched.yieldable
+  if yieldable and not yieldable() then return nil end
+  -- from the start of the acquisition: a waiter's time queued counts
+  return clock(self) - (gr.waited or 0) + timeout, timeout
+end
+M.bound_of = bound_of
+
+-- The end of a bounded body: its results r... go to whoever is owed them.
+-- Run to its end at once, the caller has them (returned); with the caller
+-- waiting, they are handed over and the caller woken; with the caller gone
+-- (or dead), orphan(self, ...) gives them back to the pool.
+local function hand_over(self, orphan, ...)
+  local co = co_running()
+  local w = self._adopted[co]
+  if w == nil then return ... end
+  if w ~= true then
+    w.r = pack(...)
+    if self._sched.wake(w.h) then return end
+    self._adopted[co] = true
+  end
+  return orphan(self, ...)
+end
+M.hand_over = hand_over
+
+local function release_orphan(_, lease)
+  if lease then lease:release() end
+end
+
+local function lease_body(self, name, gr, drain)
+  return hand_over(self, release_orphan, on_grant(self, name, gr, drain))
+end
+
+-- A grant coroutine whose hook yielded, as a task: its yields are passed
+-- through to the scheduler and the scheduler's answers back down. An error
+-- goes to the caller waiting for it, else to the log. (No closure here.)
+local function adopt_task(self, co, ...)
+  local r = pack(...)
+  while co_status(co) == "suspended" do
+    r = pack(co_resume(co, co_yield(unpack(r, 1, r.n))))
+    if not r[1] then
+      local w = self._adopted[co]
+      if type(w) == "table" then
+        w.err = r[2]
+        if self._sched.wake(w.h) then return end
+      end
+      log(self, "background acquisition failed: " .. tostring(r[2]))
+      return
+    end
+    r = pack(unpack(r, 2, r.n))
+  end
+end
+
+-- After the first resume of a bounded body: finished, its results; else the
+-- caller waits for them until its deadline (or its cancel token).
+local function bounded_wait(self, name, deadline, timeout, token, co, ok, ...)
+  if co_status(co) ~= "suspended" then
+    if not ok then error((...), 0) end
+    return ...
+  end
+  local sched = self._sched
+  local h = sched.current()
+  local w = { h = h }
+  self._adopted[co] = w
+  sched.spawn(adopt_task, self, co, ...)
+  if h == nil then                  -- (an adapter that says it cannot wait after all)
+    self._adopted[co] = true
+    return timed_out(self, name, timeout)
+  end
+  if token then token._waits[h] = sched end
+  while w.r == nil and w.err == nil and not (token and token._cancelled) and clock(self) < deadline do
+    sched.wait(h, deadline)
+  end
+  if token then token._waits[h] = nil end
+  if sched.done then sched.done(h) end
+  if w.err ~= nil then error(w.err, 0) end
+  if w.r then return unpack(w.r, 1, w.r.n) end
+  self._adopted[co] = true          -- the caller leaves; the body goes on without it
+  if token and token._cancelled then return nil, "cancelled" end
+  return timed_out(self, name, timeout + (clock(self) - deadline))
+end
+
+-- Runs body(self, ...) bounded by deadline (see above).
+local function bounded(self, name, deadline, timeout, token, body, a, b, c, d, e)
+  local co = co_create(body)
+  return bounded_wait(self, name, deadline, timeout, token, co, co_resume(co, self, a, b, c, d, e))
+end
+M.bounded = bounded
 
 ---------------------------------------------------------------------------
 -- Waiting
@@ -202,6 +349,13 @@ local function wait_for(self, k, name, opts, bare)
   local sched = self._sched
   local h, why = sched.current()
   if h == nil then
+    -- One look more before giving up: an eviction whose destroy did not
+    -- yield has freed its room by now (the events were carried out), and
+    -- a caller that cannot wait could not be served from it otherwise.
+    local st, rec, l, lg, validate, idle, pending, sentinel = self._e:acquire(k, now_of(self), not bare)
+    if pending > 0 then pump(self) end
+    if st == GRANT_IDLE or st == GRANT_CREATE then return true, st, rec, l, lg, validate, idle, nil, sentinel end
+    if REFUSED[st] then return refused(self, st, name) end
     self._e:key_forget(k)
     pump(self)
     local what = bare and "checkout" or "acquire"
@@ -223,9 +377,7 @@ local function wait_for(self, k, name, opts, bare)
       return nil, STALE         -- the caller acquires again (see stale_key)
     end
     pump(self)
-    if g == FULL then
-      return nil, "full", snapshot(self, "full", name)
-    end
+    if g == FULL then return stats.full(self, name, "full") end
     return nil, "closed"
   end
   self._waiters[w] = h
@@ -365,7 +517,15 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
     if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, waited) end
     return lease
   end
-  local lease, code, err = on_grant(self, name, grant(st, rec, l, g, validate, idle, waited, sentinel), drain)
+  local gr = grant(st, rec, l, g, validate, idle, waited, sentinel)
+  local lease, code, err
+  local bound, timeout = bound_of(self, gr, opts)
+  if bound then
+    deadline = bound         -- (the whole acquisition's: a wait before counts)
+    lease, code, err = bounded(self, name, bound, timeout, opts and opts.cancel, lease_body, name, gr, drain)
+  else
+    lease, code, err = on_grant(self, name, gr, drain)
+  end
   if lease or code then return lease, code, err end
   -- the idle record failed validate/unpark (or was lost) and nothing else
   -- was free: look again (a tail call, not a loop: a loop here keeps the
@@ -441,16 +601,7 @@ end
 -- (its yields are passed through a task), and a lease it produces is
 -- released straight back to the pool.
 function Pool:_adopt(co, ...)
-  local first = pack(...)
-  self._sched.spawn(function()
-    local r = first
-    while co_status(co) == "suspended" do
-      r = pack(co_resume(co, co_yield(unpack(r, 1, r.n))))
-      if not r[1] then log(self, "background acquisition failed: " .. tostring(r[2])); return end
-      r = pack(unpack(r, 2, r.n))
-    end
-    -- (try_grant released the lease, if any)
-  end)
+  self._sched.spawn(adopt_task, self, co, ...)
 end
 
 --- acquire, pcall fn(client, lease, ...), then release (destroy on error).

@@ -37,6 +37,7 @@ local grant, wait_for, ready_idle, create_client = acquire.grant, acquire.wait_f
                                                    acquire.create_client
 local acquire_from, acquire_opts = acquire.acquire_from, acquire.acquire_opts
 local retry_opts = acquire.retry_opts
+local bound_of, bounded, hand_over = acquire.bound_of, acquire.bounded, acquire.hand_over
 
 local M = {}
 
@@ -50,6 +51,8 @@ local HSLOTS = 2097152
 local GENS = 4294967296
 local BY_ERROR = BY.error
 
+local checkout_body
+
 -- checkout's slow path: anything but an idle client usable as it is (no
 -- key id yet: k nil; a refusal, a create, unpark or validate: the grant gr).
 -- Returns client, nil, rec, lease, gen, waited or nil, code[, detail]. No
@@ -57,7 +60,9 @@ local BY_ERROR = BY.error
 -- trace recorded through a create, and enough aborts blacklist checkout
 -- itself, hot path included.) deadline (k nil): a wait before, whose
 -- grant fell through, bounds the wait here too (acquire's retry_opts).
-local function checkout_grant(self, key, k, name, gr, deadline)
+-- inb: already in a bounded body (acquire.lua's deadlines over the hooks),
+-- whose deadline acquire_timeout set.
+local function checkout_grant(self, key, k, name, gr, deadline, inb)
   if k == nil then
     local kerr
     k, name, kerr = key_id(self, key, "checkout")
@@ -71,17 +76,21 @@ local function checkout_grant(self, key, k, name, gr, deadline)
       ok, st, rec, l, g, validate, idle, waited, _, deadline =
         wait_for(self, k, name, deadline and retry_opts(self, nil, deadline), true)
       if not ok then
-        if st == STALE then return checkout_grant(self, key, nil, name, nil, deadline) end
+        if st == STALE then return checkout_grant(self, key, nil, name, nil, deadline, inb) end
         return nil, st, rec
       end
     elseif st == STALE then
       stale_key(self, k, name)
-      return checkout_grant(self, key, nil, name, nil, deadline)
+      return checkout_grant(self, key, nil, name, nil, deadline, inb)
     end
     gr = grant(st, rec, l, g, validate, idle, waited)
     gr.deadline = deadline
   end
   if REFUSED[gr.st] then return refused(self, gr.st, name) end
+  if not inb then
+    local bound, timeout = bound_of(self, gr, gr.deadline and retry_opts(self, nil, gr.deadline))
+    if bound then return bounded(self, name, bound, timeout, nil, checkout_body, key, k, name, gr) end
+  end
   -- a leak sentinel while the hooks run (they may yield): if this coroutine
   -- dies meanwhile, the collector gives the lease or reservation back, as
   -- for acquire; the handle holds it once they are done
@@ -104,9 +113,21 @@ local function checkout_grant(self, key, k, name, gr, deadline)
   local st = gr.st
   if st == GRANT_IDLE or st == GRANT_CREATE or st == CLOSED then
     gr.waited = nil
-    return checkout_grant(self, key, k, name, gr)
+    return checkout_grant(self, key, k, name, gr, nil, inb)
   end
-  return checkout_grant(self, key, nil, name, nil, gr.deadline)
+  return checkout_grant(self, key, nil, name, nil, gr.deadline, inb)
+end
+
+-- A checkout whose caller left at its deadline while the hooks ran: its
+-- client goes back to the pool (idle, or the next waiter).
+local function checkin_orphan(self, client, _, _, l, g)
+  if client == nil then return end
+  local _, pending = self._e:release(l, g, -1, now_of(self))
+  if pending > 0 then pump(self) end
+end
+
+function checkout_body(self, key, k, name, gr)
+  return hand_over(self, checkin_orphan, checkout_grant(self, key, k, name, gr, nil, true))
 end
 
 -- Raises for a checkout key that is neither a string nor nil, at the

@@ -82,8 +82,8 @@ function _M.new(opts)
   }
   pools_made = pools_made + 1
   -- The pool's private fields, by the file that owns them (the others read
-  -- some of them). Lazily set: _timer_at, _timer_h, _timer_spawned, _kicked
-  -- (events), _early_leaks (leak), _run_h, _run_waits (floor), _drain_started
+  -- some of them). Lazily set: _timer_at, _timer_h, _timer_spawned, _kicked,
+  -- _dco (events), _early_leaks (leak), _run_h, _run_waits (floor), _drain_started
   -- (drain), _frel (checkout), _warm (here).
   local self = setmetatable({
     _e = e, _c = c, _sched = sched, _mono = sched.monotonic == true,          -- base, options
@@ -96,7 +96,8 @@ function _M.new(opts)
     _on = {}, _closed = false,              -- listeners (base.emit); drain
     _held = setmetatable({}, { __mode = "v" }),   -- lease: slot -> lease (weak)
     _paused = false, _kpaused = {}, _pause_gen = 0,   -- admission
-    _strikes = 0, _spent = false, _refilling = 0,     -- floor
+    _strikes = 0, _spent = false, _refilling = 0,     -- floor (and _spends, _retry_at, _retry_due)
+    _spends = 0, _retry_at = 0, _retry_due = false,
     _rec_leases = c.capacity > 1 and {} or nil,       -- lease: record -> its co-holders
     _lost = c.capacity > 1 and {} or nil,             -- lease: shared records lost, until destroyed
     _scratch = {}, _drain_hs = nil,         -- stats' scratch table; drain: drain() waiters
@@ -104,6 +105,8 @@ function _M.new(opts)
     _adopted = setmetatable({}, WEAK_KEYS), -- acquire: try_acquire's adopted coroutines
     _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
     _create_err = {},             -- key name -> the error of its last failed create (BACKOFF)
+    _timeouts = 0, _ktimeouts = {},   -- stats: timeouts the driver decided (deadlines over hooks), by key
+    _dq = {}, _dqh = 1, _dqt = 0, -- events: destroys queued until the pump is done (rec, client, name, reason)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
   -- a collected lease is reported at the pool's clock: a grant it makes is
@@ -126,22 +129,47 @@ function _M.new(opts)
   return self
 end
 
-local EVENTS = { create = true, acquire = true, release = true, destroy = true,
-                 pause = true, resume = true, timeout = true, leak = true }
+local EVENTS = { create = true, create_failed = true, acquire = true, release = true, destroy = true,
+                 pause = true, resume = true, timeout = true, full = true, leak = true }
+local EVENT_NAMES = "create, create_failed, acquire, release, destroy, pause, resume, timeout, full, leak"
 
---- Registers a listener: create, acquire, release, destroy, pause, resume,
--- timeout, leak. Listeners must not yield; their errors are logged.
-function Pool:on(event, fn)
-  if getmetatable(self) ~= Pool then not_a_pool(self, "on") end
+local function check_listener(event, fn, fname)
   if not EVENTS[event] then
-    error("clientpool: bad argument #1 to 'on' (unknown event '" .. tostring(event) .. "')", 2)
+    error("clientpool: bad argument #1 to '" .. fname .. "' (unknown event '" .. tostring(event) ..
+          "'; the events are " .. EVENT_NAMES .. ")", 3)
   end
   if type(fn) ~= "function" then
-    error("clientpool: bad argument #2 to 'on' (function expected, got " .. type(fn) .. ")", 2)
+    error("clientpool: bad argument #2 to '" .. fname .. "' (function expected, got " .. type(fn) .. ")", 3)
   end
+end
+
+--- Registers a listener: create, create_failed, acquire, release, destroy,
+-- pause, resume, timeout, full, leak. Listeners must not yield; their errors
+-- are logged. Returns the pool.
+function Pool:on(event, fn)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "on") end
+  check_listener(event, fn, "on")
   local ls = self._on[event]
   if not ls then ls = {}; self._on[event] = ls end
   ls[#ls + 1] = fn
+  return self
+end
+
+--- Removes every registration of fn for event (none: a no-op). Returns the
+-- pool. The list is replaced, not changed in place, so an emit under way
+-- (a listener that removes itself) calls the listeners it started with;
+-- an event left with none has no list, which is what the hot path and the
+-- C fast path test for.
+function Pool:off(event, fn)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "off") end
+  check_listener(event, fn, "off")
+  local ls = self._on[event]
+  if not ls then return self end
+  local kept = {}
+  for i = 1, #ls do
+    if ls[i] ~= fn then kept[#kept + 1] = ls[i] end
+  end
+  self._on[event] = #kept > 0 and kept or nil
   return self
 end
 
