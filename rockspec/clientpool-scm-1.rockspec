@@ -38,6 +38,7 @@ build = {
     ["clientpool"] = "lua/clientpool/init.lua",
     ["clientpool.base"] = "lua/clientpool/base.lua",
     ["clientpool.options"] = "lua/clientpool/options.lua",
+    ["clientpool.configure"] = "lua/clientpool/configure.lua",
     ["clientpool.token"] = "lua/clientpool/token.lua",
     ["clientpool.events"] = "lua/clientpool/events.lua",
     ["clientpool.keys"] = "lua/clientpool/keys.lua",
