@@ -13,9 +13,9 @@
 
 #define NONE (-1)
 
-enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED, R_CLOSING };
+enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED, R_CLOSING, R_CHECKING };
 enum { W_FREE = 0, W_QUEUED, W_DONE };
-enum { H_LIFETIME = 0, H_WAITER, H_LEASE, H_BACKOFF };
+enum { H_LIFETIME = 0, H_WAITER, H_LEASE, H_BACKOFF, H_KEEPALIVE };
 enum { RH_IDLE = 0, RH_CREATE = 1 };
 enum { PROBE_NONE = 0, PROBE_READY, PROBE_OUT };
 /* Create backoff of a key: none; a window in which it creates nothing;
@@ -37,7 +37,10 @@ typedef struct gate {
 typedef struct record {
   uint32_t gen;
   int32_t key;
-  int32_t nleases;
+  union {
+    int32_t nleases;     /* R_LEASED, R_CREATING (0), R_CLOSING (0) */
+    int32_t kpos;        /* R_IDLE, R_CHECKING: its keepalive entry (p->ka), or NONE */
+  };
   int32_t hpos;          /* lifetime deadline entry (its time is the expiry), or NONE */
   float gl_ahead;        /* idle: how far the warm floor moved the idle-expiry clock past
                           * idle_since (rounded up: expiry is never early) */
@@ -50,7 +53,7 @@ typedef struct record {
   };
   double created;        /* strictly increasing, so it is also the creation order */
   union {
-    struct {             /* R_IDLE */
+    struct {             /* R_IDLE, R_CHECKING (off its key's stack, on the pool's list) */
       int32_t kprev, knext;  /* per-key idle stack; knext points down the stack */
       int32_t gprev, gnext;  /* pool-wide idle list, oldest first */
       double idle_since;     /* when it went idle (exact: validate_after_idle reads it) */
@@ -62,7 +65,9 @@ typedef struct record {
 } record_t;
 _Static_assert(sizeof(record_t) <= 56, "record_t grew: B4 counts every byte of it");
 
-enum { RETIRED = 1, LIFETIME_OVER = 2 };   /* record_t.retire bits */
+/* record_t.retire bits; IDLE_OVER: checking, past idle_timeout (off the
+ * pool-wide list): destroyed when its keepalive is reported */
+enum { RETIRED = 1, LIFETIME_OVER = 2, IDLE_OVER = 4 };
 
 typedef struct lease {
   uint32_t gen;
@@ -105,6 +110,7 @@ typedef struct key {
   int32_t cap_live;      /* clientpool_key_caps: this key's max_live, or NONE (the pool's) */
   int32_t cap_idle;      /* and its max_idle, or NONE */
   int32_t lim_live;      /* > cap after a cap was lowered: what the key held then (0: none) */
+  int32_t nchecking;     /* its records out for a keepalive validate (counted idle) */
   int32_t *oheap, olen, ocap;  /* open records (capacity > 1) by fewest leases */
   double retire_before;  /* records created earlier are retired */
   double retire_upto;    /* records created up to this instant are retired */
@@ -151,6 +157,8 @@ struct clientpool {
   gate_t gate;
 
   heap_t dl;                          /* deadlines */
+  heap_t ka;                          /* keepalive deadlines of idle records */
+  int32_t nchecking;                  /* records out for a keepalive validate */
   int32_t *rheap[2]; int32_t rlen[2]; /* ready keys, each sized nkeys */
 
   clientpool_event_t *ev; int32_t evcap, evhead, evlen;
@@ -159,6 +167,8 @@ struct clientpool {
 
 static void finish(clientpool_t *p, double now);
 static int32_t closing_reason(const clientpool_t *p, const record_t *x, double now);
+static int over_cap(const clientpool_t *p, const key_t_ *key);
+static void ka_pump(clientpool_t *p, double now);
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -210,6 +220,7 @@ static int32_t *hpos_of(clientpool_t *p, const hent_t *e) {
   case H_LIFETIME: return &p->rec[e->idx].hpos;
   case H_WAITER: return &p->wai[e->idx].hpos;
   case H_BACKOFF: return &p->keys[e->idx].bpos;
+  case H_KEEPALIVE: return &p->rec[e->idx].kpos;
   default: return &p->lea[e->idx].hpos;
   }
 }
@@ -498,8 +509,10 @@ int clientpool_key_pin(clientpool_t *p, int32_t k, int32_t pinned) {
 
 int clientpool_key_forget(clientpool_t *p, int32_t k) {
   if (!key_ok(p, k)) return 0;
-  if (take_kept(p, k)) {             /* the caller that kept its place gave up */
-    int freed = key_maybe_free(p, k);
+  if (p->kept != NONE) {             /* the caller that kept its place gave up, or forgets another key */
+    int freed;
+    take_kept(p, k);
+    freed = key_maybe_free(p, k);
     finish(p, p->now);               /* what was held for it is served */
     return freed;
   }
@@ -542,28 +555,54 @@ static double idle_deadline(const record_t *x, double idle_timeout) {
   return t;
 }
 
-static void idle_unlink(clientpool_t *p, int32_t r) {
+/* Off its key's LIFO stack. */
+static void stack_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
-  /* per-key stack */
   if (x->kprev != NONE) p->rec[x->kprev].knext = x->knext; else key->idle_top = x->knext;
   if (x->knext != NONE) p->rec[x->knext].kprev = x->kprev;
-  /* pool-wide list */
+}
+
+/* On top of its key's LIFO stack. */
+static void stack_push(clientpool_t *p, int32_t r) {
+  record_t *x = &p->rec[r];
+  key_t_ *key = &p->keys[x->key];
+  x->kprev = NONE;
+  x->knext = key->idle_top;
+  if (key->idle_top != NONE) p->rec[key->idle_top].kprev = r;
+  key->idle_top = r;
+}
+
+/* Off the pool-wide idle list. */
+static void gl_unlink(clientpool_t *p, int32_t r) {
+  record_t *x = &p->rec[r];
   if (x->gprev != NONE) p->rec[x->gprev].gnext = x->gnext; else p->g_oldest = x->gnext;
   if (x->gnext != NONE) p->rec[x->gnext].gprev = x->gprev; else p->g_newest = x->gprev;
+}
+
+/* Keepalive: an idle record's next background validate is due `keepalive`
+ * after it went idle or was last validated (a heap of its own: p->ka). */
+static void ka_arm(clientpool_t *p, int32_t r, double now) {
+  p->rec[r].kpos = NONE;
+  if (has(p->cfg.keepalive) && hpush(p, &p->ka, now + p->cfg.keepalive, H_KEEPALIVE, r) != 0)
+    p->rec[r].kpos = NONE;             /* out of memory: no keepalive for it */
+}
+
+static void idle_unlink(clientpool_t *p, int32_t r) {
+  record_t *x = &p->rec[r];
+  stack_unlink(p, r);
+  gl_unlink(p, r);
+  hremove(p, &p->ka, &x->kpos);
   BOTH(p, x->key, idle, -1);
 }
 
 static void idle_push(clientpool_t *p, int32_t r, double now) {
   record_t *x = &p->rec[r];
-  key_t_ *key = &p->keys[x->key];
   x->state = R_IDLE;
   x->idle_since = now;
   x->gl_ahead = 0;
-  x->kprev = NONE;
-  x->knext = key->idle_top;
-  if (key->idle_top != NONE) p->rec[key->idle_top].kprev = r;
-  key->idle_top = r;
+  stack_push(p, r);
+  ka_arm(p, r, now);
   x->gnext = NONE;
   x->gprev = p->g_newest;
   if (p->g_newest != NONE) p->rec[p->g_newest].gnext = r; else p->g_oldest = r;
@@ -694,6 +733,10 @@ static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
   record_t *x = &p->rec[r];
   int32_t k = x->key;
   if (x->state == R_IDLE) idle_unlink(p, r);
+  else if (x->state == R_CHECKING) {  /* (its keepalive was reported) */
+    if (!(x->retire & IDLE_OVER)) gl_unlink(p, r);
+    BOTH(p, k, idle, -1);
+  }
   oremove(p, r);
   hremove(p, &p->dl, &x->hpos);
   BOTH(p, k, live, -1);
@@ -739,15 +782,24 @@ static int room(const clientpool_t *p) {
   return p->st.live + p->st.creating + p->st.closing < p->cfg.max_live;
 }
 
+/* The least recently used idle record that is not out for a keepalive
+ * (at most CLIENTPOOL_KEEPALIVE_MAX are passed), or NONE. */
+static int32_t lru_idle(const clientpool_t *p) {
+  int32_t r = p->g_oldest;
+  while (r != NONE && p->rec[r].state != R_IDLE) r = p->rec[r].gnext;
+  return r;
+}
+
 /* Whether, at max_live, an idle record may be evicted to make room: there
  * is one, and no destroy is under way (its room comes first: evicting more
  * would close good clients for room already on its way). */
 static int evict_ok(const clientpool_t *p) {
-  return p->st.idle > 0 && p->st.closing == 0;
+  return p->st.idle > p->nchecking && p->st.closing == 0;
 }
 
 /* ---- leases ----------------------------------------------------------- */
 
+/* A lease of record r (the caller counts it in r's nleases). */
 static int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
   int32_t l;
   lease_t *x;
@@ -771,7 +823,6 @@ static int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
   x->record = r;
   x->since = now;
   x->hpos = NONE;
-  p->rec[r].nleases++;
   BOTH(p, p->rec[r].key, leases, 1);
   if (has(p->cfg.leak_threshold) && hpush(p, &p->dl, now + p->cfg.leak_threshold, H_LEASE, l) != 0)
     x->hpos = NONE;    /* out of memory: the report is lost, the lease is not */
@@ -822,6 +873,7 @@ static int take_idle(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
     l = lease_alloc(p, r, now);
     if (l == NONE) return 0;
     idle_unlink(p, r);
+    x->nleases = 1;                   /* (shares storage with the keepalive entry) */
     x->state = R_LEASED;
     BOTH(p, k, active, 1);
     BOTH(p, k, reused, 1);
@@ -848,6 +900,7 @@ static int take_open(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
     }
     l = lease_alloc(p, r, now);
     if (l == NONE) return 0;
+    x->nleases++;
     orefresh(p, r);
     BOTH(p, k, reused, 1);
     g->status = CLIENTPOOL_GRANT_IDLE;
@@ -883,7 +936,7 @@ static int reserve(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g
   int32_t r, l;
   if (!key_room(p, k)) return 0;
   if (!room(p)) {
-    if (evict_ok(p)) destroy(p, p->g_oldest, CLIENTPOOL_BY_EVICTED);
+    if (evict_ok(p)) destroy(p, lru_idle(p), CLIENTPOOL_BY_EVICTED);
     return 0;
   }
   r = rec_alloc(p);
@@ -891,6 +944,7 @@ static int reserve(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g
   rec_init(p, r, k, now);
   l = lease_alloc(p, r, now);
   if (l == NONE) { rec_free(p, r); return 0; }
+  p->rec[r].nleases = 1;
   p->rec[r].res_lease = l;
   BOTH(p, k, creating, 1);
   g->status = CLIENTPOOL_GRANT_CREATE;
@@ -1114,6 +1168,9 @@ double clientpool_next_deadline(const clientpool_t *p) {
     double t = idle_deadline(&p->rec[p->g_oldest], p->cfg.idle_timeout);
     if (d < 0 || t < d) d = t;
   }
+  /* a keepalive due waits for a free slot: the report that frees one hands it out */
+  if (p->ka.len > 0 && p->nchecking < CLIENTPOOL_KEEPALIVE_MAX && !p->closed && (d < 0 || p->ka.a[0].t < d))
+    d = p->ka.a[0].t;
   return d;
 }
 
@@ -1215,7 +1272,67 @@ static void backoff_check(clientpool_t *p, int32_t k, double now) {
 static int backoff_refuses(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
   return key->bstate == B_WINDOW && key->st.active == 0 && key->st.creating == 0 &&
-         key->idle_top == NONE && key->olen == 0;
+         key->idle_top == NONE && key->olen == 0 && key->nchecking == 0;
+}
+
+/* ---- keepalive (see clientpool_keepalive_done) ----------------------- */
+
+/* Whether the pool or key holds more than a cap lowered by configure or
+ * key_caps (open or being created: the closing ones' room is on its way). */
+static int over_cap(const clientpool_t *p, const key_t_ *key) {
+  int32_t cap = key_cap_live(p, key);
+  return p->st.live + p->st.creating > p->cfg.max_live ||
+         (cap >= 0 && key->st.live + key->st.creating > cap);
+}
+
+/* Hands the idle records whose keepalive is due to the driver, first due
+ * first, while fewer than CLIENTPOOL_KEEPALIVE_MAX are out. */
+static void ka_pump(clientpool_t *p, double now) {
+  while (p->nchecking < CLIENTPOOL_KEEPALIVE_MAX && p->ka.len > 0 && p->ka.a[0].t <= now && !p->closed) {
+    int32_t r = p->ka.a[0].idx, k = p->rec[r].key;
+    record_t *x = &p->rec[r];
+    hremove(p, &p->ka, &x->kpos);
+    stack_unlink(p, r);                /* not granted meanwhile; still idle, on the pool's list */
+    x->state = R_CHECKING;
+    p->nchecking++;
+    p->keys[k].nchecking++;
+    BOTH(p, k, keepalive, 1);
+    push_event(p, CLIENTPOOL_EV_KEEPALIVE, r, 0, k, now - x->idle_since);
+    key_refresh(p, k);
+  }
+}
+
+int clientpool_keepalive_done(clientpool_t *p, int32_t r, int32_t ok, double now) {
+  record_t *x;
+  int32_t k, why = -1;
+  now = clamp(p, now);
+  if (r < 0 || r >= p->nrec || p->rec[r].state != R_CHECKING) return CLIENTPOOL_STALE;
+  x = &p->rec[r];
+  k = x->key;
+  p->nchecking--;
+  p->keys[k].nchecking--;
+  if (!ok) {
+    BOTH(p, k, keepalive_failed, 1);
+    why = CLIENTPOOL_BY_INVALID;
+  } else if (p->closed) why = CLIENTPOOL_BY_DRAIN;
+  else if ((x->retire & RETIRED) || retired_by_age(p, x)) why = CLIENTPOOL_BY_RETIRED;
+  else if (lifetime_over(p, x, now)) why = CLIENTPOOL_BY_LIFETIME;
+  else if ((x->retire & IDLE_OVER) ||
+           (has(p->cfg.idle_timeout) && now >= idle_deadline(x, p->cfg.idle_timeout) && !floor_keeps(p, x)))
+    why = CLIENTPOOL_BY_IDLE;
+  else if (over_cap(p, &p->keys[k])) why = CLIENTPOOL_BY_RESIZED;
+  if (why >= 0) destroy(p, r, why);
+  else {
+    /* good: on top of its stack, its idle time and place on the pool's
+     * list (idle_timeout) as they were, its keepalive clock started again */
+    x->state = R_IDLE;
+    stack_push(p, r);
+    ka_arm(p, r, now);
+    key_refresh(p, k);
+  }
+  ka_pump(p, now);
+  finish(p, now);
+  return 0;
 }
 
 /* ---- public API ------------------------------------------------------- */
@@ -1229,6 +1346,7 @@ static int config_ok(const clientpool_config_t *c) {
   if (c->max_keys == 0) return 0;
   if (!(c->lifetime_jitter >= 0 && c->lifetime_jitter < 1)) return 0;
   if (c->create_backoff != c->create_backoff) return 0;     /* NaN */
+  if (!(c->keepalive < 0 || (c->keepalive > 0 && c->keepalive < HUGE_VAL))) return 0;
   if (c->create_backoff > 0 &&
       !(c->create_backoff < HUGE_VAL && c->create_backoff_max >= c->create_backoff &&
         c->create_backoff_max < HUGE_VAL)) return 0;
@@ -1259,7 +1377,7 @@ void clientpool_free(clientpool_t *p) {
   for (k = 0; k < p->nkeys; k++) { free(p->keys[k].oheap); free(p->keys[k].wheap); }
   free(p->warm);
   free(p->rec); free(p->lea); free(p->wai); free(p->keys);
-  free(p->dl.a); free(p->rheap[0]); free(p->rheap[1]); free(p->ev);
+  free(p->dl.a); free(p->ka.a); free(p->rheap[0]); free(p->rheap[1]); free(p->ev);
   free(p);
 }
 
@@ -1325,7 +1443,7 @@ int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double
     fresh = malloc((size_t)(p->nrec ? p->nrec : 1) * sizeof *fresh);
     if (!fresh) return CLIENTPOOL_ENOMEM;
     for (i = 0; i < p->nrec; i++)
-      if (p->rec[i].state == R_IDLE || p->rec[i].state == R_LEASED) {
+      if (p->rec[i].state == R_IDLE || p->rec[i].state == R_LEASED || p->rec[i].state == R_CHECKING) {
         fresh[nfresh].created = p->rec[i].created;
         fresh[nfresh++].r = i;
       }
@@ -1354,6 +1472,16 @@ int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double
       if (p->dl.a[i].kind == H_LEASE) p->dl.a[i].t = p->lea[p->dl.a[i].idx].since + cfg->leak_threshold;
   }
   heap_rebuild(p, &p->dl);
+  /* keepalive: each clock as it was, measured against the new value */
+  if (!has(cfg->keepalive)) heap_drop(p, &p->ka, H_KEEPALIVE);
+  else if (has(old.keepalive)) {
+    for (i = 0; i < p->ka.len; i++) p->ka.a[i].t = p->ka.a[i].t - old.keepalive + cfg->keepalive;
+  } else {
+    for (i = 0; i < p->nrec; i++)
+      if (p->rec[i].state == R_IDLE &&
+          hpush(p, &p->ka, p->rec[i].idle_since + cfg->keepalive, H_KEEPALIVE, i) != 0) p->rec[i].kpos = NONE;
+  }
+  heap_rebuild(p, &p->ka);
   for (i = 0; i < nfresh; i++) {
     record_t *x = &p->rec[fresh[i].r];
     hpush(p, &p->dl, x->created + cfg->max_lifetime * (1.0 - cfg->lifetime_jitter * rnd(p)), H_LIFETIME, fresh[i].r);
@@ -1372,9 +1500,9 @@ int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double
     if (cfg->max_keys >= 0 && p->keys_used > cfg->max_keys && p->keys_used > p->lim_keys)
       p->lim_keys = p->keys_used;
   }
-  while (p->g_oldest != NONE && p->st.live + p->st.creating > cfg->max_live)
-    destroy(p, p->g_oldest, CLIENTPOOL_BY_RESIZED);
-  while (p->g_oldest != NONE && p->st.idle > cfg->max_idle) destroy(p, p->g_oldest, CLIENTPOOL_BY_MAX_IDLE);
+  while (lru_idle(p) != NONE && p->st.live + p->st.creating > cfg->max_live)
+    destroy(p, lru_idle(p), CLIENTPOOL_BY_RESIZED);
+  while (lru_idle(p) != NONE && p->st.idle > cfg->max_idle) destroy(p, lru_idle(p), CLIENTPOOL_BY_MAX_IDLE);
   for (k = 0; k < p->nkeys; k++) {
     if (!p->keys[k].used) continue;
     if (!(cfg->create_backoff > 0)) backoff_reset(p, k);
@@ -1383,6 +1511,7 @@ int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double
   }
   p->refill_signalled = 0;
   for (i = 0; i < p->nwarm; i++) floor_check(p, p->warm[i]);
+  ka_pump(p, now);
   finish(p, now);
   return 0;
 }
@@ -1575,17 +1704,13 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
  * CLIENTPOOL_BY_* reason), or -1 when it is kept: release() and
  * clientpool_release_closes() decide alike. */
 static int32_t closing_reason(const clientpool_t *p, const record_t *x, double now) {
-  const key_t_ *key = &p->keys[x->key];
-  int32_t cap = key_cap_live(p, key);
   if (x->doomed) return x->doomed - 1;
   if (p->closed) return CLIENTPOOL_BY_DRAIN;
   if (lifetime_over(p, x, now)) return CLIENTPOOL_BY_LIFETIME;
   if (x->retire || retired_by_age(p, x)) return CLIENTPOOL_BY_RETIRED;
   /* a cap lowered by clientpool_configure or key_caps: over it, a client
-   * whose last lease ends is closed (those closing already do not count:
-   * their room is on its way) */
-  if (p->st.live + p->st.creating > p->cfg.max_live ||
-      (cap >= 0 && key->st.live + key->st.creating > cap)) return CLIENTPOOL_BY_RESIZED;
+   * whose last lease ends is closed */
+  if (over_cap(p, &p->keys[x->key])) return CLIENTPOOL_BY_RESIZED;
   return -1;
 }
 
@@ -1739,7 +1864,8 @@ int clientpool_retire_before(clientpool_t *p, int32_t k, double before, double n
     else if (before > p->retire_before) p->retire_before = before;
     for (r = p->g_oldest; r != NONE;) {
       int32_t next = p->rec[r].gnext;
-      if (retired_by_age(p, &p->rec[r])) destroy(p, r, CLIENTPOOL_BY_RETIRED);
+      /* (one out for a keepalive: at its report) */
+      if (p->rec[r].state == R_IDLE && retired_by_age(p, &p->rec[r])) destroy(p, r, CLIENTPOOL_BY_RETIRED);
       r = next;
     }
   } else {
@@ -1912,7 +2038,10 @@ void clientpool_tick(clientpool_t *p, double now) {
         now >= idle_deadline(&p->rec[p->g_oldest], p->cfg.idle_timeout)) {
       int32_t r = p->g_oldest;
       if (floor_keeps(p, &p->rec[r])) glist_renew(p, r, now);
-      else destroy(p, r, CLIENTPOOL_BY_IDLE);
+      else if (p->rec[r].state == R_CHECKING) {   /* out for a keepalive: at its report */
+        gl_unlink(p, r);
+        p->rec[r].retire |= IDLE_OVER;
+      } else destroy(p, r, CLIENTPOOL_BY_IDLE);
       continue;
     }
     if (p->dl.len > 0 && p->dl.a[0].t <= now) {
@@ -1931,7 +2060,7 @@ void clientpool_tick(clientpool_t *p, double now) {
           p->rec[e.idx].retire |= LIFETIME_OVER;
           oremove(p, e.idx);
           key_refresh(p, p->rec[e.idx].key);
-        }
+        } else p->rec[e.idx].retire |= LIFETIME_OVER;   /* out for a keepalive */
       } else {
         lease_t *x = &p->lea[e.idx];
         push_event(p, CLIENTPOOL_EV_LEAK, e.idx, (int32_t)x->gen, p->rec[x->record].key, x->since);
@@ -1940,6 +2069,7 @@ void clientpool_tick(clientpool_t *p, double now) {
     }
     break;
   }
+  ka_pump(p, now);
   finish(p, now);
 }
 
@@ -2049,7 +2179,8 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
       if (x->refill) s->rejected++;      /* (used here to count refills) */
       continue;
     }
-    if (x->nleases > c->capacity) FAIL("record %d carries %d leases > capacity", i, x->nleases);
+    if (x->state == R_LEASED && x->nleases > c->capacity)
+      FAIL("record %d carries %d leases > capacity", i, x->nleases);
     {
       int open = x->state == R_LEASED && x->nleases < c->capacity && !x->doomed && !x->retire;
       int in_heap = x->state == R_LEASED && x->opos != NONE;
@@ -2058,9 +2189,13 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
       if (in_heap && p->keys[x->key].oheap[x->opos] != i) FAIL("record %d open-heap position", i);
     }
     s->live++; tot.live++;
-    if (x->state == R_IDLE) {
+    if (x->state == R_IDLE || x->state == R_CHECKING) {
       s->idle++; tot.idle++;
-      if (x->nleases != 0) FAIL("idle record %d has %d leases", i, x->nleases);
+      if (x->kpos != NONE && (x->state == R_CHECKING || x->kpos < 0 || x->kpos >= p->ka.len ||
+                              p->ka.a[x->kpos].idx != i || p->ka.a[x->kpos].kind != H_KEEPALIVE))
+        FAIL("idle record %d keepalive entry %d wrong", i, x->kpos);
+      if (x->state == R_CHECKING) { s->keepalive++; tot.keepalive++; }   /* (counts those out) */
+      else if (x->retire & IDLE_OVER) FAIL("idle record %d marked past idle_timeout", i);
     } else {
       if (x->nleases < 1) FAIL("leased record %d has no lease", i);
       s->active++; tot.active++;
@@ -2098,11 +2233,14 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
       if (i > 0 && wbefore(&p->wai[w], &p->wai[key->wheap[(i - 1) / 2]])) FAIL("key %d queue out of order", k);
     }
     if (key->wlen != per[k].waiting) FAIL("key %d queue holds %d, counted %d", k, key->wlen, per[k].waiting);
+    if (per[k].keepalive != key->nchecking)
+      FAIL("key %d checking %d, counted %g", k, key->nchecking, per[k].keepalive);
     for (w = key->idle_top; w != NONE; w = p->rec[w].knext) {
       if (p->rec[w].state != R_IDLE || p->rec[w].key != k) FAIL("key %d idle stack broken", k);
       cnt++;
     }
-    if (cnt != key->st.idle) FAIL("key %d idle stack holds %d, counted %d", k, cnt, key->st.idle);
+    if (cnt + key->nchecking != key->st.idle)
+      FAIL("key %d idle stack holds %d (+ %d checking), counted %d", k, cnt, key->nchecking, key->st.idle);
     if (key->rheap != key_ready(p, k) || (key->rpos == NONE) != (key->rheap == NONE))
       FAIL("key %d ready-heap membership wrong", k);
     if (key->rpos != NONE) ready++;
@@ -2132,12 +2270,18 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
       if (l + 1 < p->rlen[h]) CHECK(!kbefore(p, a[l + 1], a[i]), "ready heap order");
     }
   }
-  for (i = 0; i < p->dl.len; i++) {
-    int32_t l = 2 * i + 1;
-    CHECK(*hpos_of((clientpool_t *)p, &p->dl.a[i]) == i, "deadline heap position wrong");
-    if (l < p->dl.len) CHECK(p->dl.a[i].t <= p->dl.a[l].t, "deadline heap order");
-    if (l + 1 < p->dl.len) CHECK(p->dl.a[i].t <= p->dl.a[l + 1].t, "deadline heap order");
+  for (h = 0; h < 2; h++) {
+    const heap_t *hp = h ? &p->ka : &p->dl;
+    for (i = 0; i < hp->len; i++) {
+      int32_t l = 2 * i + 1;
+      CHECK(*hpos_of((clientpool_t *)p, &hp->a[i]) == i, "%s heap position wrong", h ? "keepalive" : "deadline");
+      CHECK((hp->a[i].kind == H_KEEPALIVE) == (h == 1), "%s heap holds a wrong kind", h ? "keepalive" : "deadline");
+      if (l < hp->len) CHECK(hp->a[i].t <= hp->a[l].t, "%s heap order", h ? "keepalive" : "deadline");
+      if (l + 1 < hp->len) CHECK(hp->a[i].t <= hp->a[l + 1].t, "%s heap order", h ? "keepalive" : "deadline");
+    }
   }
+  CHECK(tot.keepalive == p->nchecking && p->nchecking <= CLIENTPOOL_KEEPALIVE_MAX,
+        "checking %d, counted %g", p->nchecking, tot.keepalive);
   /* after dispatch nothing queued could have been served */
   {
     int32_t held;

@@ -95,6 +95,7 @@ static void read_config(lua_State *L, clientpool_config_t *cfg) {
   c.leak_threshold = opt_num(L, 1, "leak_threshold", -1);
   c.create_backoff = opt_num(L, 1, "create_backoff", -1);
   c.create_backoff_max = opt_num(L, 1, "create_backoff_max", -1);
+  c.keepalive = opt_num(L, 1, "keepalive", -1);
   c.seed = (uint64_t)opt_num(L, 1, "seed", 0);
   *cfg = c;
 }
@@ -383,6 +384,13 @@ static int lcp_configure(lua_State *L) {
   return push_rc(L, 0, p);
 }
 
+/* E:keepalive_done(record, ok [, now]) -> ok, pending: the background
+ * validate an EV_KEEPALIVE asked for is over (ok: the client is good) */
+static int lcp_keepalive_done(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_keepalive_done(p, (int32_t)lua_tointeger(L, 2), lua_toboolean(L, 3), opt_now(L, 4)), p);
+}
+
 /* E:key_caps(key, max_live, max_idle [, now]) -> ok, pending (< 0: the pool's caps) */
 static int lcp_key_caps(lua_State *L) {
   clientpool_t *p = lcp_self(L);
@@ -578,6 +586,8 @@ static int lcp_stats(lua_State *L) {
   set_count(L, "cancelled", s.cancelled);
   set_count(L, "create_failed", s.create_failed);
   set_count(L, "wait_count", s.wait_count);
+  set_count(L, "keepalive", s.keepalive);
+  set_count(L, "keepalive_failed", s.keepalive_failed);
   set_num(L, "wait_time", s.wait_time);
   set_int(L, "live", s.live);
   set_int(L, "idle", s.idle);
@@ -638,7 +648,7 @@ static const luaL_Reg pool_methods[] = {
   {"acquire", lcp_acquire}, {"release", lcp_release}, {"wait", lcp_wait},
   {"claim", lcp_claim}, {"cancel", lcp_cancel}, {"created", lcp_created},
   {"abandon", lcp_abandon}, {"leak", lcp_leak}, {"retire", lcp_retire}, {"destroyed", lcp_destroyed},
-  {"configure", lcp_configure}, {"key_caps", lcp_key_caps},
+  {"configure", lcp_configure}, {"key_caps", lcp_key_caps}, {"keepalive_done", lcp_keepalive_done},
   {"tick", lcp_tick}, {"close", lcp_close}, {"key_open", lcp_key_open},
   {"key_pin", lcp_key_pin}, {"key_forget", lcp_key_forget},
   {"next_event", lcp_next_event}, {"pending", lcp_pending},
@@ -708,6 +718,9 @@ int luaopen_clientpool_core(lua_State *L) {
   lua_pushinteger(L, CLIENTPOOL_EV_KEY_FREE); lua_setfield(L, -2, "EV_KEY_FREE");
   lua_pushinteger(L, CLIENTPOOL_EV_LEAK); lua_setfield(L, -2, "EV_LEAK");
   lua_pushinteger(L, CLIENTPOOL_EV_CREATED); lua_setfield(L, -2, "EV_CREATED");
+  lua_pushinteger(L, CLIENTPOOL_EV_KEEPALIVE); lua_setfield(L, -2, "EV_KEEPALIVE");
+  lua_pushinteger(L, CLIENTPOOL_KEEPALIVE_MAX); lua_setfield(L, -2, "KEEPALIVE_MAX");
+  lua_pushinteger(L, CLIENTPOOL_PRIORITY_STEP); lua_setfield(L, -2, "PRIORITY_STEP");
   {
     int i;
     lua_newtable(L);

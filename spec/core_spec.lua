@@ -85,7 +85,7 @@ for _, B in ipairs(backends) do
             for i, w in ipairs(ws) do
               if w[1] == ev[2] and w[2] == ev[3] then
                 order[#order + 1] = i
-                local st
+                local st, _
                 st, _, l, g = e:claim(w[1], w[2], 2)
                 assert.equal(core.GRANT_IDLE, st)
               end
@@ -94,6 +94,36 @@ for _, B in ipairs(backends) do
         end
       end
       assert.same({ 4, 2, 1, 3 }, order)
+      e:free()
+    end)
+
+    it("keepalive: EV_KEEPALIVE at the exact time, keepalive_done back or destroyed", function()
+      local e = core.new(cfg { keepalive = 5 })
+      local k = e:key_open()
+      e:key_pin(k, true)
+      local _, rec, l, g = e:acquire(k, 0)
+      e:created(rec, true, 0)
+      e:release(l, g, -1, 1)
+      drain(e)
+      assert.equal(6, e:next_deadline())
+      e:tick(6)
+      local ev = find(drain(e), core.EV_KEEPALIVE)
+      assert.equal(rec, ev[2])
+      assert.equal(k, ev[4])
+      assert.equal(5, ev[5])                      -- seconds idle
+      assert.equal(1, e:stats(-1, {}).keepalive)
+      assert.equal(1, e:stats(-1, {}).idle)       -- still idle, not granted
+      assert.is_true((e:keepalive_done(rec, true, 7)))
+      assert.is_false((e:keepalive_done(rec, true, 7)))
+      assert.equal(12, e:next_deadline())
+      e:tick(12)
+      drain(e)
+      assert.is_true((e:keepalive_done(rec, false, 12)))
+      ev = find(drain(e), core.EV_DESTROY)
+      assert.equal(core.BY.invalid, ev[3])
+      assert.equal(1, e:stats(k, {}).keepalive_failed)
+      assert.equal(2, core.KEEPALIVE_MAX)
+      assert.equal(64, core.PRIORITY_STEP)
       e:free()
     end)
 

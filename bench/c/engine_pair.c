@@ -61,6 +61,7 @@ int main(void) {
   c.max_live = 16; c.max_idle = 16; c.max_concurrency = 16; c.max_waiting = 1024; c.capacity = 1;
   c.key_max_live = -1; c.key_max_idle = -1; c.max_keys = -1;
   c.idle_timeout = -1; c.max_lifetime = -1; c.validate_after_idle = -1; c.leak_threshold = -1;
+  c.create_backoff = c.create_backoff_max = -1; c.keepalive = -1;
   if (clientpool_new(&c, &p) != CLIENTPOOL_OK) return 1;
   k = clientpool_key_open(p);
   clientpool_key_pin(p, k, 1);

@@ -53,6 +53,8 @@ typedef struct clientpool_config {
   double create_backoff;       /* after a failed create, a key's creates wait a window of
                                   about this (doubling per failure in a row); <= 0 = off */
   double create_backoff_max;   /* the window's bound (>= create_backoff when on) */
+  double keepalive;            /* validate idle records idle this long in the background
+                                  (EV_KEEPALIVE); < 0 = none, 0 is refused */
   uint64_t seed;               /* seed of the per-pool jitter generator */
 } clientpool_config_t;
 
@@ -120,8 +122,10 @@ enum {
                                   a = -1, c = key: a lease was collected (clientpool_leak) */
   CLIENTPOOL_EV_CREATED = 6,   /* a = record slot, c = key: reservation turned live */
   CLIENTPOOL_EV_REFILL = 7,    /* a warm key is below min_idle: call clientpool_refill */
-  CLIENTPOOL_EV_LOST = 8       /* a = record slot, c = key: lost while shared; its
+  CLIENTPOOL_EV_LOST = 8,      /* a = record slot, c = key: lost while shared; its
                                 * other leases end with it */
+  CLIENTPOOL_EV_KEEPALIVE = 9  /* a = record slot, c = key, t = seconds idle: validate its
+                                * client in the background, then clientpool_keepalive_done */
 };
 
 /* The answer of acquire, claim and cancel. */
@@ -158,9 +162,11 @@ typedef struct clientpool_stats {
   double create_failed;        /* reservations forfeited by a failed create */
   double wait_count;           /* waits that ended, whatever the outcome */
   double wait_time;            /* seconds spent in those waits */
+  double keepalive;            /* background validates started (EV_KEEPALIVE) */
+  double keepalive_failed;     /* of those, reported not ok (the record destroyed, invalid) */
   double closed_by[10];        /* indexed by CLIENTPOOL_BY_* */
   int32_t live;                /* records open (opened - closed): idle or active */
-  int32_t idle;                /* records idle */
+  int32_t idle;                /* records idle (those out for a keepalive validate too) */
   int32_t active;              /* records carrying leases */
   int32_t leases;              /* leases held */
   int32_t creating;            /* reservations whose client is being created */
@@ -301,6 +307,22 @@ int clientpool_leak(clientpool_t *p, int32_t lease, uint32_t gen, double now);
  * slot is reused once its EV_DESTROY has been read too.  Call it once per
  * EV_DESTROY.  Returns 0, or STALE when record is not closing. */
 int clientpool_destroyed(clientpool_t *p, int32_t record, double now);
+
+/* Keepalive (cfg keepalive >= 0).  An idle record that has sat idle for
+ * `keepalive` seconds since it went idle or was last validated is handed to
+ * the driver (EV_KEEPALIVE, at the exact time through EV_TIMER/tick) for a
+ * background validate; meanwhile it is not granted and still counts as
+ * idle.  At most CLIENTPOOL_KEEPALIVE_MAX run at once: the others wait their
+ * turn (first due first) and are handed out as those end.  The driver
+ * reports each with clientpool_keepalive_done: ok = 1 puts the record back
+ * on top of its key's idle stack with a fresh keepalive clock (its idle time
+ * and idle_timeout still count from its last use); ok = 0 destroys it
+ * (BY_INVALID, stats keepalive_failed).  A record retired, past its
+ * lifetime or idle_timeout, over a lowered cap, or whose pool closed while
+ * it was out is destroyed at the report for that reason.  Returns 0, or
+ * STALE when record is not out for a keepalive. */
+enum { CLIENTPOOL_KEEPALIVE_MAX = 2 };
+int clientpool_keepalive_done(clientpool_t *p, int32_t record, int32_t ok, double now);
 
 /* Marks a record so it is destroyed at release (or at once if idle). */
 int clientpool_retire(clientpool_t *p, int32_t record, double now);

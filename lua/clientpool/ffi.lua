@@ -44,7 +44,8 @@ for name, v in pairs {
   EKEYS = C.CLIENTPOOL_EKEYS, EINVAL = C.CLIENTPOOL_EINVAL, ECLOSED = C.CLIENTPOOL_ECLOSED,
   ENOMEM = C.CLIENTPOOL_ENOMEM, EV_WAKE = C.CLIENTPOOL_EV_WAKE, EV_DESTROY = C.CLIENTPOOL_EV_DESTROY,
   EV_TIMER = C.CLIENTPOOL_EV_TIMER, EV_KEY_FREE = C.CLIENTPOOL_EV_KEY_FREE, EV_LEAK = C.CLIENTPOOL_EV_LEAK,
-  EV_CREATED = C.CLIENTPOOL_EV_CREATED,
+  EV_CREATED = C.CLIENTPOOL_EV_CREATED, EV_KEEPALIVE = C.CLIENTPOOL_EV_KEEPALIVE,
+  KEEPALIVE_MAX = C.CLIENTPOOL_KEEPALIVE_MAX, PRIORITY_STEP = C.CLIENTPOOL_PRIORITY_STEP,
 } do _M[name] = v end
 
 local BY_NAMES = { "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted",
@@ -129,6 +130,7 @@ local function read_config(cfg, fname)
   c.leak_threshold = opt_num(cfg, "leak_threshold", -1)
   c.create_backoff = opt_num(cfg, "create_backoff", -1)
   c.create_backoff_max = opt_num(cfg, "create_backoff_max", -1)
+  c.keepalive = opt_num(cfg, "keepalive", -1)
   c.seed = opt_num(cfg, "seed", 0)
   return c
 end
@@ -351,6 +353,15 @@ function Engine:configure(cfg, now)
   return true, C.clientpool_pending(p)
 end
 
+--- E:keepalive_done(record, ok [, now]) -> ok, pending: the background
+-- validate an EV_KEEPALIVE asked for is over (ok: the client is good)
+function Engine:keepalive_done(record, ok, now)
+  local p = self.p
+  if now == nil then now = monotime() end
+  local rc = C.clientpool_keepalive_done(p, record, ok and 1 or 0, now)
+  return rc == 0, C.clientpool_pending(p)
+end
+
 --- E:key_caps(key, max_live, max_idle [, now]) -> ok, pending (< 0 or nil: the pool's)
 function Engine:key_caps(key, max_live, max_idle, now)
   local p = self.p
@@ -503,6 +514,8 @@ function Engine:stats(key, t)
   t.create_failed = s.create_failed
   t.wait_count = s.wait_count
   t.wait_time = s.wait_time
+  t.keepalive = s.keepalive
+  t.keepalive_failed = s.keepalive_failed
   t.live = s.live
   t.idle = s.idle
   t.active = s.active

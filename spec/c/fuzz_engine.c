@@ -19,7 +19,7 @@
  * retire_before, key pin (0/1/2)/forget, floor on/off, refill, stale handles,
  * destroyed (a destroy hook returned: of a closing record whose EV_DESTROY was
  * read, of one whose event is still queued, or of a record that is not
- * closing), configure (one group of fields changed, the envelope broken now
+ * closing), keepalive_done (good, bad, stale), configure (one group of fields changed, the envelope broken now
  * and then, or what cannot change), key_caps, and a skewed clock (an
  * earlier time or NaN) for the next call.  Up to six
  * key names.  Bytes past the end read as 0.
@@ -100,6 +100,7 @@ static struct {
   h_dead deadl[DEAD]; int ndl;
   h_dead deadw[DEAD]; int ndw;
   h_closing D[EMAP]; int nd;      /* closing records whose EV_DESTROY was read */
+  h_closing KA[EMAP]; int nka;    /* records out for a keepalive (EV_KEEPALIVE read) */
   /* after a cap was lowered: what was there then, and may stay until it
    * ends (0: none); each step checks it never grows */
   long hi_live, hi_leases, hi_waiting, hi_key[M_MAXKEY];
@@ -219,12 +220,19 @@ static int oracle(void *ctx, int what, int who, const int *cand, int n) {
     mr = map_get(H.er, er);
   } else if (what == M_ORACLE_REFILL) {
     mr = map_get(H.ek, H.refill_ek);
+  } else if (what == M_ORACLE_KEEPALIVE) {
+    /* the engine took its pick already: the candidate it has out */
+    for (i = 0; i < n; i++) {
+      int32_t e = rec_engine_slot(cand[i]);
+      if (e >= 0 && wb_rec_state(H.p, e) == WB_CHECKING) return cand[i];
+    }
   }
   for (i = 0; i < n; i++) if (cand[i] == mr) return mr;
   if (!H.oracle_err[0])
     snprintf(H.oracle_err, sizeof H.oracle_err,
              "the engine chose %d (model id) where the rules allow only %d candidate(s), first %d (%s)",
-             mr, n, n ? cand[0] : -1, what == M_ORACLE_SHARE ? "shared record" : "refill key");
+             mr, n, n ? cand[0] : -1, what == M_ORACLE_SHARE ? "shared record" :
+             what == M_ORACLE_REFILL ? "refill key" : "keepalive record");
   return cand[0];
 }
 
@@ -245,8 +253,8 @@ static int ev_cmp(const void *a, const void *b) {
 
 static const char *ev_name(int t) {
   static const char *const names[] = { "NONE", "WAKE", "DESTROY", "TIMER", "KEY_FREE", "LEAK",
-                                       "CREATED", "REFILL", "LOST" };
-  return t >= 0 && t <= 8 ? names[t] : "?";
+                                       "CREATED", "REFILL", "LOST", "KEEPALIVE" };
+  return t >= 0 && t <= 9 ? names[t] : "?";
 }
 
 static void ev_dump(const char *who, const clientpool_event_t *v, int n) {
@@ -292,6 +300,13 @@ static void compare_events(void) {
       H.W[hi].queued = 0;
       break;
     }
+    case CLIENTPOOL_EV_KEEPALIVE:
+      t.a = map_get(H.er, e.a);
+      if (t.a < 0) fz_fail("EV_KEEPALIVE of engine record %d, which the harness never saw", e.a);
+      t.c = map_get(H.ek, e.c);
+      if (H.nka == EMAP) fz_fail("harness: too many keepalives");
+      H.KA[H.nka].r = e.a; H.KA[H.nka].mr = t.a; H.nka++;
+      break;
     case CLIENTPOOL_EV_DESTROY:
     case CLIENTPOOL_EV_CREATED:
     case CLIENTPOOL_EV_LOST:
@@ -892,7 +907,8 @@ static void op_configure(int b) {
           c.validate_after_idle = w % 2 ? -1 : ((w / 2) % 16) * 0.25; break;
   case 7: c.max_lifetime = v % 3 == 0 ? -1 : (1 + (v / 3) % 64) * 0.25;
           c.lifetime_jitter = w % 2 ? 0 : ((w / 2) % 8) / 16.0; break;
-  case 8: c.leak_threshold = v % 3 == 0 ? -1 : (1 + (v / 3) % 32) * 0.25; c.pause_fail = w % 4 == 0; break;
+  case 8: c.leak_threshold = v % 3 == 0 ? -1 : (1 + (v / 3) % 32) * 0.25; c.pause_fail = w % 4 == 0;
+          c.keepalive = w % 3 == 0 ? -1 : (w / 3) % 5 == 0 ? 0 : (1 + (w / 3) % 16) * 0.25; break;
   case 9: if (v % 3 == 0) c.create_backoff = c.create_backoff_max = -1;
           else { c.create_backoff = (1 + (v / 3) % 8) * 0.125; c.create_backoff_max = c.create_backoff * (1 << (w % 4)); }
           c.max_keys = w % 3 ? c.max_keys : 1 + (w / 3) % NAMES; break;
@@ -926,6 +942,32 @@ static void op_key_caps(int b) {
   t = t_call();
   trace("key_caps key %d max_live %d max_idle %d", mk, ml, mi);
   EXPECT_EQ(clientpool_key_caps(H.p, H.mk_ek[mk], ml, mi, t), model_key_caps(&H.m, mk, ml, mi, t));
+  step_end();
+}
+
+/* The driver reports a keepalive validate: good or not, or (b & 64) one of
+ * a record that is not out (STALE). */
+static void op_keepalive_done(int b) {
+  h_closing x;
+  int ok = (b & 3) != 0;
+  double t;
+  if ((b & 64) || !H.nka) {
+    int32_t e = (int32_t)((b & 63) % (span() + 1)) - 1;
+    if (e >= 0 && wb_rec_state(H.p, e) == WB_CHECKING) return;
+    begin("keepalive_done(stale)");
+    t = t_call();
+    EXPECT_EQ(clientpool_keepalive_done(H.p, e, ok, t), CLIENTPOOL_STALE);
+    EXPECT_EQ(model_keepalive_done(&H.m, map_get(H.er, e), ok, t), CLIENTPOOL_STALE);
+    step_end();
+    return;
+  }
+  x = H.KA[(b >> 2) % H.nka];
+  H.KA[(b >> 2) % H.nka] = H.KA[--H.nka];
+  begin(ok ? "keepalive_done(ok)" : "keepalive_done(bad)");
+  t = t_call();
+  trace("keepalive_done record %d (model %d) ok %d", x.r, x.mr, ok);
+  EXPECT_EQ(clientpool_keepalive_done(H.p, x.r, ok, t), 0);
+  EXPECT_EQ(model_keepalive_done(&H.m, x.mr, ok, t), 0);
   step_end();
 }
 
@@ -1109,7 +1151,7 @@ enum { OP_ACQUIRE, OP_ACQUIRE2, OP_ACQUIRE3, OP_WAIT, OP_CREATED, OP_CREATED2, O
        OP_RELEASE2, OP_RELEASE3, OP_CLAIM, OP_CLAIM2, OP_CANCEL, OP_ABANDON, OP_LEAK, OP_TICK,
        OP_TICK2, OP_ADVANCE, OP_CLOSE, OP_PAUSE, OP_RESUME, OP_PROBE_OK, OP_RETIRE,
        OP_RETIRE_BEFORE, OP_KEYS, OP_FLOOR, OP_REFILL, OP_STALE, OP_SKEW, OP_DESTROYED,
-       OP_DESTROYED2, OP_CONFIGURE, OP_KEY_CAPS, OP_COUNT };
+       OP_DESTROYED2, OP_CONFIGURE, OP_KEY_CAPS, OP_KEEPALIVE_DONE, OP_COUNT };
 
 /* ---- a run ------------------------------------------------------------ */
 
@@ -1132,6 +1174,8 @@ static void decode_config(clientpool_config_t *c) {
   b = byte(); c->validate_after_idle = b % 2 ? -1 : ((b / 2) % 16) * 0.25;
   b = byte(); c->leak_threshold = b % 3 ? -1 : (1 + (b / 3) % 32) * 0.25;
   c->seed = (uint64_t)byte();
+  b = byte();
+  c->keepalive = b % 2 ? -1 : (1 + (b / 2) % 16) * 0.25;
   b = byte();
   if (b % 3 == 0) c->create_backoff = c->create_backoff_max = -1;
   else {
@@ -1161,6 +1205,7 @@ static void settle(void) {
   }
   while (H.nr) op_created(H.nr % 2 ? 1 : 0);   /* alternately ok and failed */
   while (H.nl) op_release(0, 0);
+  while (H.nka) op_keepalive_done(1);
   while (H.nd) op_destroyed(0);
   clientpool_stats(H.p, -1, &s);
   if (s.live || s.idle || s.active || s.leases || s.creating || s.waiting || s.closing)
@@ -1215,6 +1260,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case OP_DESTROYED: case OP_DESTROYED2: op_destroyed(b); break;
     case OP_CONFIGURE: op_configure(b); break;
     case OP_KEY_CAPS: op_key_caps(b); break;
+    case OP_KEEPALIVE_DONE: op_keepalive_done(b); break;
     }
   }
   H.skew = 0;

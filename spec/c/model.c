@@ -51,9 +51,10 @@ static int n_records(const model_t *m, int k, int state) {
   return n;
 }
 static int n_live(const model_t *m, int k) {
-  return n_records(m, k, MR_IDLE) + n_records(m, k, MR_LEASED);
+  return n_records(m, k, MR_IDLE) + n_records(m, k, MR_LEASED) + n_records(m, k, MR_CHECKING);
 }
-static int n_idle(const model_t *m, int k) { return n_records(m, k, MR_IDLE); }
+/* idle: those out for a keepalive too ("still counts as idle") */
+static int n_idle(const model_t *m, int k) { return n_records(m, k, MR_IDLE) + n_records(m, k, MR_CHECKING); }
 static int n_creating(const model_t *m, int k) { return n_records(m, k, MR_CREATING); }
 static int n_closing(const model_t *m, int k) { return n_records(m, k, MR_CLOSING); }
 /* "A record counts against max_live (and its key's cap) from its
@@ -165,11 +166,14 @@ static int take_kept(model_t *m, int k) {
 }
 
 static void finish(model_t *m, double now);
+static void ka_pump(model_t *m, double now);
 
 int model_key_forget(model_t *m, int k) {
   if (!key_ok(m, k)) return 0;
-  if (take_kept(m, k)) {
-    int freed = key_maybe_free(m, k);
+  if (m->kept != NONE) {
+    int freed;
+    take_kept(m, k);
+    freed = key_maybe_free(m, k);
     finish(m, m->now);                 /* what was held for it is served */
     return freed;
   }
@@ -270,6 +274,18 @@ static void idle_push(model_t *m, int r, double now) {
   x->state = MR_IDLE;
   x->idle_since = x->gl_since = now;
   x->stack_seq = x->gl_seq = ++m->idle_seq;
+  x->ka_armed = has(m->cfg.keepalive);   /* "idle for keepalive seconds since it went idle" */
+  x->kdeadline = now + m->cfg.keepalive;
+}
+
+/* The pool-wide idle order for idle_timeout: idle records and those out for
+ * a keepalive that have not yet passed it. */
+static int gl_oldest(const model_t *m) {
+  int r, best = NONE;
+  for (r = 0; r < M_MAXREC; r++)
+    if ((m->rec[r].state == MR_IDLE || (m->rec[r].state == MR_CHECKING && !m->rec[r].idle_over)) &&
+        (best == NONE || m->rec[r].gl_seq < m->rec[best].gl_seq)) best = r;
+  return best;
 }
 
 /* ---- warm floor ------------------------------------------------------- */
@@ -439,7 +455,7 @@ static int over_cap(const model_t *m, int k) {
 /* decisions.md: at max_live an idle record of another key may be evicted
  * to make room, unless a destroy is under way (its room comes first). */
 static int evict_ok(const model_t *m) {
-  return n_idle(m, -1) > 0 && n_closing(m, -1) == 0;
+  return n_records(m, -1, MR_IDLE) > 0 && n_closing(m, -1) == 0;   /* (not one out for a keepalive) */
 }
 
 static void rec_init(model_t *m, int r, int k, double now) {
@@ -616,7 +632,11 @@ double model_next_deadline(const model_t *m) {
   for (i = 0; i < M_MAXREC; i++) {
     const m_record_t *x = &m->rec[i];
     if (x->state != MR_FREE && x->lifetime_armed) EARLIER(x->expires);
-    if (x->state == MR_IDLE && has(m->cfg.idle_timeout)) EARLIER(x->gl_since + m->cfg.idle_timeout);
+    if ((x->state == MR_IDLE || (x->state == MR_CHECKING && !x->idle_over)) && has(m->cfg.idle_timeout))
+      EARLIER(x->gl_since + m->cfg.idle_timeout);
+    /* "the others wait their turn": a due keepalive needs a free slot */
+    if (x->state == MR_IDLE && x->ka_armed && m->nchecking < CLIENTPOOL_KEEPALIVE_MAX && !m->closed)
+      EARLIER(x->kdeadline);
   }
   for (i = 0; i < M_MAXWAIT; i++)
     if (m->wai[i].state == MW_QUEUED && has(m->wai[i].deadline)) EARLIER(m->wai[i].deadline);
@@ -686,7 +706,7 @@ static void backoff_check(model_t *m, int k, double now) {
 /* "an acquisition of the key that would create gets BACKOFF, unless a
  * client of the key may come back soon (a record of it is leased, or a
  * create of it is in flight)" */
-static int backoff_refuses(const model_t *m, int k) {
+static int backoff_refuses(const model_t *m, int k) {   /* (n_idle: one out for a keepalive may come back) */
   return m->keys[k].bstate == MB_WINDOW && n_records(m, k, MR_LEASED) == 0 &&
          n_creating(m, k) == 0 && n_idle(m, k) == 0;
 }
@@ -1012,6 +1032,7 @@ int model_retire(model_t *m, int r, double now) {
   if (r < 0 || r >= M_MAXREC || m->rec[r].state == MR_FREE || m->rec[r].state == MR_CLOSING)
     return CLIENTPOOL_STALE;
   m->rec[r].retire = 1;
+  m->rec[r].retired = 1;
   if (m->rec[r].state == MR_IDLE) destroy(m, r, CLIENTPOOL_BY_RETIRED);
   finish(m, now);
   return 0;
@@ -1157,11 +1178,14 @@ void model_tick(model_t *m, double now) {
   m->armed = -1;
   /* idle expiry, least recently used first; the floor renews what it keeps */
   for (;;) {
-    int r = idle_oldest(m);
+    int r = gl_oldest(m);
     if (r == NONE || !has(m->cfg.idle_timeout) || !(now >= m->rec[r].gl_since + m->cfg.idle_timeout)) break;
     if (floor_keeps(m, &m->rec[r])) {
       m->rec[r].gl_since = now;
       m->rec[r].gl_seq = ++m->idle_seq;
+    } else if (m->rec[r].state == MR_CHECKING) {   /* "destroyed at the report" */
+      m->rec[r].idle_over = 1;
+      m->rec[r].retire = 1;
     } else {
       destroy(m, r, CLIENTPOOL_BY_IDLE);
     }
@@ -1201,7 +1225,68 @@ void model_tick(model_t *m, double now) {
       push(m, CLIENTPOOL_EV_LEAK, idx, (int)x->gen, m->rec[x->record].key, x->since);
     }
   }
+  ka_pump(m, now);
   finish(m, now);
+}
+
+/* ---- keepalive --------------------------------------------------------- */
+
+/* "At most CLIENTPOOL_KEEPALIVE_MAX run at once: the others wait their turn
+ * (first due first)"; among those due at the same instant the oracle says
+ * which the engine took. */
+static void ka_pump(model_t *m, double now) {
+  while (m->nchecking < CLIENTPOOL_KEEPALIVE_MAX && !m->closed) {
+    int cand[M_MAXREC], n = 0, r, best = NONE;
+    m_record_t *x;
+    for (r = 0; r < M_MAXREC; r++) {
+      const m_record_t *y = &m->rec[r];
+      if (y->state != MR_IDLE || !y->ka_armed || !(y->kdeadline <= now)) continue;
+      if (best == NONE || y->kdeadline < m->rec[best].kdeadline) { best = r; n = 0; }
+      if (y->kdeadline == m->rec[best].kdeadline) cand[n++] = r;
+    }
+    if (best == NONE) return;
+    r = n == 1 ? cand[0] : m->oracle(m->octx, M_ORACLE_KEEPALIVE, NONE, cand, n);
+    x = &m->rec[r];
+    x->state = MR_CHECKING;              /* "not granted meanwhile and still counts as idle" */
+    x->ka_armed = 0;
+    m->nchecking++;
+    COUNT(m, x->key, keepalive, 1);
+    push(m, CLIENTPOOL_EV_KEEPALIVE, r, 0, x->key, now - x->idle_since);
+  }
+}
+
+/* "ok = 1 puts the record back on top of its key's idle stack with a fresh
+ * keepalive clock ... ok = 0 destroys it (BY_INVALID) ... retired, past its
+ * lifetime or idle_timeout, over a lowered cap, or whose pool closed ... is
+ * destroyed at the report for that reason" */
+int model_keepalive_done(model_t *m, int r, int ok, double now) {
+  m_record_t *x;
+  int k, why = NONE;
+  now = clamp(m, now);
+  if (r < 0 || r >= M_MAXREC || m->rec[r].state != MR_CHECKING) return CLIENTPOOL_STALE;
+  x = &m->rec[r];
+  k = x->key;
+  m->nchecking--;
+  if (!ok) {
+    COUNT(m, k, keepalive_failed, 1);
+    why = CLIENTPOOL_BY_INVALID;
+  } else if (m->closed) why = CLIENTPOOL_BY_DRAIN;
+  else if (x->retired || retired_by_age(m, x)) why = CLIENTPOOL_BY_RETIRED;
+  else if (life_over(x, now)) why = CLIENTPOOL_BY_LIFETIME;
+  else if (x->idle_over ||
+           (has(m->cfg.idle_timeout) && now - x->gl_since >= m->cfg.idle_timeout && !floor_keeps(m, x)))
+    why = CLIENTPOOL_BY_IDLE;
+  else if (over_cap(m, k)) why = CLIENTPOOL_BY_RESIZED;
+  if (why != NONE) destroy(m, r, why);
+  else {
+    x->state = MR_IDLE;
+    x->stack_seq = ++m->idle_seq;        /* on top; its place in the idle order kept */
+    x->ka_armed = has(m->cfg.keepalive);
+    x->kdeadline = now + m->cfg.keepalive;
+  }
+  ka_pump(m, now);
+  finish(m, now);
+  return 0;
 }
 
 /* ---- configure -------------------------------------------------------- */
@@ -1217,6 +1302,7 @@ static int config_valid(const clientpool_config_t *c) {
   if (c->create_backoff != c->create_backoff) return 0;
   if (c->create_backoff > 0 && !(c->create_backoff < HUGE_VAL && c->create_backoff_max >= c->create_backoff &&
                                  c->create_backoff_max < HUGE_VAL)) return 0;
+  if (!(c->keepalive < 0 || (c->keepalive > 0 && c->keepalive < HUGE_VAL))) return 0;
   return 1;
 }
 
@@ -1267,7 +1353,7 @@ int model_configure(model_t *m, const clientpool_config_t *cfg, double now) {
       int next = NONE;
       for (r = 0; r < M_MAXREC; r++) {
         const m_record_t *x = &m->rec[r];
-        if ((x->state == MR_IDLE || x->state == MR_LEASED) && x->created > after &&
+        if ((x->state == MR_IDLE || x->state == MR_LEASED || x->state == MR_CHECKING) && x->created > after &&
             (next == NONE || x->created < m->rec[next].created)) next = r;
       }
       if (next == NONE) break;
@@ -1281,6 +1367,14 @@ int model_configure(model_t *m, const clientpool_config_t *cfg, double now) {
   for (r = 0; r < M_MAXLEASE; r++) {
     if (!has(cfg->leak_threshold)) m->lea[r].leak_armed = 0;
     else if (!has(old.leak_threshold) && m->lea[r].alive) m->lea[r].leak_armed = 1;
+  }
+  /* keepalive: each clock as it was, measured against the new value */
+  for (r = 0; r < M_MAXREC; r++) {
+    m_record_t *x = &m->rec[r];
+    if (x->state != MR_IDLE) continue;
+    if (!has(cfg->keepalive)) x->ka_armed = 0;
+    else if (has(old.keepalive)) x->kdeadline = x->kdeadline - old.keepalive + cfg->keepalive;
+    else { x->ka_armed = 1; x->kdeadline = x->idle_since + cfg->keepalive; }
   }
   for (;;) {
     int v = idle_oldest(m);
@@ -1300,6 +1394,7 @@ int model_configure(model_t *m, const clientpool_config_t *cfg, double now) {
   }
   m->refill_signalled = 0;
   for (k = 0; k < M_MAXKEY; k++) if (m->keys[k].used) floor_check(m, k);
+  ka_pump(m, now);
   finish(m, now);
   return 0;
 }

@@ -25,7 +25,9 @@
  *   M_ORACLE_RETIRED  capacity > 1: whether an open record past max_lifetime
  *                     or retired by age was already met (and retired) by the
  *                     engine's lazy scan, which stops at the first usable one;
- *   M_ORACLE_REFILL   which warm key below its floor a refill serves.
+ *   M_ORACLE_REFILL   which warm key below its floor a refill serves;
+ *   M_ORACLE_KEEPALIVE which of the idle records whose keepalive is due at
+ *                     the same earliest time goes out first (ties).
  */
 #ifndef CLIENTPOOL_MODEL_H
 #define CLIENTPOOL_MODEL_H
@@ -38,11 +40,11 @@
 #define M_MAXKEY 16
 #define M_MAXEV 512
 
-enum { MR_FREE = 0, MR_CREATING, MR_IDLE, MR_LEASED, MR_CLOSING };
+enum { MR_FREE = 0, MR_CREATING, MR_IDLE, MR_LEASED, MR_CLOSING, MR_CHECKING };
 enum { MW_FREE = 0, MW_QUEUED, MW_DONE };
 enum { MP_NONE = 0, MP_READY, MP_OUT };           /* probe state of a gate */
 enum { MB_NONE = 0, MB_WINDOW, MB_PROBE };        /* create backoff of a key */
-enum { M_ORACLE_SHARE = 0, M_ORACLE_RETIRED, M_ORACLE_REFILL };
+enum { M_ORACLE_SHARE = 0, M_ORACLE_RETIRED, M_ORACLE_REFILL, M_ORACLE_KEEPALIVE };
 
 /* who:  M_ORACLE_SHARE: the waiter being served, or -1 for a direct acquire;
  *       M_ORACLE_RETIRED: the record in question (cand is empty).
@@ -66,7 +68,11 @@ typedef struct m_record {
   int refill;           /* while creating: a warm-floor reservation (no lease) */
   int res_lease;        /* while creating (not refill): the reservation's lease */
   int lifetime_armed;   /* its max_lifetime deadline has not been processed by tick */
-  int lifetime_over;    /* tick found it past max_lifetime while leased */
+  int lifetime_over;    /* tick found it past max_lifetime while leased or out */
+  int retired;          /* model_retire was called on it */
+  int idle_over;        /* out for a keepalive, past idle_timeout (off the pool's idle order) */
+  int ka_armed;         /* idle: its keepalive is due at kdeadline */
+  double kdeadline;
   double created, expires, idle_since, gl_since;
   unsigned long long cseq;       /* creation order (retire_before(-1)) */
   unsigned long long stack_seq;  /* when it went idle: the key's LIFO top is the highest */
@@ -132,6 +138,7 @@ typedef struct model {
   m_key_t keys[M_MAXKEY];
   clientpool_event_t ev[M_MAXEV];
   int evhead, evlen;
+  int nchecking;        /* records out for a keepalive */
   int overflow;         /* an array ran out: the run is not comparable any more */
 } model_t;
 
@@ -159,6 +166,7 @@ int model_abandon(model_t *m, int waiter, unsigned gen, double now);
 int model_leak(model_t *m, int lease, unsigned gen, double now);
 int model_retire(model_t *m, int record, double now);
 int model_destroyed(model_t *m, int record, double now);
+int model_keepalive_done(model_t *m, int record, int ok, double now);
 int model_configure(model_t *m, const clientpool_config_t *cfg, double now);
 int model_key_caps(model_t *m, int key, int max_live, int max_idle, double now);
 int model_retire_before(model_t *m, int key, double before, double now);

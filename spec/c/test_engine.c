@@ -385,6 +385,13 @@ static int w_key_caps(clientpool_t *p, int32_t k, int32_t ml, int32_t mi, double
 }
 #define KEY_CAPS(p, k, ml, mi, now) w_key_caps((p), (k), (ml), (mi), (now), __FILE__, __LINE__)
 
+static int w_keepalive_done(clientpool_t *p, int32_t r, int32_t ok, double now, const char *file, int line) {
+  int rc = clientpool_keepalive_done(p, r, ok, now);
+  after(p, file, line, "clientpool_keepalive_done");
+  return rc;
+}
+#define KEEPALIVE_DONE(p, r, ok, now) w_keepalive_done((p), (r), (ok), (now), __FILE__, __LINE__)
+
 /* ===================================================================== */
 /* helpers                                                               */
 /* ===================================================================== */
@@ -415,6 +422,8 @@ static clientpool_config_t cfg_base(void) {
   c.lifetime_jitter = 0;
   c.validate_after_idle = -1;
   c.leak_threshold = -1;
+  c.create_backoff = c.create_backoff_max = -1;
+  c.keepalive = -1;
   c.seed = 1;
   return c;
 }
@@ -601,6 +610,9 @@ static void t_config_rejects_outside_envelope(void) {
   BAD(c.create_backoff = INFINITY; c.create_backoff_max = INFINITY);
   BAD(c.create_backoff = 1; c.create_backoff_max = INFINITY);
   BAD(c.create_backoff = 1; c.create_backoff_max = NAN);
+  BAD(c.keepalive = 0);
+  BAD(c.keepalive = NAN);
+  BAD(c.keepalive = INFINITY);
 #undef BAD
   for (i = 0; i < n; i++) {
     int rc;
@@ -4587,6 +4599,191 @@ static void t_priority_cross_key_and_extremes(void) {
   EXPECT_NO_WAKE(wmin);
 }
 
+
+/* ===================================================================== */
+/* 28. keepalive: background validates of idle clients                   */
+/* ===================================================================== */
+
+static int n_keepalive(int32_t r) { return count_ev(CLIENTPOOL_EV_KEEPALIVE, r, -1); }
+
+/* An idle client idle for `keepalive` is handed out for a background
+ * validate at that exact time (no polling): not granted meanwhile, still
+ * idle; a good report puts it back on top with a fresh keepalive clock and
+ * its idle time from its last use; a bad one destroys it. */
+static void t_keepalive_exact_time_ok_and_fail(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h, h2;
+  clientpool_grant_t g;
+  clientpool_stats_t s;
+  int i;
+  c.keepalive = 10; c.max_live = 2; c.max_idle = 2;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE(p, h, 0);
+  drain(p);
+  CHECK(clientpool_next_deadline(p) == 10);
+  CHECK(last_timer() == 10);
+  TICK(p, 9.999);
+  drain(p);
+  CHECK_EQ(n_keepalive(h.record), 0);
+  TICK(p, 10);
+  drain(p);
+  CHECK_EQ(n_keepalive(h.record), 1);
+  CHECK(g_ev[find_ev(CLIENTPOOL_EV_KEEPALIVE, h.record, -1, k)].t == 10);   /* seconds idle */
+  s = pstats(p);
+  CHECK(s.idle == 1 && s.keepalive == 1 && KSTATS(p, k).keepalive == 1);
+  h2 = NEW_LEASE(p, k, 10);                  /* not granted while out: a new client */
+  CHECK(h2.record != h.record);
+  CHECK_EQ(KEEPALIVE_DONE(p, h.record, 1, 11), 0);
+  CHECK_EQ(KEEPALIVE_DONE(p, h.record, 1, 11), CLIENTPOOL_STALE);   /* once */
+  CHECK(clientpool_next_deadline(p) == 21);  /* fresh keepalive clock */
+  h = REUSE(p, k, 12, &g);                   /* back on top; idle since its last use */
+  CHECK_NEAR(g.idle, 12);
+  RELEASE(p, h, 12);
+  RELEASE(p, h2, 13);
+  for (i = 0; i < 2; i++) {
+    TICK(p, 22 + i);
+    drain(p);
+  }
+  CHECK_EQ(pstats(p).keepalive, 3);
+  CHECK_EQ(KEEPALIVE_DONE(p, h.record, 0, 24), 0);   /* found dead */
+  drain(p);
+  EXPECT_DESTROY(h.record, CLIENTPOOL_BY_INVALID);
+  s = pstats(p);
+  CHECK(s.keepalive_failed == 1 && s.idle == 1 && s.closed_by[CLIENTPOOL_BY_INVALID] == 1);
+  CHECK_EQ(KEEPALIVE_DONE(p, h2.record, 1, 24), 0);
+  CHECK_EQ(KEEPALIVE_DONE(p, 9999, 1, 24), CLIENTPOOL_STALE);
+  CHECK_EQ(KEEPALIVE_DONE(p, h2.record, 1, 24), CLIENTPOOL_STALE);   /* idle, not out */
+}
+
+/* At most CLIENTPOOL_KEEPALIVE_MAX at once: the others wait their turn and
+ * are handed out as reports come; a waiter of the key gets a client that
+ * comes back. */
+static void t_keepalive_bounded_and_waiters(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, out[8];
+  hold_t h[5];
+  clientpool_grant_t g;
+  waiter_h w;
+  int i, n;
+  c.keepalive = 5; c.max_live = 5; c.max_idle = 5; c.max_concurrency = 8;
+  p = POOL(c);
+  k = PKEY(p);
+  for (i = 0; i < 5; i++) h[i] = NEW_LEASE(p, k, 0);
+  for (i = 0; i < 5; i++) RELEASE(p, h[i], 1);
+  TICK(p, 6);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_KEEPALIVE), CLIENTPOOL_KEEPALIVE_MAX);
+  CHECK(clientpool_next_deadline(p) == -1);  /* the others wait for a report, no timer */
+  for (i = n = 0; i < g_nev; i++) if (g_ev[i].type == CLIENTPOOL_EV_KEEPALIVE) out[n++] = g_ev[i].a;
+  CHECK_EQ(KEEPALIVE_DONE(p, out[0], 1, 7), 0);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_KEEPALIVE), 1);   /* the next one, at once */
+  /* the three left idle are taken; a waiter then gets one coming back */
+  for (i = 0; i < 3; i++) { hold_t x = REUSE(p, k, 7, &g); (void)x; }
+  CHECK_STATUS(ACQUIRE(p, k, 7, &g), CLIENTPOOL_MUST_WAIT);   /* max_live 5: all are in use */
+  w = WAIT(p, k, -1, 7);
+  CHECK_EQ(KEEPALIVE_DONE(p, out[1], 1, 8), 0);
+  drain(p);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(p, w, 8, &g), CLIENTPOOL_GRANT_IDLE);
+  CHECK_EQ(g.record, out[1]);
+}
+
+/* A record out for a keepalive that was retired, went past its lifetime
+ * or idle_timeout, is over a lowered cap, or whose pool closed, is
+ * destroyed at the report; while one is out its key does not fail fast. */
+static void t_keepalive_while_out(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k, b;
+  hold_t h[4];
+  clientpool_grant_t g;
+  int i;
+  g_auto_destroy = 1;
+  c.keepalive = 1; c.max_live = 4; c.max_idle = 4; c.idle_timeout = 3; c.max_lifetime = 100;
+  c.create_backoff = 10; c.create_backoff_max = 10;
+  p = POOL(c);
+  k = PKEY(p); b = PKEY(p);
+  for (i = 0; i < 2; i++) h[i] = NEW_LEASE(p, k, 0);
+  for (i = 0; i < 2; i++) RELEASE(p, h[i], 0);
+  TICK(p, 1);                               /* both out */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_KEEPALIVE), 2);
+  CHECK_EQ(RETIRE(p, h[0].record, 1), 0);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);       /* at its report */
+  TICK(p, 3);                               /* h[1] past idle_timeout while out */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
+  CHECK(clientpool_next_deadline(p) == 100);   /* lifetimes; the idle list is empty */
+  CHECK_EQ(KEEPALIVE_DONE(p, h[0].record, 1, 3), 0);
+  CHECK_EQ(KEEPALIVE_DONE(p, h[1].record, 1, 3), 0);
+  drain(p);
+  EXPECT_DESTROY(h[0].record, CLIENTPOOL_BY_RETIRED);
+  EXPECT_DESTROY(h[1].record, CLIENTPOOL_BY_IDLE);
+  /* lifetime, a lower cap and close while out */
+  for (i = 0; i < 3; i++) h[i] = NEW_LEASE(p, b, 10);
+  for (i = 0; i < 3; i++) RELEASE(p, h[i], 10);
+  TICK(p, 11);
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_KEEPALIVE), 2);
+  /* b's create fails: a window; with clients of b out it waits, not fails */
+  CHECK_STATUS(ACQUIRE(p, b, 11, &g), CLIENTPOOL_GRANT_IDLE);   /* the third, not out */
+  CHECK_STATUS(ACQUIRE(p, b, 11, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(p, g.record, 0, 11), 0);
+  CHECK_STATUS(ACQUIRE(p, b, 11, &g), CLIENTPOOL_MUST_WAIT);
+  c.max_live = 1; c.max_idle = 1;
+  CHECK_EQ(CONFIGURE(p, c, 12), 0);
+  {
+    int32_t o[2], n = 0;
+    for (i = 0; i < 3; i++) if (wb_rec_state(p, h[i].record) == WB_CHECKING) o[n++] = h[i].record;
+    CHECK_EQ(n, 2);
+    CHECK_EQ(KEEPALIVE_DONE(p, o[0], 1, 12), 0);
+    drain(p);
+    EXPECT_DESTROY(o[0], CLIENTPOOL_BY_RESIZED);
+    CLOSE(p, 13);
+    CHECK_EQ(KEEPALIVE_DONE(p, o[1], 1, 13), 0);
+    drain(p);
+    EXPECT_DESTROY(o[1], CLIENTPOOL_BY_DRAIN);
+  }
+}
+
+/* configure: keepalive on for idle records (measured from when they went
+ * idle), a new value for those armed, off. */
+static void t_keepalive_configure(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t k;
+  hold_t h;
+  c.max_live = 2; c.max_idle = 2;
+  p = POOL(c);
+  k = PKEY(p);
+  h = NEW_LEASE(p, k, 0);
+  RELEASE(p, h, 2);
+  CHECK(clientpool_next_deadline(p) == -1);
+  c.keepalive = 10;
+  CHECK_EQ(CONFIGURE(p, c, 5), 0);
+  CHECK(clientpool_next_deadline(p) == 12);  /* idle since 2 */
+  c.keepalive = 4;
+  CHECK_EQ(CONFIGURE(p, c, 5), 0);
+  CHECK(clientpool_next_deadline(p) == 6);
+  c.keepalive = 2;                          /* already due: handed out at once */
+  CHECK_EQ(CONFIGURE(p, c, 5), 0);
+  drain(p);
+  CHECK_EQ(n_keepalive(h.record), 1);
+  CHECK_EQ(KEEPALIVE_DONE(p, h.record, 1, 5), 0);
+  c.keepalive = -1;
+  CHECK_EQ(CONFIGURE(p, c, 6), 0);
+  CHECK(clientpool_next_deadline(p) == -1);
+  c.keepalive = 0;
+  CHECK_EQ(CONFIGURE(p, c, 6), CLIENTPOOL_EINVAL);
+}
+
 #define T(f) { #f, f }
 
 static const test_t tests[] = {
@@ -4711,6 +4908,11 @@ static const test_t tests[] = {
   T(t_priority_order),
   T(t_priority_aging_bound),
   T(t_priority_cross_key_and_extremes),
+  /* 28 keepalive */
+  T(t_keepalive_exact_time_ok_and_fail),
+  T(t_keepalive_bounded_and_waiters),
+  T(t_keepalive_while_out),
+  T(t_keepalive_configure),
 };
 
 /* runs one test; a failed CHECK longjmps back here.  Returns 1 if it failed. */

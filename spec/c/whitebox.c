@@ -40,12 +40,14 @@ long wb_allocs(void) { return wb_count; }
 
 typedef char wb_states_match[((int)WB_FREE == (int)R_FREE && (int)WB_CREATING == (int)R_CREATING &&
                               (int)WB_IDLE == (int)R_IDLE && (int)WB_LEASED == (int)R_LEASED &&
-                              (int)WB_CLOSING == (int)R_CLOSING) ? 1 : -1];
+                              (int)WB_CLOSING == (int)R_CLOSING && (int)WB_CHECKING == (int)R_CHECKING) ? 1 : -1];
 
 int wb_rec_state(const clientpool_t *p, int32_t r) {
   return r < 0 || r >= p->nrec ? R_FREE : p->rec[r].state;
 }
-int wb_rec_nleases(const clientpool_t *p, int32_t r) { return p->rec[r].nleases; }
+int wb_rec_nleases(const clientpool_t *p, int32_t r) {
+  return p->rec[r].state == R_LEASED || p->rec[r].state == R_CREATING ? p->rec[r].nleases : 0;
+}
 int wb_rec_retire(const clientpool_t *p, int32_t r) { return p->rec[r].retire != 0; }
 int wb_rec_doomed(const clientpool_t *p, int32_t r) { return p->rec[r].doomed; }
 int32_t wb_rec_key(const clientpool_t *p, int32_t r) { return p->rec[r].key; }

@@ -20,7 +20,7 @@ void wb_alloc_fail_all(int on);
 long wb_allocs(void);
 
 /* ---- reading ---------------------------------------------------------- */
-enum { WB_FREE = 0, WB_CREATING, WB_IDLE, WB_LEASED, WB_CLOSING };   /* record states */
+enum { WB_FREE = 0, WB_CREATING, WB_IDLE, WB_LEASED, WB_CLOSING, WB_CHECKING };   /* record states */
 int wb_rec_state(const clientpool_t *p, int32_t r);
 int wb_rec_nleases(const clientpool_t *p, int32_t r);
 int wb_rec_retire(const clientpool_t *p, int32_t r);
