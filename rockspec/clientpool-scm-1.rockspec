@@ -39,6 +39,7 @@ build = {
     ["clientpool.base"] = "lua/clientpool/base.lua",
     ["clientpool.options"] = "lua/clientpool/options.lua",
     ["clientpool.configure"] = "lua/clientpool/configure.lua",
+    ["clientpool.keepalive"] = "lua/clientpool/keepalive.lua",
     ["clientpool.token"] = "lua/clientpool/token.lua",
     ["clientpool.events"] = "lua/clientpool/events.lua",
     ["clientpool.keys"] = "lua/clientpool/keys.lua",

@@ -5,7 +5,7 @@
 local clientpool = require "clientpool"
 
 -- The driver's files, lowest first (init.lua's header).
-local LAYERS = { "base", "options", "token", "events", "keys", "leak", "stats", "floor", "lease", "admission",
+local LAYERS = { "base", "options", "token", "events", "keys", "leak", "stats", "floor", "keepalive", "lease", "admission",
                  "drain", "acquire", "checkout", "configure", "init" }
 
 local function read(path)

@@ -14,6 +14,7 @@
 --   leak       leases held past leak_threshold, leases collected while held
 --   stats      pool:stats(), the timeout/full detail, refusals
 --   floor      pool:run(), the warm floor
+--   keepalive  idle clients checked in the background (option keepalive)
 --   lease      the Lease object
 --   admission  pause, resume, retire, probe, the policy's directives
 --   drain      close, drain, cancel_active
@@ -30,6 +31,7 @@ require "clientpool.keys"
 require "clientpool.leak"
 require "clientpool.stats"
 require "clientpool.floor"
+require "clientpool.keepalive"
 require "clientpool.lease"
 require "clientpool.admission"
 require "clientpool.drain"

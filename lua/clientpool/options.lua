@@ -45,7 +45,7 @@ local KNOWN = {
   lifetime_jitter = true, validate_after_idle = true, max_keys = true,
   leak_threshold = true, policy = true, pause_mode = true, probe = true,
   restarts = true, scheduler = true, seed = true, backend = true,
-  create_backoff = true, create_backoff_max = true,
+  create_backoff = true, create_backoff_max = true, keepalive = true, keepalive_check = true,
 }
 
 -- Create backoff defaults (docs/decisions.md): after failed creates in a
@@ -185,6 +185,11 @@ function M.validate(o)
   c.max_lifetime = check_duration(o, "max_lifetime")
   c.validate_after_idle = check_duration(o, "validate_after_idle")
   c.leak_threshold = check_duration(o, "leak_threshold")
+  c.keepalive = check_duration(o, "keepalive")
+  c.keepalive_check = check_fn(o, "keepalive_check")
+  if c.keepalive and not (c.keepalive_check or c.validate) then
+    fail("option 'keepalive' needs a check to run: a validate hook or keepalive_check")
+  end
   if o.create_backoff == false then
     if o.create_backoff_max ~= nil then fail("option 'create_backoff_max' needs create_backoff (it is false)") end
   else
@@ -234,6 +239,7 @@ function M.engine_config(c)
     leak_threshold = c.leak_threshold, seed = c.seed,
     pause_fail = c.pause_mode == "fail" and 1 or 0,
     create_backoff = c.create_backoff or -1, create_backoff_max = c.create_backoff_max or -1,
+    keepalive = c.keepalive or -1,
   }
 end
 
@@ -249,6 +255,7 @@ local LIVE = {
   per_key = true, max_keys = true, restarts = true, pause_mode = true,
   acquire_timeout = true, idle_timeout = true, max_lifetime = true, lifetime_jitter = true,
   validate_after_idle = true, leak_threshold = true, create_backoff = true, create_backoff_max = true,
+  keepalive = true,
 }
 M.LIVE = LIVE
 local LIVE_LIST = {}
