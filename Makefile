@@ -61,7 +61,7 @@ LIBS      := -lm
 
 CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c csrc/lfastpath.c csrc/fleet.c csrc/lfleet.c
 ENGINE_SRCS := csrc/engine.c csrc/clock.c
-CTEST_SRC   := spec/c/test_engine.c
+CTEST_SRC   := spec/c/test_engine.c $(sort $(wildcard spec/c/test_engine_*.c))
 # The C tests link the engine through spec/c/whitebox.c: csrc/engine.c as
 # is, plus allocation-failure injection and internal views for the tests.
 CTEST_LINK  := spec/c/whitebox.c csrc/clock.c

@@ -1684,7 +1684,7 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
     x->state = R_LEASED;               /* (not idle yet: destroy needs no unlink) */
     x->opos = NONE;
     if (p->closed) destroy(p, r, CLIENTPOOL_BY_DRAIN);
-    else if (closing_reason(p, x, now) == CLIENTPOOL_BY_RESIZED) destroy(p, r, CLIENTPOOL_BY_RESIZED);
+    else if (over_cap(p, &p->keys[k])) destroy(p, r, CLIENTPOOL_BY_RESIZED);   /* a cap lowered meanwhile */
     else {
       idle_push(p, r, now);
       key_refresh(p, k);

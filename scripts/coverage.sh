@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/coverage.sh - branch coverage of csrc/engine.c from the C tests
-# (spec/c/test_engine.c) and the lua5.4 busted specs (`make coverage`).
+# (spec/c/test_engine.c and spec/c/test_engine_*.c) and the lua5.4 busted specs
+# (`make coverage`).
 #
 # gcc --coverage, everything under build/cov.  The engine is compiled once,
 # through spec/c/whitebox.c (csrc/engine.c unchanged, allocation-failure
@@ -26,10 +27,15 @@ flags=(-std=c11 -O0 -g -fPIC --coverage -I"$root/csrc")
 set -e
 "$cc" "${flags[@]}" -c "$root/spec/c/whitebox.c" -o "$out/obj/whitebox.o"
 "$cc" "${flags[@]}" -c "$root/csrc/clock.c" -o "$out/obj/clock.o"
-"$cc" "${flags[@]}" -I/usr/include/lua5.4 -c "$root/csrc/lclientpool.c" -o "$out/obj/lclientpool.o"
-"$cc" "${flags[@]}" "$root/spec/c/test_engine.c" "$out/obj/whitebox.o" "$out/obj/clock.o" -lm -o "$out/test_engine"
+# the module's other sources (engine.c comes in through whitebox.c)
+binding=()
+for src in lclientpool lfastpath fleet lfleet; do
+  "$cc" "${flags[@]}" -I/usr/include/lua5.4 -c "$root/csrc/$src.c" -o "$out/obj/$src.o"
+  binding+=("$out/obj/$src.o")
+done
+"$cc" "${flags[@]}" "$root"/spec/c/test_engine.c "$root"/spec/c/test_engine_*.c "$out/obj/whitebox.o" "$out/obj/clock.o" -lm -o "$out/test_engine"
 "$cc" -shared --coverage -o "$out/lua5.4/clientpool/core.so" \
-  "$out/obj/whitebox.o" "$out/obj/clock.o" "$out/obj/lclientpool.o" -lm
+  "$out/obj/whitebox.o" "$out/obj/clock.o" "${binding[@]}" -lm
 set +e
 
 echo "coverage: C tests: $("$out/test_engine" | tail -n 1)"

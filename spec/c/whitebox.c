@@ -113,19 +113,22 @@ static void wb_rswap(clientpool_t *p, int h, int32_t i, int32_t j) {
 }
 
 /*
- * The pool the corruptions expect (spec/c/test_engine.c builds it):
+ * The pool the corruptions expect (spec/c/test_engine_faults.c builds it):
  * capacity 2; key A holds an idle record and two queued waiters; key B a
  * leased record with one lease (open); key C one with two leases;
  * max_concurrency is reached, so A sits in the idle ready heap and three
  * more keys with one waiter each sit in the create ready heap; every record
  * has a lifetime, every lease a leak_threshold and every waiter a deadline,
- * so the deadline heap holds at least three entries.
+ * so the deadline heap holds at least three entries; keepalive is on and
+ * another key holds two idle records (the keepalive heap holds three), and
+ * one more a closing record.
  */
 const char *wb_corrupt(clientpool_t *p, int what) {
   int32_t idle = wb_find_rec(p, R_IDLE, -1), open = wb_find_rec(p, R_LEASED, 1);
   int32_t full = wb_find_rec(p, R_LEASED, 0), ka = wb_key_with_waiters(p, 2), l, k;
-  if (idle == NONE || open == NONE || full == NONE || ka == NONE) return NULL;
-  if (p->rlen[RH_CREATE] < 3 || p->rlen[RH_IDLE] < 1 || p->dl.len < 3) return NULL;
+  int32_t closing = wb_find_rec(p, R_CLOSING, -1);
+  if (idle == NONE || open == NONE || full == NONE || ka == NONE || closing == NONE) return NULL;
+  if (p->rlen[RH_CREATE] < 3 || p->rlen[RH_IDLE] < 1 || p->dl.len < 3 || p->ka.len < 3) return NULL;
   switch (what) {
   case 0:
     for (k = 0; k < p->nkeys && p->keys[k].used; k++) {}
@@ -199,6 +202,22 @@ const char *wb_corrupt(clientpool_t *p, int what) {
   case 38: p->keys[ka].st.waiting++; return "key: waiting";
   case 39: p->st.closing++; return "pool: closing";
   case 40: p->keys[ka].st.closing++; return "key: closing";
+  case 41: p->rec[closing].hpos = 0; return "closing record";
+  case 42: p->rec[closing].nleases = 1; return "closing record";
+  case 43:
+    for (l = 0; l < p->nlea && p->lea[l].record == NONE; l++) {}
+    p->lea[l].record = closing;
+    return "points at record";
+  case 44: p->rec[idle].kpos = 99; return "keepalive entry";
+  case 45: p->rec[idle].retire |= IDLE_OVER; return "marked past idle_timeout";
+  case 46: p->keys[ka].nchecking++; return "checking";
+  case 47: p->keys[ka].bstate = B_WINDOW; return "backoff state";
+  case 48: p->keys[ka].fails = 1; return "backoff state";
+  case 49: *hpos_of(p, &p->ka.a[0]) = 1; return "keepalive entry";   /* (the records are checked first) */
+  case 50: p->ka.a[1].t = p->ka.a[0].t - 1; return "keepalive heap order";
+  case 51: p->ka.a[1].t = p->ka.a[0].t + 1; p->ka.a[2].t = p->ka.a[0].t - 1; return "keepalive heap order";
+  case 52: p->nchecking = 1; return "checking";
+  case 53: p->rec[idle].kpos = -5; return "keepalive entry";
   default: return NULL;
   }
 }

@@ -43,7 +43,7 @@ void wb_dump_keys(const clientpool_t *p);
  * Applies corruption `what` (0 .. WB_CORRUPTIONS - 1) to a pool in the shape
  * wb_corrupt documents, and returns the text clientpool_check must report,
  * or NULL if the pool lacks what the corruption needs. */
-#define WB_CORRUPTIONS 41
+#define WB_CORRUPTIONS 54
 const char *wb_corrupt(clientpool_t *p, int what);
 
 #endif
