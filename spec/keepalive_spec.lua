@@ -167,7 +167,9 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
                                       validate = function() n = n + 1; return true end }
         assert(pool:acquire()):release()
         assert.is_true(wait_until(sched, function() return pool:stats().idle == 0 end, 40))
-        assert.equal(2, n)                             -- at 10 and 20, then idle_timeout at 25
+        -- at 10 and 20, then idle_timeout at 25 (a real clock may be late for the second check:
+        -- the client is past its idle_timeout by then, and goes)
+        if S.real then assert.is_true(n == 1 or n == 2, tostring(n)) else assert.equal(2, n) end
         assert.equal(1, pool:stats().closed_by.idle)
         pool:close()
       end)
