@@ -274,7 +274,7 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
         assert.equal(2, pool:stats().idle)
         assert.is_true(pool:configure { idle_timeout = T(15) })   -- measured from when they went idle
         sched.sleep(T(4))
-        assert.equal(2, pool:stats().idle)             -- idle 14 s
+        if not S.real then assert.equal(2, pool:stats().idle) end   -- idle 14 s (a real clock may be late)
         if S.real then
           assert.is_true(wait_until(sched, function() return pool:stats().idle == 0 end, 10))
         else
