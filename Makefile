@@ -9,7 +9,7 @@
 #                        (build/<interp>/clientpool/core.so)
 #   make module          one build for LUA_INCDIR (build/module/...), used by install
 #   make test            deps, build, C tests (gcc and clang ASan/UBSan),
-#                        busted under lua5.1/5.3/5.4/luajit, the LuaRocks build
+#                        busted under lua5.1/5.2/5.3/5.4/luajit, the LuaRocks build
 #                        and its specs, luacheck, then one summary line
 #   make check-memory    C tests under ASan/UBSan, and the lua5.4 busted suite
 #                        against an ASan/UBSan build of the module
@@ -68,8 +68,9 @@ CTEST_SRC   := spec/c/test_engine.c $(sort $(wildcard spec/c/test_engine_*.c))
 # is, plus allocation-failure injection and internal views for the tests.
 CTEST_LINK  := spec/c/whitebox.c csrc/clock.c
 
-INTERPS := lua5.1 lua5.3 lua5.4 luajit
+INTERPS := lua5.1 lua5.2 lua5.3 lua5.4 luajit
 INCDIR_lua5.1 := /usr/include/lua5.1
+INCDIR_lua5.2 := /usr/include/lua5.2
 INCDIR_lua5.3 := /usr/include/lua5.3
 INCDIR_lua5.4 := /usr/include/lua5.4
 INCDIR_luajit := /usr/include/luajit-2.1
@@ -86,8 +87,9 @@ ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:d
            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 # env prefix that makes an interpreter find lua/ and a build dir ($(1)).
-lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LPATH);;' \
-              LUA_CPATH='./$(1)/?.so;;' LUA_CPATH_5_3='./$(1)/?.so;;' LUA_CPATH_5_4='./$(1)/?.so;;'
+lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_2='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LPATH);;' \
+              LUA_CPATH='./$(1)/?.so;;' LUA_CPATH_5_2='./$(1)/?.so;;' LUA_CPATH_5_3='./$(1)/?.so;;' \
+              LUA_CPATH_5_4='./$(1)/?.so;;'
 
 LINT_DIRS = $(wildcard lua spec examples bench)
 
@@ -169,7 +171,7 @@ deps:
 
 TEST_STEPS := all test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind fuzz-ci \
               $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
-              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.1 test-nginx test-prometheus check-rockspec \
+              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.2 test-valgrind-lua5.1 test-nginx test-prometheus check-rockspec \
               test-rocks soak-valgrind lint
 
 # Every step runs even after one fails; scripts/run-steps.sh prints one

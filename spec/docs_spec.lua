@@ -419,6 +419,25 @@ CHECKS["policy"] = function()
   end)
 end
 
+CHECKS["live"] = function()
+  local made, pings = 0, 0
+  local env, vloop = sandbox {
+    connect = function(k) made = made + 1; return sim(k, made) end,
+    close = function(c) c:close() end,
+    ping = function(c) pings = pings + 1; return c.open end,
+    key = "game",
+  }
+  run_snippet("live", env, vloop, "pool", function(lp, pool)
+    assert.equal(16, pool._c.max_live)
+    assert.equal(0.5, pool._c.acquire_timeout)
+    assert.equal(30, pool._c.keepalive)
+    lp.sleep(31)                                   -- the idle client is checked in the background
+    assert.equal(1, pings)
+    assert.equal(1, pool:stats().keepalive)
+    pool:close()
+  end)
+end
+
 CHECKS["drain"] = function()
   local env, vloop = sandbox()
   local n = 0

@@ -5,8 +5,8 @@
 local clientpool = require "clientpool"
 
 -- The driver's files, lowest first (init.lua's header).
-local LAYERS = { "base", "options", "token", "events", "keys", "leak", "stats", "floor", "lease", "admission",
-                 "drain", "acquire", "checkout", "init" }
+local LAYERS = { "base", "options", "token", "events", "keys", "leak", "stats", "floor", "keepalive", "lease",
+                 "admission", "drain", "acquire", "checkout", "configure", "init" }
 
 local function read(path)
   local f = assert(io.open(path, "r"))

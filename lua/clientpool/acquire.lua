@@ -369,7 +369,9 @@ local function wait_for(self, k, name, opts, bare)
   local deadline = timeout and start + timeout
   local e = self._e
   if self._nwaiters > 0 then reap_if_full(self) end
-  local w, g, pending = e:wait(k, deadline or -1, start)   -- the same clock: one read, not two
+  -- the same clock: one read, not two; a priority moves the waiter's place
+  -- (clientpool_wait_priority), checkout has none
+  local w, g, pending = e:wait(k, deadline or -1, start, opts and opts.priority)
   if not w then
     if done then done(h) end
     if g == STALE then
@@ -416,7 +418,7 @@ end
 --- Acquires a client for key (nil = the default key).
 -- Returns a lease, or nil, code[, detail] with code one of timeout, full,
 -- closed, cancelled, create.
-local ACQUIRE_OPTS = { timeout = true, cancel = true, on_drain = true }
+local ACQUIRE_OPTS = { timeout = true, cancel = true, on_drain = true, priority = true }
 
 -- Checks acquire's options, raising at the level of acquire's caller;
 -- returns the cancel token and the on_drain grace (nil: preserve).
@@ -432,7 +434,7 @@ local function acquire_opts(self, opts)
       for name in pairs(opts) do
         if not ACQUIRE_OPTS[name] then
           error("clientpool: bad argument #2 to 'acquire' (unknown option '" .. tostring(name) ..
-                "'; the options are timeout, cancel and on_drain)", 3)
+                "'; the options are timeout, cancel, on_drain and priority)", 3)
         end
       end
       seen[opts] = true
@@ -447,6 +449,13 @@ local function acquire_opts(self, opts)
     if type(t) ~= "number" or t ~= t or t < 0 or t == math_huge then
       error("clientpool: bad argument #2 to 'acquire' (opts.timeout must be a finite number >= 0, got "
             .. tostring(t) .. ")", 3)
+    end
+  end
+  if opts and opts.priority ~= nil then
+    local p = opts.priority
+    if type(p) ~= "number" or p ~= p or p % 1 ~= 0 or p < -2147483648 or p > 2147483647 then
+      error("clientpool: bad argument #2 to 'acquire' (opts.priority must be an integer in " ..
+            "[-2^31, 2^31), got " .. tostring(p) .. ")", 3)
     end
   end
   local drain

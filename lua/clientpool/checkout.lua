@@ -261,6 +261,20 @@ end
 -- set of drain() waiters (it hands over while a drain waits).
 local FP_POOL_FIELDS = { nwaiters = "_nwaiters", drain = "_drain_hs" }
 
+-- The lease form of the fast path (self._fp, made by install_fastpath) is
+-- the pool's acquire and release unless leak_threshold is set: then each
+-- lease records where it was taken, in Lua. configure() calls this again
+-- when leak_threshold changes.
+function M.fastpath_leases(self)
+  local fp = self._fp
+  if not fp then return end
+  if self._c.leak_threshold then
+    self.acquire, self._frel = nil, nil
+  else
+    self.acquire, self._frel = fp.acquire, fp.release
+  end
+end
+
 -- The common case of checkout/checkin and acquire/release in C
 -- (clientpool.core's fastpath): on PUC Lua, and LuaJIT with the JIT off,
 -- most of a pair was the driver's Lua. Installed as the pool's own methods
@@ -284,15 +298,15 @@ function M.install_fastpath(self, mod)
     held = self._held, lease_mt = Lease, pump = pump, drain_wake = wake_drainers,
     pool_fields = FP_POOL_FIELDS, lease_fields = lease_m.FIELDS,
   })
-  -- the lease form: not with leak_threshold (each lease records where it
-  -- was taken, in Lua). acquire stays a Lua function on every Lua: what it
-  -- hands back to Pool.acquire must raise its argument errors at the
-  -- caller's line, which a C caller (lua_callk) would hide; a lease pair is
-  -- long enough that the extra call is a few percent
-  if not c.leak_threshold then
+  -- the lease form (installed by fastpath_leases). acquire stays a Lua
+  -- function on every Lua: what it hands back to Pool.acquire must raise
+  -- its argument errors at the caller's line, which a C caller (lua_callk)
+  -- would hide; a lease pair is long enough that the extra call is a few
+  -- percent
+  do
     local ac = fp.acquire
-    self._frel = fp.release
-    self.acquire = function(s, key, opts)
+    self._fp = { release = fp.release }
+    self._fp.acquire = function(s, key, opts)
       if opts == nil then
         local lease, got, k, st, rec, l, g, validate, idle, pending, sentinel = ac(s, key)
         if lease then return lease end
@@ -311,6 +325,7 @@ function M.install_fastpath(self, mod)
       return lua_acquire(s, key, opts)
     end
   end
+  M.fastpath_leases(self)
   if fp.direct then   -- Lua 5.3+: the C closures finish the job themselves
     self.checkout, self.checkin = fp.checkout, fp.checkin
     return

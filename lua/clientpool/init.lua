@@ -14,11 +14,13 @@
 --   leak       leases held past leak_threshold, leases collected while held
 --   stats      pool:stats(), the timeout/full detail, refusals
 --   floor      pool:run(), the warm floor
+--   keepalive  idle clients checked in the background (option keepalive)
 --   lease      the Lease object
 --   admission  pause, resume, retire, probe, the policy's directives
 --   drain      close, drain, cancel_active
 --   acquire    acquire, try_acquire, with, waiting, grants
 --   checkout   checkout/checkin and the C fast path's installation
+--   configure  pool:configure(), a running pool's options changed
 -- @module clientpool
 
 local base = require "clientpool.base"
@@ -29,11 +31,13 @@ require "clientpool.keys"
 require "clientpool.leak"
 require "clientpool.stats"
 require "clientpool.floor"
+require "clientpool.keepalive"
 require "clientpool.lease"
 require "clientpool.admission"
 require "clientpool.drain"
 require "clientpool.acquire"
 local checkout = require "clientpool.checkout"
+require "clientpool.configure"
 base.own_source()
 
 local type, error, pcall, setmetatable, tostring, ipairs, getmetatable = type, error, pcall, setmetatable,
@@ -70,16 +74,7 @@ function _M.new(opts)
   if not ok then error(c, 2) end
   local sched = options.scheduler(opts.scheduler)
   local mod = c.backend and base.load_backend(c.backend) or core
-  local e = mod.new {
-    max_live = c.max_live, min_idle = c.min_idle, max_idle = c.max_idle,
-    max_concurrency = c.max_concurrency, max_waiting = c.max_waiting, capacity = c.capacity,
-    key_max_live = c.key_max_live, key_max_idle = c.key_max_idle, max_keys = c.max_keys,
-    idle_timeout = c.idle_timeout, max_lifetime = c.max_lifetime,
-    lifetime_jitter = c.lifetime_jitter, validate_after_idle = c.validate_after_idle,
-    leak_threshold = c.leak_threshold, seed = c.seed,
-    pause_fail = c.pause_mode == "fail" and 1 or 0,
-    create_backoff = c.create_backoff or -1, create_backoff_max = c.create_backoff_max or -1,
-  }
+  local e = mod.new(options.engine_config(c))
   pools_made = pools_made + 1
   -- The pool's private fields, by the file that owns them (the others read
   -- some of them). Lazily set: _timer_at, _timer_h, _timer_spawned, _kicked,
@@ -87,6 +82,7 @@ function _M.new(opts)
   -- (drain), _frel (checkout), _warm (here).
   local self = setmetatable({
     _e = e, _c = c, _sched = sched, _mono = sched.monotonic == true,          -- base, options
+    _o = options.copy_options(opts),        -- configure: the options as given, changed by configure()
     _create = c.create, _destroy = c.destroy, _validate = c.validate,         -- the hooks
     _park = c.park, _unpark = c.unpark,
     _clients = {}, _parked = {},            -- record -> client (or what park stored), parked flag

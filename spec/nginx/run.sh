@@ -432,6 +432,13 @@ $(nginx_temp_paths "$run")
       content_by_lua_block { require("app").upstream() }
     }
 
+    # an HTTP answer whose keep-alive connection this nginx closes 300 ms
+    # after it (cases/live.lua: keepalive finds it gone)
+    location = /short_keepalive {
+      keepalive_timeout 300ms;
+      return 200 "ok\n";
+    }
+
     location = /app/wait_abort {
       lua_check_client_abort on;
       content_by_lua_block { require("app").content() }
