@@ -744,6 +744,9 @@ static void floor_check(clientpool_t *p, int32_t k) {
     if (i == p->nwarm) return;
     k = p->warm[i];
   }
+  /* a key short with room: max_idle holds nothing short now (the refills'
+   * own looks set it again once room runs out), whichever way k was found */
+  p->floor_held = 0;
   p->refill_signalled = 1;
   push_event(p, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
 }

@@ -321,6 +321,7 @@ static void floor_check(model_t *m, int k) {
       if (m->keys[j].used && m->keys[j].pinned == 2 && floor_deficit(m, j) > 0) found = 1;
     if (!found) return;
   }
+  m->floor_held = 0;                   /* "a key short with room: nothing is held" */
   m->refill_signalled = 1;
   push(m, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
 }
