@@ -65,4 +65,4 @@ execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
 rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
 cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -n 1)
 nseed=$(find "$corpus" -type f | wc -l)
-echo "fuzz: ok: $nreg regression inputs replayed; ${execs:-?} runs in ${mode}s (${rate:-?}/s) from $nseed seed inputs; ${cov:-}"
+echo "fuzz: ok: $nreg regression inputs replayed; ${execs:-?} runs (at most ${mode}s, ${rate:-?}/s) from $nseed seed inputs; ${cov:-}"
