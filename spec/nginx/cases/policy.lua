@@ -37,7 +37,7 @@ local function watch(pool)
 end
 
 describe("policy.http() over keep-alive connections to an upstream in this nginx", function()
-  it("429 with Retry-After: 1 pauses its origin; requests during the pause queue and complete after it resumes by itself",
+  it("429 with Retry-After: 1 pauses its origin; requests in the pause queue and complete after it resumes by itself",
   function()
     local up = app.upstream_state("api", { script = { 429 } })
     local pool, mgr = app.http_pool("api", { max_live = 2, acquire_timeout = 10, policy = policy.http() })
