@@ -245,6 +245,55 @@ describe("clientpool deadlines over the whole acquire", function()
     end)
   end)
 
+  -- (found by spec/stress_spec.lua, seeds 35, 84, 110, 148, 149 and 197
+  -- on main at be41697: the first checkout of a key, which waited, counted
+  -- its wait twice, in what was left of acquire_timeout and again in the
+  -- time it waited: 1 - 0.6 - 0.6 < 0, a timeout at once when granted, before
+  -- its deadline; a key seen before reported what was left as the time waited)
+  for _, case in ipairs { { "a key checked out for the first time", "b" }, { "a known key", "a" } } do
+    it51("checkout: " .. case[1] .. ", waiting, granted a create, keeps the deadline of its wait", function()
+      run(function(sched)
+        local key = case[2]
+        local n = 0
+        local latency = 0
+        local pool = clientpool.new { max_live = 1, scheduler = sched, acquire_timeout = 1,
+                                      create = function()
+                                        if latency > 0 then sched.sleep(latency) end
+                                        n = n + 1
+                                        return { id = n }
+                                      end }
+        if key == "a" then local c, h = assert(pool:checkout("a")); pool:checkin(h, false); local _ = c end
+        local held = assert(pool:acquire("a"))
+        latency = 0.2
+        local r = {}
+        local function checkout()
+          local t0 = sched.now()
+          r.client, r.h, r.detail = pool:checkout(key)
+          r.t = sched.now() - t0
+        end
+        sched.spawn(checkout)
+        sched.sleep(0.6)
+        held:release(false)               -- the waiter is granted a reservation: create (0.2 s)
+        sched.sleep(2)
+        assert.is_table(r.client, tostring(r.h) .. " " .. tostring(r.detail))   -- 0.6 + 0.2 < 1
+        assert.near(0.8, r.t, 1e-9)
+        pool:checkin(r.h, false)
+        -- a create that outlasts what is left: timeout at the deadline
+        held = assert(pool:acquire("a"))
+        latency = 0.7
+        sched.spawn(checkout)
+        sched.sleep(0.6)
+        held:release(false)
+        sched.sleep(2)
+        assert.is_nil(r.client)
+        assert.equal("timeout", r.h)
+        assert.near(1, r.t, 1e-9)
+        assert.near(1, r.detail.waited, 1e-9)    -- the whole acquisition's time
+        pool:close()
+      end)
+    end)
+  end
+
   it("a create that does not yield cannot be cut short: its caller gets the client", function()
     -- a clock the create moves itself: 2 s pass inside it, with no yield
     local t = 0

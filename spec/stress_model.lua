@@ -287,12 +287,25 @@ function M.run(seed, opts)
     if R.chance(0.015) then collect() end
   end
 
+  -- a hook of call starts (its time is not the call's wait); a hook still
+  -- running when its call ends (the caller left at its deadline or its
+  -- token's cancel, the hook going on in the background: docs/api.md
+  -- "Deadlines") counts up to that end (end_call)
+  local function hook_start(call)
+    local t0 = now()
+    if call and not call.ended then call.hook_from = t0 end
+    return t0
+  end
   local function hook_time(call, t0)
-    if call then call.hook_time = call.hook_time + (now() - t0) end
+    if call and not call.ended then
+      call.hook_time = call.hook_time + (now() - t0)
+      call.hook_from = nil
+    end
   end
 
   local function create(key)
-    local call, t0, k = cur_call(), now(), kname(key)
+    local call, k = cur_call(), kname(key)
+    local t0 = hook_start(call)
     Mo.creates_in_flight = Mo.creates_in_flight + 1
     kcount(Mo.cif_key, k, 1)
     physical_check("create")
@@ -354,7 +367,8 @@ function M.run(seed, opts)
   end
 
   local function validate(c, key, idle)
-    local call, t0 = cur_call(), now()
+    local call = cur_call()
+    local t0 = hook_start(call)
     if type(c) ~= "table" or Mo.clients[c.id] ~= c then
       violation("validate got something that is not a client: " .. tostring(c))
       return true
@@ -581,6 +595,11 @@ function M.run(seed, opts)
   local function end_call(call, ok, code, detail)
     local w, t = call.w, now()
     Mo.inflight = Mo.inflight - 1
+    if call.hook_from then
+      call.hook_time = call.hook_time + (t - call.hook_from)
+      call.hook_from = nil
+      call.left_in_hook = true
+    end
     call.ended = true
     w.call = nil
     W.ctx = nil

@@ -88,7 +88,7 @@ local function checkout_grant(self, key, k, name, gr, deadline, inb)
   end
   if REFUSED[gr.st] then return refused(self, gr.st, name) end
   if not inb then
-    local bound, timeout = bound_of(self, gr, gr.deadline and retry_opts(self, nil, gr.deadline))
+    local bound, timeout = bound_of(self, gr, nil, gr.deadline)
     if bound then return bounded(self, name, bound, timeout, nil, checkout_body, key, k, name, gr) end
   end
   -- a leak sentinel while the hooks run (they may yield): if this coroutine
@@ -166,7 +166,7 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
   else
     local code, w, gr
     if k then
-      gr = grant(st, rec, l, g, validate, idle)
+      gr = grant(st, rec, l, g, validate, idle, waited)
       gr.deadline = deadline
     end
     client, code, rec, l, g, w = checkout_grant(self, key, k, name, gr)
