@@ -413,9 +413,11 @@ function M.run(seed, opts)
       error("validate exploded")
     end
     log("validate c%d: ok (idle %.3f)", c.id, idle)
-    -- a try_acquire that went on without this grant (the validate yielded):
-    -- the driver gives the client back as this returns
-    if call and call.ended and call.kind == "try" and c.nh == 0 then c.idle_since = now() end
+    -- a call that went on without this grant (a try_acquire whose validate
+    -- yielded; an acquire or checkout that left at its deadline or its
+    -- token's cancel while validate ran, docs/api.md "Deadlines"): the
+    -- driver gives the client back as this returns, idle from now
+    if call and call.ended and c.nh == 0 then c.idle_since = now() end
     return true
   end
 
