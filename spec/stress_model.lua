@@ -402,11 +402,13 @@ function M.run(seed, opts)
     vrec.to = now()
     hook_time(call, t0)
     if r < cfg.validate_fail * 100 then
+      if call then call.validate_failed = true end
       c.no_new = c.no_new or "validate false"
       if c.nh > 0 then c.lost = true end
       log("validate c%d: false", c.id)
       return false
     elseif r < (cfg.validate_fail + cfg.validate_throw) * 100 then
+      if call then call.validate_failed = true end
       c.no_new = c.no_new or "validate threw"
       if c.nh > 0 then c.lost = true end
       log("validate c%d: throws", c.id)
@@ -663,7 +665,13 @@ function M.run(seed, opts)
       -- (a finalizer since the refusal, the collector running on its own,
       -- may have served waiters)
       local maybe = cfg.gc_running and #Mo.dropped_list > 0
-      if not (maybe or s.waiting >= cfg.max_waiting or (cfg.max_keys and nkeys >= cfg.max_keys)) then
+      -- (after its own validate failed, the caller looks again in the place
+      -- it kept, and may be refused while max_waiting wait; the refusal ends
+      -- that place, which held every grant back, and a waiter is served at
+      -- once: one fewer waits by now; the engine's regrant,
+      -- csrc/clientpool.h)
+      local slack = call.validate_failed and 1 or 0
+      if not (maybe or s.waiting + slack >= cfg.max_waiting or (cfg.max_keys and nkeys >= cfg.max_keys)) then
         fail(string.format("%s: full with %d waiting (max_waiting %d), %d keys", who, s.waiting, cfg.max_waiting,
           nkeys))
       end
