@@ -130,14 +130,17 @@ end
 
 -- The results of a bounded checkout body, as its caller takes them up.
 -- Nothing (the granted client failed validate and nothing else was free):
--- the caller waits again, in its place, within its deadline. A client that a co-holder lost after the body handed it over, before this
--- caller ran (capacity > 1: a waiter granted a share of the client as it
--- was created ran first), is not taken up: as for a share lost before its
--- hand-over, the caller looks again in its place (acquire.lua's take_late).
+-- the caller waits again within its deadline, as acquire's does (the place
+-- the engine kept for it holds if no other acquisition came in the turn
+-- between: see docs/decisions.md). A client that a co-holder lost after
+-- the body handed it over, before this caller ran (capacity > 1: a waiter
+-- granted a share of the client as it was created ran first), is not
+-- taken up: as for a share lost before its hand-over, the caller looks
+-- again in its place (acquire.lua's take_late).
 function checkout_taken(self, key, k, name, deadline, client, code, rec, l, g, waited)
   if client == nil then
     if code ~= nil then return nil, code, rec end
-    return checkout_grant(self, key, nil, name, nil, deadline, nil)   -- looks again, in its place
+    return checkout_grant(self, key, nil, name, nil, deadline, nil)   -- looks again
   end
   if not lost_share(self, rec) then return client, code, rec, l, g, waited end
   local gr = grant(nil, rec, l, g)
