@@ -497,13 +497,15 @@ end
 -- failed validate or was lost, and must look again with nothing else free
 -- (a fresh acquisition): the same, with what is left until its deadline.
 -- (The timeout started over before: a waiter could end a whole timeout
--- past its deadline; issue 18.)
+-- past its deadline; issue 18. The priority was left out when issue 19
+-- added it: a retry queued at priority 0.)
 -- (Every option of ACQUIRE_OPTS but timeout is copied by name: no loop on
 -- a path the hot path reaches, see the opening comment.)
 local function retry_opts(self, opts, deadline)
   local left = deadline - clock(self)
   if left < 0 then left = 0 end
-  return { timeout = left, cancel = opts and opts.cancel, on_drain = opts and opts.on_drain }
+  return { timeout = left, cancel = opts and opts.cancel, on_drain = opts and opts.on_drain,
+           priority = opts and opts.priority }
 end
 M.retry_opts = retry_opts
 
