@@ -151,6 +151,52 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
   end)
 end
 
+-- (found reading the merges on main at be41697: the retry of an
+-- acquisition whose granted client failed validate with nothing free, or
+-- paused, copied its options by name without the priority live19 added,
+-- and the caller queued again at priority 0)
+describe("clientpool acquire priorities: a retry", function()
+  it("keeps its priority after its client failed validate and it queues again", function()
+    local sched = require("clientpool.loop").new { clock = "virtual" }
+    local order = {}
+    sched.spawn(function()
+      local pool
+      local fail_once = true
+      pool = clientpool.new {
+        create = function() return {} end, max_live = 1, scheduler = sched,
+        validate = function()
+          if not fail_once then return true end
+          fail_once = false
+          pool:pause("upstream")          -- paused meanwhile: the caller queues anew, like anyone
+          return false
+        end }
+      local held = assert(pool:acquire())
+      local function queue(tag, priority)
+        sched.spawn(function()
+          local l = assert(pool:acquire(nil, { priority = priority, timeout = 1e6 }))
+          order[#order + 1] = tag
+          sched.sleep(0)
+          l:release()
+        end)
+      end
+      queue("low", 0)
+      queue("high", 5)
+      sched.sleep(0)
+      assert.equal(2, pool:stats().waiting)
+      held:release()                      -- to "high"; its validate fails; it queues again
+      sched.sleep(0)
+      sched.sleep(0)
+      assert.equal(2, pool:stats().waiting)
+      pool:resume()
+      for _ = 1, 6 do sched.sleep(0) end
+      assert.same({ "high", "low" }, order)
+      pool:close()
+    end)
+    sched.run()
+    assert.same({ "high", "low" }, order)
+  end)
+end)
+
 describe("clientpool acquire priorities: bad input", function()
   it("raises naming the option for a priority that is not an int32", function()
     local pool = clientpool.new { create = function() return {} end, max_live = 1 }

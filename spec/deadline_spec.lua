@@ -245,6 +245,144 @@ describe("clientpool deadlines over the whole acquire", function()
     end)
   end)
 
+  -- (found by spec/stress_spec.lua, seeds 35, 84, 110, 148, 149 and 197
+  -- on main at be41697: the first checkout of a key, which waited, counted
+  -- its wait twice, in what was left of acquire_timeout and again in the
+  -- time it waited: 1 - 0.6 - 0.6 < 0, a timeout at once when granted, before
+  -- its deadline; a key seen before reported what was left as the time waited)
+  for _, case in ipairs { { "a key checked out for the first time", "b" }, { "a known key", "a" } } do
+    it51("checkout: " .. case[1] .. ", waiting, granted a create, keeps the deadline of its wait", function()
+      run(function(sched)
+        local key = case[2]
+        local n = 0
+        local latency = 0
+        local pool = clientpool.new { max_live = 1, scheduler = sched, acquire_timeout = 1,
+                                      create = function()
+                                        if latency > 0 then sched.sleep(latency) end
+                                        n = n + 1
+                                        return { id = n }
+                                      end }
+        if key == "a" then local c, h = assert(pool:checkout("a")); pool:checkin(h, false); local _ = c end
+        local held = assert(pool:acquire("a"))
+        latency = 0.2
+        local r = {}
+        local function checkout()
+          local t0 = sched.now()
+          r.client, r.h, r.detail = pool:checkout(key)
+          r.t = sched.now() - t0
+        end
+        sched.spawn(checkout)
+        sched.sleep(0.6)
+        held:release(false)               -- the waiter is granted a reservation: create (0.2 s)
+        sched.sleep(2)
+        assert.is_table(r.client, tostring(r.h) .. " " .. tostring(r.detail))   -- 0.6 + 0.2 < 1
+        assert.near(0.8, r.t, 1e-9)
+        pool:checkin(r.h, false)
+        -- a create that outlasts what is left: timeout at the deadline
+        held = assert(pool:acquire("a"))
+        latency = 0.7
+        sched.spawn(checkout)
+        sched.sleep(0.6)
+        held:release(false)
+        sched.sleep(2)
+        assert.is_nil(r.client)
+        assert.equal("timeout", r.h)
+        assert.near(1, r.t, 1e-9)
+        assert.near(1, r.detail.waited, 1e-9)    -- the whole acquisition's time
+        pool:close()
+      end)
+    end)
+  end
+
+  -- (found by spec/stress_spec.lua, seeds 61 and 128 on main at be41697:
+  -- the caller of a bounded create is handed its lease a turn later; a
+  -- co-holder granted a share of the new client as it was created ran
+  -- first and lost it, and the caller came back with the lost client, a
+  -- lease already lost and cancelled: docs/api.md "Shared leases" says an
+  -- acquisition granted a share just before the loss, that had not yet
+  -- returned, looks again in its place)
+  for _, how in ipairs { "acquire", "checkout" } do
+    it51("capacity > 1: " .. how .. " whose new client a co-holder lost before it ran looks again", function()
+      run(function(sched)
+        local n, destroyed, acquires = 0, {}, {}
+        local pool = clientpool.new { max_live = 1, capacity = 2, scheduler = sched, acquire_timeout = 1,
+                                      create = function() sched.sleep(0.1); n = n + 1; return { id = n } end,
+                                      destroy = function(c) destroyed[#destroyed + 1] = c.id end }
+        pool:on("acquire", function(_, c) acquires[#acquires + 1] = c.id end)
+        local r = {}
+        sched.spawn(function()
+          if how == "acquire" then
+            r.lease = pool:acquire()          -- bounded by acquire_timeout: its create runs apart
+            r.client = r.lease and r.lease.client
+          else
+            r.client, r.h = pool:checkout()
+          end
+          r.t = sched.now()
+        end)
+        sched.sleep(0.05)
+        local l = assert(pool:acquire())      -- queued: a share of the client being created
+        assert.equal(1, l.client.id)
+        l:release(false)                      -- lost, before the creator took its lease up
+        sched.sleep(1)
+        assert.is_table(r.client)
+        assert.equal(2, r.client.id)          -- not the lost client: a new one
+        assert.near(0.2, r.t, 1e-9)
+        if r.lease then
+          assert.is_not_true(r.lease.lost)
+          assert.is_false(r.lease:cancelled())
+          r.lease:release()
+        else
+          pool:checkin(r.h)
+        end
+        assert.same({ 1 }, destroyed)
+        if how == "acquire" then assert.same({ 1, 2 }, acquires) end   -- one event per caller
+        local s = pool:stats()
+        assert.equal(0, s.leases)
+        assert.equal(1, s.idle)
+        pool:close()
+      end)
+    end)
+  end
+
+  -- (found by spec/stress_spec.lua, seed 166 on main at be41697: a
+  -- checkout whose validate failed with nothing free looked again inside
+  -- its bounded body, with a fresh acquire_timeout as its deadline, and
+  -- went on waiting in the queue after its caller had left at its own:
+  -- a waiter nobody waited for, counted in wait_time, that took the next
+  -- room, created a client for nobody and held a place ahead of real
+  -- waiters)
+  for _, how in ipairs { "acquire", "checkout" } do
+    it51(how .. ": validate fails, nothing free: it waits again until its own deadline, and not after", function()
+      run(function(sched)
+        local n, creates = 0, 0
+        local pool = clientpool.new {
+          max_live = 1, scheduler = sched, acquire_timeout = 1,
+          create = function() creates = creates + 1; n = n + 1; return { id = n } end,
+          validate = function() sched.sleep(0.3); return false end,
+          destroy = function() sched.sleep(2) end }   -- its room comes back at 0.3 + 2
+        local c, h = assert(pool:checkout())
+        pool:checkin(h)
+        local _ = c
+        local t0 = sched.now()
+        local a, b, d
+        if how == "acquire" then a, b, d = pool:acquire() else a, b, d = pool:checkout() end
+        assert.is_nil(a)
+        assert.equal("timeout", b)
+        assert.near(1, sched.now() - t0, 1e-9)           -- its deadline, not 0.3 + a new timeout
+        local _ = d   -- (d.waited: the second wait's 0.7 s, as a retry reports it)
+        local s = pool:stats()
+        assert.equal(0, s.waiting)                       -- nothing waits on for it
+        assert.near(0.7, s.wait_time, 1e-9)              -- from the failed validate to the deadline
+        sched.sleep(5)
+        s = pool:stats()
+        assert.equal(1, creates)                         -- no create for the caller that left
+        assert.equal(0, s.live + s.creating + s.leases + s.waiting)
+        assert.near(0.7, s.wait_time, 1e-9)
+        pool:close()
+      end)
+    end)
+  end
+
   it("a create that does not yield cannot be cut short: its caller gets the client", function()
     -- a clock the create moves itself: 2 s pass inside it, with no yield
     local t = 0

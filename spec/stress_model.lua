@@ -30,8 +30,11 @@
 --     on_drain lease is cancelled by its grace;
 --   * every waiter ends (grant, timeout, cancelled, closed, full, create,
 --     paused: each only when the model allows it) by its deadline, its
---     token's cancel or close, plus the time of its own hooks (the strict
---     form, without the hooks: CLIENTPOOL_STRESS_STRICT_DEADLINE=1); a
+--     token's cancel or close, plus the time of its own hooks; the strict
+--     form (on by default where the driver bounds hooks, issue 12: not on
+--     PUC 5.1): a call with a deadline ends by it or by its token's earlier
+--     cancel, its own create and validate included (a hook still running
+--     then goes on in the background: its time is not the call's wait); a
 --     timeout never comes early; try_acquire never yields;
 --   * stats agree with the model: opened, create_failed, closed (destroy
 --     events), leaked, live = opened - closed, the logical cap (live +
@@ -287,12 +290,25 @@ function M.run(seed, opts)
     if R.chance(0.015) then collect() end
   end
 
+  -- a hook of call starts (its time is not the call's wait); a hook still
+  -- running when its call ends (the caller left at its deadline or its
+  -- token's cancel, the hook going on in the background: docs/api.md
+  -- "Deadlines") counts up to that end (end_call)
+  local function hook_start(call)
+    local t0 = now()
+    if call and not call.ended then call.hook_from = t0 end
+    return t0
+  end
   local function hook_time(call, t0)
-    if call then call.hook_time = call.hook_time + (now() - t0) end
+    if call and not call.ended then
+      call.hook_time = call.hook_time + (now() - t0)
+      call.hook_from = nil
+    end
   end
 
   local function create(key)
-    local call, t0, k = cur_call(), now(), kname(key)
+    local call, k = cur_call(), kname(key)
+    local t0 = hook_start(call)
     Mo.creates_in_flight = Mo.creates_in_flight + 1
     kcount(Mo.cif_key, k, 1)
     physical_check("create")
@@ -354,7 +370,8 @@ function M.run(seed, opts)
   end
 
   local function validate(c, key, idle)
-    local call, t0 = cur_call(), now()
+    local call = cur_call()
+    local t0 = hook_start(call)
     if type(c) ~= "table" or Mo.clients[c.id] ~= c then
       violation("validate got something that is not a client: " .. tostring(c))
       return true
@@ -388,20 +405,24 @@ function M.run(seed, opts)
     vrec.to = now()
     hook_time(call, t0)
     if r < cfg.validate_fail * 100 then
+      if call then call.validate_failed = true end
       c.no_new = c.no_new or "validate false"
       if c.nh > 0 then c.lost = true end
       log("validate c%d: false", c.id)
       return false
     elseif r < (cfg.validate_fail + cfg.validate_throw) * 100 then
+      if call then call.validate_failed = true end
       c.no_new = c.no_new or "validate threw"
       if c.nh > 0 then c.lost = true end
       log("validate c%d: throws", c.id)
       error("validate exploded")
     end
     log("validate c%d: ok (idle %.3f)", c.id, idle)
-    -- a try_acquire that went on without this grant (the validate yielded):
-    -- the driver gives the client back as this returns
-    if call and call.ended and call.kind == "try" and c.nh == 0 then c.idle_since = now() end
+    -- a call that went on without this grant (a try_acquire whose validate
+    -- yielded; an acquire or checkout that left at its deadline or its
+    -- token's cancel while validate ran, docs/api.md "Deadlines"): the
+    -- driver gives the client back as this returns, idle from now
+    if call and call.ended and c.nh == 0 then c.idle_since = now() end
     return true
   end
 
@@ -581,6 +602,11 @@ function M.run(seed, opts)
   local function end_call(call, ok, code, detail)
     local w, t = call.w, now()
     Mo.inflight = Mo.inflight - 1
+    if call.hook_from then
+      call.hook_time = call.hook_time + (t - call.hook_from)
+      call.hook_from = nil
+      call.left_in_hook = true
+    end
     call.ended = true
     w.call = nil
     W.ctx = nil
@@ -606,18 +632,23 @@ function M.run(seed, opts)
       local bound = call.deadline
       local tc = call.token and Mo.token_at[call.token]
       if tc and (not bound or tc < bound) then bound = math.max(tc, call.t0) end
+      -- the strict form (issue 12; docs/api.md "Deadlines"): a call with a
+      -- deadline ends by it, or by its token's cancel if that came first,
+      -- its own create and validate included. Not a close (it ends a wait,
+      -- not a hook in flight), nor a token without a deadline (its hooks run
+      -- in the caller).
+      local hard = call.deadline and bound
       if Mo.closed and (not bound or Mo.close_time < bound) then bound = math.max(Mo.close_time, call.t0) end
-      if bound then
-        if t > bound + EPS then
-          if t - call.hook_time > bound + EPS then
-            fail(string.format("%s ended at %.6f (%s), past its bound %.6f by more than its hooks (%.6fs)",
-              who, t, ok and "granted" or tostring(code), bound, call.hook_time))
-          end
-          if opts.strict_deadline then
-            fail(string.format("%s ended at %.6f, past its bound %.6f (strict)", who, t, bound))
-          end
-          summary.strict_deadline = summary.strict_deadline + 1
+      if bound and t > bound + EPS and t - call.hook_time > bound + EPS then
+        fail(string.format("%s ended at %.6f (%s), past its bound %.6f by more than its hooks (%.6fs)",
+          who, t, ok and "granted" or tostring(code), bound, call.hook_time))
+      end
+      if hard and t > hard + EPS then
+        if opts.strict_deadline then
+          fail(string.format("%s ended at %.6f (%s), past its deadline %.6f (strict; hooks %.6fs)", who, t,
+            ok and "granted" or tostring(code), hard, call.hook_time))
         end
+        summary.strict_deadline = summary.strict_deadline + 1
       end
     end
     if call.after_close and code ~= "closed" then
@@ -642,7 +673,13 @@ function M.run(seed, opts)
       -- (a finalizer since the refusal, the collector running on its own,
       -- may have served waiters)
       local maybe = cfg.gc_running and #Mo.dropped_list > 0
-      if not (maybe or s.waiting >= cfg.max_waiting or (cfg.max_keys and nkeys >= cfg.max_keys)) then
+      -- (after its own validate failed, the caller looks again in the place
+      -- it kept, and may be refused while max_waiting wait; the refusal ends
+      -- that place, which held every grant back, and a waiter is served at
+      -- once: one fewer waits by now; the engine's regrant,
+      -- csrc/clientpool.h)
+      local slack = call.validate_failed and 1 or 0
+      if not (maybe or s.waiting + slack >= cfg.max_waiting or (cfg.max_keys and nkeys >= cfg.max_keys)) then
         fail(string.format("%s: full with %d waiting (max_waiting %d), %d keys", who, s.waiting, cfg.max_waiting,
           nkeys))
       end

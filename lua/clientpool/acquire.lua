@@ -69,7 +69,7 @@ local function lost_share(self, rec)
   local lost = self._lost
   return lost ~= nil and lost[rec] == true
 end
-M.grant = grant
+M.grant, M.lost_share = grant, lost_share
 
 -- The granted idle record failed unpark or validate: it is retired as
 -- invalid and the same caller granted again at once, keeping its place in
@@ -82,12 +82,27 @@ local function regrant(self, gr, want)
   gr.st, gr.rec, gr.l, gr.g, gr.validate, gr.idle, gr.sentinel = st, rec, l, g, validate, idle, sentinel
   return nil
 end
+M.regrant = regrant
 
 -- Whether the running code is a grant whose caller left at its deadline
 -- (see bounded): what it makes goes back to the pool, and it reports no
 -- `acquire` (the caller's `timeout` was reported).
 local function orphaned(self)
   return self._adopted[co_running()] == true
+end
+
+-- The `acquire` event of grant gr's lease, from its body: at once when its
+-- caller has it at once (the code running is the caller's, or a bounded
+-- body's first turn); none when the caller left (orphaned); when the caller
+-- waits for a bounded body, later, as the caller takes the lease up
+-- (gr.late: take_late below), for it may not take this one up after all.
+local function acquired(self, name, gr, client)
+  local a = self._adopted[co_running()]
+  if a == nil then
+    emit(self, "acquire", hook_key(name), client, gr.waited)
+  elseif a ~= true then
+    gr.late = true
+  end
 end
 
 -- The granted idle record failed unpark or validate after its caller left
@@ -183,7 +198,7 @@ local function on_grant(self, name, gr, drain)
       return nil   -- nothing granted (out of memory): the caller acquires anew
     end
     local lease = new_lease(self, name, gr.rec, gr.l, gr.g, client, gr.sentinel, drain)
-    if self._on.acquire and not orphaned(self) then emit(self, "acquire", hook_key(name), client, gr.waited) end
+    if self._on.acquire then acquired(self, name, gr, client) end
     return lease
   end
   -- the lease exists before create runs: if the creating coroutine is killed
@@ -191,7 +206,7 @@ local function on_grant(self, name, gr, drain)
   local lease = new_lease(self, name, gr.rec, gr.l, gr.g, nil, gr.sentinel, drain)
   local client, code, err = create_client(self, name, gr.rec, lease)
   if client == nil then return nil, code, err end
-  if self._on.acquire and not orphaned(self) then emit(self, "acquire", hook_key(name), lease.client, gr.waited) end
+  if self._on.acquire then acquired(self, name, gr, lease.client) end
   return lease
 end
 
@@ -212,17 +227,24 @@ end
 -- The deadline and timeout that bound grant gr's hooks, or nil when they
 -- run in the caller as before: nothing to bound (an idle client without
 -- validate), no timeout, Lua 5.1, or a caller that could not wait anyway.
-local function bound_of(self, gr, opts)
+-- deadline: the one a wait before set (checkout's grant: the wait it was
+-- granted in, or the first wait of a retry; see retry_opts), kept as it is.
+-- (Rebuilt from what was left of it, less the time waited, it counted the
+-- wait twice: a checkout timed out before its deadline, issue 18's stress
+-- test.)
+local function bound_of(self, gr, opts, deadline)
   if IS_51 then return nil end
   local st = gr.st
   if st ~= GRANT_CREATE and not (st == GRANT_IDLE and gr.validate and self._validate) then return nil end
   local timeout = opts and opts.timeout
   if timeout == nil then timeout = self._c.acquire_timeout end
-  if timeout == nil then return nil end
+  if timeout == nil and deadline == nil then return nil end
   local co, main = co_running()
   if co == nil or main or (co_isyieldable and not co_isyieldable()) then return nil end
   local yieldable = self._sched.yieldable
   if yieldable and not yieldable() then return nil end
+  -- (the timeout reported: from the start of the wait it was granted in)
+  if deadline then return deadline, deadline - clock(self) + (gr.waited or 0) end
   -- from the start of the acquisition: a waiter's time queued counts
   return clock(self) - (gr.waited or 0) + timeout, timeout
 end
@@ -475,17 +497,19 @@ end
 -- failed validate or was lost, and must look again with nothing else free
 -- (a fresh acquisition): the same, with what is left until its deadline.
 -- (The timeout started over before: a waiter could end a whole timeout
--- past its deadline; issue 18.)
+-- past its deadline; issue 18. The priority was left out when issue 19
+-- added it: a retry queued at priority 0.)
 -- (Every option of ACQUIRE_OPTS but timeout is copied by name: no loop on
 -- a path the hot path reaches, see the opening comment.)
 local function retry_opts(self, opts, deadline)
   local left = deadline - clock(self)
   if left < 0 then left = 0 end
-  return { timeout = left, cancel = opts and opts.cancel, on_drain = opts and opts.on_drain }
+  return { timeout = left, cancel = opts and opts.cancel, on_drain = opts and opts.on_drain,
+           priority = opts and opts.priority }
 end
 M.retry_opts = retry_opts
 
-local acquire_from
+local acquire_from, lease_of
 
 function Pool:acquire(key, opts)
   if getmetatable(self) ~= Pool then not_a_pool(self, "acquire") end
@@ -526,12 +550,48 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
     if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, waited) end
     return lease
   end
-  local gr = grant(st, rec, l, g, validate, idle, waited, sentinel)
+  return lease_of(self, key, opts, drain, name, grant(st, rec, l, g, validate, idle, waited, sentinel), deadline)
+end
+
+-- A lease a bounded body handed over after its caller waited for it
+-- (gr.late), as the caller takes it up: its `acquire` event now; or, when
+-- a co-holder lost the client in between (capacity > 1: a waiter granted a
+-- share of the client as it was created ran first), not taken up: like a
+-- share lost before its hand-over (lost_share), the caller looks again in
+-- its place (regrant; the engine takes the lease back). Returns the lease,
+-- or nil when gr holds the new grant.
+local function take_late(self, name, gr, lease)
+  gr.late = nil
+  if lease.lost ~= true then
+    if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, gr.waited) end
+    return lease
+  end
+  local l = lease._l
+  if self._held[l] == lease then self._held[l] = nil end
+  local rl = self._rec_leases
+  if rl and rl[lease._r] then rl[lease._r][lease] = nil end
+  lease._g, lease.client = nil, nil
+  regrant(self, gr, true)
+  lease._s = nil             -- (after: see lease.lua's finish_lease)
+  return nil
+end
+
+-- The grant gr of acquire_from made a lease, bounded by the acquisition's
+-- deadline where its hooks are (deadline: a wait's before, else nil).
+function lease_of(self, key, opts, drain, name, gr, deadline)
   local lease, code, err
-  local bound, timeout = bound_of(self, gr, opts)
+  local bound, timeout = bound_of(self, gr, opts, deadline)
   if bound then
     deadline = bound         -- (the whole acquisition's: a wait before counts)
     lease, code, err = bounded(self, name, bound, timeout, opts and opts.cancel, lease_body, name, gr, drain)
+    if lease and gr.late then
+      lease = take_late(self, name, gr, lease)
+      if lease == nil then
+        local st = gr.st
+        if st == GRANT_IDLE or st == GRANT_CREATE then return lease_of(self, key, opts, drain, name, gr, deadline) end
+        if st == CLOSED then return nil, "closed" end
+      end
+    end
   else
     lease, code, err = on_grant(self, name, gr, drain)
   end

@@ -38,6 +38,7 @@ local grant, wait_for, ready_idle, create_client = acquire.grant, acquire.wait_f
 local acquire_from, acquire_opts = acquire.acquire_from, acquire.acquire_opts
 local retry_opts = acquire.retry_opts
 local bound_of, bounded, hand_over = acquire.bound_of, acquire.bounded, acquire.hand_over
+local lost_share, regrant = acquire.lost_share, acquire.regrant
 
 local M = {}
 
@@ -51,7 +52,7 @@ local HSLOTS = 2097152
 local GENS = 4294967296
 local BY_ERROR = BY.error
 
-local checkout_body
+local checkout_body, checkout_grant, checkout_taken
 
 -- checkout's slow path: anything but an idle client usable as it is (no
 -- key id yet: k nil; a refusal, a create, unpark or validate: the grant gr).
@@ -62,7 +63,7 @@ local checkout_body
 -- grant fell through, bounds the wait here too (acquire's retry_opts).
 -- inb: already in a bounded body (acquire.lua's deadlines over the hooks),
 -- whose deadline acquire_timeout set.
-local function checkout_grant(self, key, k, name, gr, deadline, inb)
+function checkout_grant(self, key, k, name, gr, deadline, inb)
   if k == nil then
     local kerr
     k, name, kerr = key_id(self, key, "checkout")
@@ -88,8 +89,11 @@ local function checkout_grant(self, key, k, name, gr, deadline, inb)
   end
   if REFUSED[gr.st] then return refused(self, gr.st, name) end
   if not inb then
-    local bound, timeout = bound_of(self, gr, gr.deadline and retry_opts(self, nil, gr.deadline))
-    if bound then return bounded(self, name, bound, timeout, nil, checkout_body, key, k, name, gr) end
+    local bound, timeout = bound_of(self, gr, nil, gr.deadline)
+    if bound then
+      return checkout_taken(self, key, k, name, bound,
+                            bounded(self, name, bound, timeout, nil, checkout_body, key, k, name, gr))
+    end
   end
   -- a leak sentinel while the hooks run (they may yield): if this coroutine
   -- dies meanwhile, the collector gives the lease or reservation back, as
@@ -115,7 +119,38 @@ local function checkout_grant(self, key, k, name, gr, deadline, inb)
     gr.waited = nil
     return checkout_grant(self, key, k, name, gr, nil, inb)
   end
+  -- nothing free: it waits again. A bounded body leaves that to its caller
+  -- (checkout_taken), as acquire does: waiting here, its wait outlived a
+  -- caller that left at its deadline (a waiter for nobody, that took the
+  -- next room), and had no deadline of its own when the first grant had
+  -- not waited (issue 18's stress test)
+  if inb then return nil end
   return checkout_grant(self, key, nil, name, nil, gr.deadline, inb)
+end
+
+-- The results of a bounded checkout body, as its caller takes them up.
+-- Nothing (the granted client failed validate and nothing else was free):
+-- the caller waits again within its deadline, as acquire's does (the place
+-- the engine kept for it holds if no other acquisition came in the turn
+-- between: see docs/decisions.md). A client that a co-holder lost after
+-- the body handed it over, before this caller ran (capacity > 1: a waiter
+-- granted a share of the client as it was created ran first), is not
+-- taken up: as for a share lost before its hand-over, the caller looks
+-- again in its place (acquire.lua's take_late).
+function checkout_taken(self, key, k, name, deadline, client, code, rec, l, g, waited)
+  if client == nil then
+    if code ~= nil then return nil, code, rec end
+    return checkout_grant(self, key, nil, name, nil, deadline, nil)   -- looks again
+  end
+  if not lost_share(self, rec) then return client, code, rec, l, g, waited end
+  local gr = grant(nil, rec, l, g)
+  regrant(self, gr, false)
+  local st = gr.st
+  gr.deadline = deadline
+  if st == GRANT_IDLE or st == GRANT_CREATE or st == CLOSED then
+    return checkout_grant(self, key, k, name, gr, nil, nil)
+  end
+  return checkout_grant(self, key, nil, name, nil, deadline, nil)
 end
 
 -- A checkout whose caller left at its deadline while the hooks ran: its
@@ -166,7 +201,7 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
   else
     local code, w, gr
     if k then
-      gr = grant(st, rec, l, g, validate, idle)
+      gr = grant(st, rec, l, g, validate, idle, waited)
       gr.deadline = deadline
     end
     client, code, rec, l, g, w = checkout_grant(self, key, k, name, gr)
