@@ -104,6 +104,9 @@ function _M.new(opts)
     _timeouts = 0, _ktimeouts = {},   -- stats: timeouts the driver decided (deadlines over hooks), by key
     _dq = {}, _dqh = 1, _dqt = 0, -- events: destroys queued until the pump is done (rec, client, name, reason)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
+    -- owners: the adapter's owner() (OpenResty: leases end with their request)
+    _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and sched.owner or nil,
+    _owner_watch = false,
   }, Pool)
   -- a collected lease is reported at the pool's clock: a grant it makes is
   -- dated then (its wait, its client's idle time), not at the last call

@@ -15,6 +15,7 @@
 local base = require "clientpool.base"
 local events = require "clientpool.events"
 local leak = require "clientpool.leak"
+local owners = require "clientpool.owners"
 base.own_source()
 
 local type, error, pcall, pairs, setmetatable, getmetatable, tostring = type, error, pcall, pairs, setmetatable,
@@ -25,6 +26,7 @@ local log, emit, hook_key, now_of, outside_level = base.log, base.emit, base.hoo
 local WEAK_KEYS, BY = base.WEAK_KEYS, base.BY
 local pump, wake_drainers = events.pump, events.wake_drainers
 local report_early = leak.report_early
+local track_owner = owners.track
 local Lease = base.Lease
 
 local M = {}
@@ -91,6 +93,8 @@ local function new_lease(self, name, rec, l, g, client, sentinel, drain)
   local lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
                                _s = sentinel, _drain = drain }, Lease)
   self._held[l] = lease   -- weak: for cancel_active, drain and leak reports
+  -- OpenResty: the request (or timer) it belongs to, given back when that ends
+  if self._owner then track_owner(self, lease) end
   if self._c.leak_threshold then
     -- the traceback starts at the caller's frame (else, in a coroutine of
     -- the pool's own, here)

@@ -308,7 +308,8 @@ end
 
 local ADAPTER_FIELDS = { "now", "current", "wait", "wake", "spawn", "sleep" }
 -- Optional; the driver calls each one it finds (docs/decisions.md, "Schedulers").
-local ADAPTER_OPTIONAL = { "background", "done", "alive", "yieldable", "exiting", "log" }
+local ADAPTER_OPTIONAL = { "background", "done", "alive", "yieldable", "exiting", "log", "owner", "owner_alive",
+                           "watch_owners" }
 -- Modules of clientpool/sched/ that are building blocks, not adapters.
 local NOT_ADAPTERS = { core = true, hosted = true }
 

@@ -233,6 +233,50 @@ function handlers.acquire()
   ngx.say(string.format("ok %s waited=%.3f", tostring(id), waited))
 end
 
+-- /app/hold_end?pool=P&how=H[&hold=S]: acquire, then end the request while
+-- the lease is held (cases/request_end.lua), by how: "raise" (error()),
+-- "exit500" (ngx.exit(500)), "exit200" (ngx.say, then ngx.exit(200)),
+-- "read_timeout" (a redis BLPOP past a 50 ms read timeout, assert()ed),
+-- "sleep" (holds S seconds, for a client abort, /app/hold_abort), "timer"
+-- (a timer does it all: acquire, then raise). Sleeps S first when given
+-- (the lease held meanwhile).
+function handlers.hold_end()
+  local name, how = arg("pool"), arg("how")
+  local pool = A.pools[name]
+  if not pool then ngx.say("err nopool"); return end
+  local hold = tonumber(arg("hold"))
+  local function body()
+    local lease, code = pool:acquire()
+    if not lease then record(name .. ":hold_end", "err " .. tostring(code)); return end
+    record(name .. ":hold_end", "held")
+    if how == "sleep" then
+      ngx.say("holding")
+      ngx.flush(true)
+    end
+    if hold then ngx.sleep(hold) end
+    if how == "raise" or how == "timer" then
+      error("handler failed while holding a lease")
+    elseif how == "exit500" then
+      ngx.exit(500)
+    elseif how == "exit200" then
+      ngx.say("exiting")
+      ngx.exit(200)
+    elseif how == "read_timeout" then
+      local sock = lease.client.sock
+      sock:settimeout(50)
+      local r, err = harness().command(sock, "BLPOP", "cp-no-such-list", "5")
+      assert(r, "BLPOP: " .. tostring(err))
+    end
+    record(name .. ":hold_end", "returned")   -- not reached
+  end
+  if how == "timer" then
+    assert(ngx.timer.at(0, function() body() end))
+    ngx.say("timer started")
+    return
+  end
+  body()
+end
+
 function handlers.redis_ping()
   local lease = acquire_or_503()
   if not lease then return end
@@ -417,6 +461,11 @@ function A.content()
     return
   end
   h()
+end
+
+--- /app/<uri> served by handlers[name] (a location of its own).
+function A.content_as(name)
+  handlers[name]()
 end
 
 --- Runs the probe a spec registered for this location (A.probes[name]) in

@@ -439,6 +439,11 @@ $(nginx_temp_paths "$run")
       return 200 "ok\n";
     }
 
+    location = /app/hold_abort {
+      lua_check_client_abort on;
+      content_by_lua_block { require("app").content_as("hold_end") }
+    }
+
     location = /app/wait_abort {
       lua_check_client_abort on;
       content_by_lua_block { require("app").content() }
