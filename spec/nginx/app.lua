@@ -277,6 +277,39 @@ function handlers.hold_end()
   body()
 end
 
+-- /app/redis_deadline?pool=P: acquire (the pool's acquire_timeout), PING
+-- with the lua-resty-redis object, release; records how long the acquire
+-- took and its outcome in A.deadline[P] (cases/setup_backoff.lua reads it).
+-- Says "PONG" (200) or "err <code>" (503).
+A.deadline = {}
+function handlers.redis_deadline()
+  local name = arg("pool")
+  local pool = A.pools[name]
+  if not pool then ngx.say("err nopool"); return end
+  local d = A.deadline[name]
+  local t0 = sched.now()
+  local lease, code = pool:acquire()
+  local took = sched.now() - t0
+  if took > d.max_acquire then d.max_acquire = took end
+  d.outcomes[code or "ok"] = (d.outcomes[code or "ok"] or 0) + 1
+  if not lease then
+    ngx.status = 503
+    ngx.say("err ", tostring(code))
+    return
+  end
+  local r, err = lease.client:ping()
+  if r == "PONG" then lease:release() else lease:release(false) end
+  ngx.status = r and 200 or 502
+  ngx.say(r or ("err ping " .. tostring(err)))
+end
+
+-- /app/mark?name=N: A.marks[N] = now() (run.sh marks fault times).
+A.marks = {}
+function handlers.mark()
+  A.marks[arg("name")] = sched.now()
+  ngx.say("ok")
+end
+
 function handlers.redis_ping()
   local lease = acquire_or_503()
   if not lease then return end
