@@ -224,6 +224,7 @@ function handlers.acquire()
     ngx.say("err ", tostring(code), " ", tostring(detail))
     return
   end
+  A.granted_at[arg("pool")] = sched.now()
   local waited = sched.now() - t0
   if tag then record(arg("pool") .. ":got", tag) end
   local hold = tonumber(arg("hold"))
@@ -240,6 +241,7 @@ end
 -- "sleep" (holds S seconds, for a client abort, /app/hold_abort), "timer"
 -- (a timer does it all: acquire, then raise). Sleeps S first when given
 -- (the lease held meanwhile).
+A.ended_at, A.granted_at = {}, {}
 function handlers.hold_end()
   local name, how = arg("pool"), arg("how")
   local pool = A.pools[name]
@@ -254,6 +256,7 @@ function handlers.hold_end()
       ngx.flush(true)
     end
     if hold then ngx.sleep(hold) end
+    A.ended_at[name] = sched.now()
     if how == "raise" or how == "timer" then
       error("handler failed while holding a lease")
     elseif how == "exit500" then

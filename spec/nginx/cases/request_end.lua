@@ -134,18 +134,19 @@ describe("a lease held when its request ends", function()
     local pool, pname, f = redis_pool()
     local hold = 0.2
     local holder = ngx.thread.spawn(H.http, "/app/hold_end?how=raise&hold=" .. hold .. "&pool=" .. pname)
-    local started = H.now()
     assert.truthy(H.wait_until(function() return pool:stats().leases == 1 end, 2))
-    local t0 = H.now()
     -- queues behind the holder (timeout 1 s: past it without the watch)
     local body = next_acquire(pname, 1)
     local _, status = ngx.thread.wait(holder)
     assert.are.equal(500, status)
     local waited = tonumber(body:match("waited=([%d.]+)"))
     assert.truthy(waited, "the waiting request got: " .. tostring(body))
-    -- the hand-off came right after the holder's end (printed for the record)
-    ngx.say(string.format("# waited %.3f s in all; the holder ended %.3f s after this request started",
-      waited, hold - (t0 - started)))
+    -- the hand-off came right after the holder's end: the watch's bound
+    -- (sched.OWNER_POLL, 2 ms, plus a timer tick), printed for the record;
+    -- asserted only against the waiter's timeout (no absolute thresholds)
+    local gap = app.granted_at[pname] - app.ended_at[pname]
+    ngx.say(string.format("# waited %.3f s; granted %.1f ms after the holder raised", waited, gap * 1000))
+    assert.is_true(gap >= 0 and gap < 1)
     assert.are.equal(1, pool:stats().leaked)
     assert.is_true(f.max_open <= 1)
     pool:close()
