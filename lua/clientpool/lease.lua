@@ -15,7 +15,6 @@
 local base = require "clientpool.base"
 local events = require "clientpool.events"
 local leak = require "clientpool.leak"
-local owners = require "clientpool.owners"
 base.own_source()
 
 local type, error, pcall, pairs, setmetatable, getmetatable, tostring = type, error, pcall, pairs, setmetatable,
@@ -26,7 +25,6 @@ local log, emit, hook_key, now_of, outside_level = base.log, base.emit, base.hoo
 local WEAK_KEYS, BY = base.WEAK_KEYS, base.BY
 local pump, wake_drainers = events.pump, events.wake_drainers
 local report_early = leak.report_early
-local track_owner = owners.track
 local Lease = base.Lease
 
 local M = {}
@@ -90,11 +88,19 @@ M.hold = hold
 -- from Lua 5.2 on, ran one for every lease);
 -- drain: the acquisition's on_drain ("preserve" = nil, or a grace in seconds)
 local function new_lease(self, name, rec, l, g, client, sentinel, drain)
-  local lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
-                               _s = sentinel, _drain = drain }, Lease)
+  local lease
+  local own = self._owner
+  if own then
+    -- OpenResty: the request (or timer) it belongs to, given back when that
+    -- ends (owners.lua); in the constructor, so that the table does not grow
+    local ref, ctx = own()
+    lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
+                           _s = sentinel, _drain = drain, _or = ref or false, _oc = ctx or false }, Lease)
+  else
+    lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
+                           _s = sentinel, _drain = drain }, Lease)
+  end
   self._held[l] = lease   -- weak: for cancel_active, drain and leak reports
-  -- OpenResty: the request (or timer) it belongs to, given back when that ends
-  if self._owner then track_owner(self, lease) end
   if self._c.leak_threshold then
     -- the traceback starts at the caller's frame (else, in a coroutine of
     -- the pool's own, here)

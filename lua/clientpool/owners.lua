@@ -3,7 +3,7 @@
 -- Owns "a lease ends with the request that acquired it" (issue 12): with
 -- an adapter that knows owners (sched.owner / sched.owner_alive; the ngx
 -- adapter: the running request or timer), each lease records its owner
--- (new_lease calls track). A lease still held when its owner ended is
+-- (lease.lua's new_lease: fields _or, _oc). A lease still held when its owner ended is
 -- given back as leaked: nginx closed its cosocket with the request, so
 -- the engine destroys the record (closed_by leaked, the leaked counter,
 -- a `leak` event), and its capacity goes to the next waiter. Nothing runs
@@ -25,12 +25,6 @@ local pump, wake_drainers = events.pump, events.wake_drainers
 
 local M = {}
 
---- Records the running owner on lease (new_lease; self._owner is set).
-function M.track(self, lease)
-  local ref, ctx = self._owner()
-  if ref ~= nil then lease._or, lease._oc = ref, ctx end
-end
-
 -- The held leases whose owner ended, as a list (nil if none), and whether
 -- any held lease has an owner at all.
 local function ended(self)
@@ -38,7 +32,7 @@ local function ended(self)
   local list, n, owned = nil, 0, false
   for _, lease in pairs(self._held) do
     local ref = lease._or
-    if ref ~= nil and lease._g ~= nil then
+    if ref and lease._g ~= nil then
       owned = true
       local ok, moved = alive(ref, lease._oc)
       if not ok then

@@ -238,6 +238,7 @@ end
 -- the lease is held (cases/request_end.lua), by how: "raise" (error()),
 -- "exit500" (ngx.exit(500)), "exit200" (ngx.say, then ngx.exit(200)),
 -- "read_timeout" (a redis BLPOP past a 50 ms read timeout, assert()ed),
+-- "ctx_raise" (ngx.ctx = {}, then error()),
 -- "sleep" (holds S seconds, for a client abort, /app/hold_abort), "timer"
 -- (a timer does it all: acquire, then raise). Sleeps S first when given
 -- (the lease held meanwhile).
@@ -257,6 +258,10 @@ function handlers.hold_end()
     end
     if hold then ngx.sleep(hold) end
     A.ended_at[name] = sched.now()
+    if how == "ctx_raise" then
+      ngx.ctx = { replaced = true }
+      error("handler failed after replacing ngx.ctx")
+    end
     if how == "raise" or how == "timer" then
       error("handler failed while holding a lease")
     elseif how == "exit500" then

@@ -619,10 +619,17 @@ function M.owner()
   if not ctxs or not OWNED[get_phase()] then return nil end
   local r = get_request()
   if not r then return nil end
-  local ctx = ngx.ctx
+  -- the ctx the request has (no getter call: two FFI calls fewer), else
+  -- made by the getter
   local ref = get_ctx_ref(r)
-  if ref <= 0 or ctxs[ref] ~= ctx then return nil end
-  tracked[ctx] = true
+  local ctx
+  if ref > 0 then ctx = ctxs[ref] end
+  if type(ctx) ~= "table" then
+    ctx = ngx.ctx
+    ref = get_ctx_ref(r)
+    if ref <= 0 or ctxs[ref] ~= ctx then return nil end
+  end
+  if not tracked[ctx] then tracked[ctx] = true end
   return ref, ctx
 end
 
@@ -631,8 +638,10 @@ end
 function M.owner_alive(ref, ctx)
   local cur = ctxs[ref]
   if cur == ctx then return true end
+  -- (a bounded walk: ngx.ctx = a, then b, then a again makes a cycle)
   local m = moved[ctx]
-  while m ~= nil do
+  for _ = 1, 32 do
+    if m == nil then return false end
     if m == cur then return true, m end
     m = moved[m]
   end

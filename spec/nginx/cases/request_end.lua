@@ -74,6 +74,7 @@ describe("a lease held when its request ends", function()
     { "calls ngx.exit(500)", "/app/hold_end?how=exit500", 500 },
     { "says something and calls ngx.exit(200)", "/app/hold_end?how=exit200", 200 },
     { "times out reading redis and raises", "/app/hold_end?how=read_timeout", 500 },
+    { "replaces ngx.ctx and raises", "/app/hold_end?how=ctx_raise", 500 },
   }
   for _, w in ipairs(ways) do
     local what, path, want = w[1], w[2], w[3]
@@ -155,7 +156,10 @@ describe("a lease held when its request ends", function()
   it("of a request that is still running is left alone, also after ngx.ctx = {}", function()
     local pool = app.plain_pool("reqend_live", { max_live = 1 })
     local lease = assert(pool:acquire())
+    local first = ngx.ctx
     ngx.ctx = { replaced = true }            -- the same request, a new ctx table
+    ngx.ctx = first                          -- and back (a cycle old -> new -> old)
+    ngx.ctx = { replaced = 2 }
     local l2, code = pool:acquire(nil, { timeout = 0.05 })
     assert.is_nil(l2)
     assert.are.equal("timeout", code)        -- waited: the holder is alive
