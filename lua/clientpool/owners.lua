@@ -12,14 +12,15 @@
 --     that ended before this one started gives its slot at once;
 --   * while acquisitions wait and owned leases are held, every
 --     sched.OWNER_POLL seconds (the ngx adapter: 2 ms) from a timer, so a
---     holder that ends while others wait hands its slot on within that.
+--     holder that ends while others wait hands its slot on within that;
+--   * the same for drain(), which waits for every lease.
 -- docs/decisions.md ("OpenResty: a lease ends with its request").
 
 local base = require "clientpool.base"
 local events = require "clientpool.events"
 base.own_source()
 
-local pairs = pairs
+local pairs, next = pairs, next
 local now_of = base.now_of
 local pump, wake_drainers = events.pump, events.wake_drainers
 
@@ -71,9 +72,10 @@ function M.reclaim(self)
   return #list, true
 end
 
--- The watch's step: look while acquisitions wait and owned leases are held.
+-- The watch's step: look while acquisitions (or drain()) wait and owned
+-- leases are held.
 local function watch_step(self)
-  if self._nwaiters == 0 then
+  if self._nwaiters == 0 and not (self._drain_hs and next(self._drain_hs)) then
     self._owner_watch = false
     return false
   end
@@ -82,12 +84,12 @@ local function watch_step(self)
   return owned
 end
 
---- An acquisition is about to queue: leases of ended owners go first
--- (returns true if any did: the caller looks again), else the watch runs
--- while it waits.
-function M.before_wait(self)
+--- An acquisition (or drain(): always) is about to wait: leases of ended
+-- owners go first (returns true if any did: the caller looks again), else
+-- the watch runs while it waits.
+function M.before_wait(self, always)
   local n, owned = M.reclaim(self)
-  if n > 0 then return true end
+  if n > 0 and not always then return true end
   if owned and not self._owner_watch then
     local watch = self._sched.watch_owners
     if watch and watch(watch_step, self) then self._owner_watch = true end
