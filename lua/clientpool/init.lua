@@ -12,6 +12,7 @@
 --   events     the event pump and its handler table, the pool's timer, kick
 --   keys       key names <-> engine key ids
 --   leak       leases held past leak_threshold, leases collected while held
+--   owners     leases whose owner (an OpenResty request or timer) ended
 --   stats      pool:stats(), the timeout/full detail, refusals
 --   floor      pool:run(), the warm floor
 --   keepalive  idle clients checked in the background (option keepalive)
@@ -29,6 +30,7 @@ local token = require "clientpool.token"
 local events = require "clientpool.events"
 require "clientpool.keys"
 require "clientpool.leak"
+require "clientpool.owners"
 require "clientpool.stats"
 require "clientpool.floor"
 require "clientpool.keepalive"
