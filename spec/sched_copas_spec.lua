@@ -218,5 +218,53 @@ describe("clientpool.sched.copas", function()
       assert.equal(1, got.open)
       assert.equal(1, got.stats.closed_by.error)
     end)
+
+    -- issue 12, finding 7: a server handler whose last resume was for its
+    -- pooled socket (it waited for the upstream's reply, then answered
+    -- without blocking) ended in copas' resume, and copas' autoclose
+    -- closed that socket, idle in the pool by then: the next handler got
+    -- a closed socket and never answered.
+    it("copas server handlers that use the pool: 20 clients x 10 connections, max_live = 2, 200 of 200 replies",
+       function()
+      local replies, bad, handled = 0, {}, 0
+      local pool = tcp_pool(sched, server, { max_live = 2 })
+      local fsrv = assert(socket.bind("127.0.0.1", 0))
+      local _, fport = fsrv:getsockname()
+      copas.addserver(fsrv, function(skt)
+        local line = copas.receive(skt, "*l")
+        if not line then return end
+        local l, code = pool:acquire(nil, { timeout = T(1000) })
+        if not l then copas.send(skt, "err " .. tostring(code) .. "\n"); return end
+        local r = request(l.client, line)    -- the last wait: the pooled socket
+        l:release(r ~= nil)
+        copas.send(skt, tostring(r) .. "\n")  -- (a short answer: no wait)
+        handled = handled + 1
+      end)
+      S.run(sched, function()
+        local done = 0
+        for i = 1, 20 do
+          sched.spawn(function()
+            for j = 1, 10 do
+              local c = assert(connect(fport))
+              local want = "q " .. i .. " " .. j
+              local got = request(c, want)
+              c:close()
+              if got == want then replies = replies + 1 else bad[#bad + 1] = tostring(got) end
+            end
+            done = done + 1
+          end)
+        end
+        local t_end = sched.now() + T(3000)
+        while done < 20 and sched.now() < t_end do sched.sleep(T(0.1)) end
+      end)
+      fsrv:close()
+      assert.are.same({}, bad)
+      assert.equal(200, replies)
+      assert.equal(200, handled)
+      local s = H.check(pool)
+      assert.is_true(s.opened <= 2, "opened " .. s.opened)   -- nothing lost: the two are reused
+      assert.equal(0, s.leases)
+      pool:close()
+    end)
   end)
 end)

@@ -38,6 +38,7 @@ local stats = require "clientpool.stats"
 local snapshot, REFUSED, refused, no_key = stats.snapshot, stats.REFUSED, stats.refused, stats.no_key
 local timed_out = stats.timed_out
 local floor = require "clientpool.floor"
+local owners_before_wait = require("clientpool.owners").before_wait
 local new_lease = require("clientpool.lease").new_lease
 local Token = require("clientpool.token").Token
 
@@ -368,6 +369,9 @@ end
 
 -- bare: no leak sentinel (checkout)
 local function wait_for(self, k, name, opts, bare)
+  -- OpenResty: a lease whose request ended gives its room first (the
+  -- caller looks again), else a watch runs while this waits (owners.lua)
+  if self._owner and owners_before_wait(self) then return nil, STALE end
   local sched = self._sched
   local h, why = sched.current()
   if h == nil then

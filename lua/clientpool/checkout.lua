@@ -303,7 +303,8 @@ local FP_POOL_FIELDS = { nwaiters = "_nwaiters", drain = "_drain_hs" }
 function M.fastpath_leases(self)
   local fp = self._fp
   if not fp then return end
-  if self._c.leak_threshold then
+  -- (and where leases have owners: owners.lua records one on each lease)
+  if self._c.leak_threshold or self._owner then
     self.acquire, self._frel = nil, nil
   else
     self.acquire, self._frel = fp.acquire, fp.release

@@ -16,6 +16,7 @@ local now_of, clock, not_a_pool, DEFAULT, Pool = base.now_of, base.clock, base.n
 local pump = require("clientpool.events").pump
 local fire_cancel = require("clientpool.lease").fire_cancel
 local snapshot = require("clientpool.stats").snapshot
+local owners_before_wait = require("clientpool.owners").before_wait
 
 --- Stops admission, wakes waiters with "closed", destroys idle clients;
 -- leases stay with their holders and their clients are destroyed at release.
@@ -62,6 +63,9 @@ function Pool:drain(timeout)
   end
   self:close()
   local e = self._e
+  -- OpenResty: leases of ended requests never come back by themselves
+  -- (owners.lua gives them back now, and watches while this waits)
+  if self._owner then owners_before_wait(self, true) end
   if e:stats(-1, self._scratch).leases == 0 then return true end
   local sched = self._sched
   local h, why = sched.current()

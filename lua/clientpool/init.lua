@@ -12,6 +12,7 @@
 --   events     the event pump and its handler table, the pool's timer, kick
 --   keys       key names <-> engine key ids
 --   leak       leases held past leak_threshold, leases collected while held
+--   owners     leases whose owner (an OpenResty request or timer) ended
 --   stats      pool:stats(), the timeout/full detail, refusals
 --   floor      pool:run(), the warm floor
 --   keepalive  idle clients checked in the background (option keepalive)
@@ -29,6 +30,7 @@ local token = require "clientpool.token"
 local events = require "clientpool.events"
 require "clientpool.keys"
 require "clientpool.leak"
+require "clientpool.owners"
 require "clientpool.stats"
 require "clientpool.floor"
 require "clientpool.keepalive"
@@ -104,6 +106,9 @@ function _M.new(opts)
     _timeouts = 0, _ktimeouts = {},   -- stats: timeouts the driver decided (deadlines over hooks), by key
     _dq = {}, _dqh = 1, _dqt = 0, -- events: destroys queued until the pump is done (rec, client, name, reason)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
+    -- owners: the adapter's owner() (OpenResty: leases end with their request)
+    _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and sched.owner or nil,
+    _owner_watch = false,
   }, Pool)
   -- a collected lease is reported at the pool's clock: a grant it makes is
   -- dated then (its wait, its client's idle time), not at the last call

@@ -88,8 +88,18 @@ M.hold = hold
 -- from Lua 5.2 on, ran one for every lease);
 -- drain: the acquisition's on_drain ("preserve" = nil, or a grace in seconds)
 local function new_lease(self, name, rec, l, g, client, sentinel, drain)
-  local lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
-                               _s = sentinel, _drain = drain }, Lease)
+  local lease
+  local own = self._owner
+  if own then
+    -- OpenResty: the request (or timer) it belongs to, given back when that
+    -- ends (owners.lua); in the constructor, so that the table does not grow
+    local ref, ctx = own()
+    lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
+                           _s = sentinel, _drain = drain, _or = ref or false, _oc = ctx or false }, Lease)
+  else
+    lease = setmetatable({ client = client, _p = self, _key = name, _r = rec, _l = l, _g = g,
+                           _s = sentinel, _drain = drain }, Lease)
+  end
   self._held[l] = lease   -- weak: for cancel_active, drain and leak reports
   if self._c.leak_threshold then
     -- the traceback starts at the caller's frame (else, in a coroutine of

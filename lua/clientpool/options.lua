@@ -308,14 +308,31 @@ end
 
 local ADAPTER_FIELDS = { "now", "current", "wait", "wake", "spawn", "sleep" }
 -- Optional; the driver calls each one it finds (docs/decisions.md, "Schedulers").
-local ADAPTER_OPTIONAL = { "background", "done", "alive", "yieldable", "exiting", "log" }
+local ADAPTER_OPTIONAL = { "background", "done", "alive", "yieldable", "exiting", "log", "owner", "owner_alive",
+                           "watch_owners" }
 -- Modules of clientpool/sched/ that are building blocks, not adapters.
 local NOT_ADAPTERS = { core = true, hosted = true }
 
 function M.scheduler(s)
   if s == nil then
     local ngx = rawget(_G, "ngx")
-    if type(ngx) == "table" and type(ngx.get_phase) == "function" then s = "ngx" else s = "loop" end
+    if type(ngx) == "table" and type(ngx.get_phase) == "function" then
+      s = "ngx"
+    else
+      -- a pool made inside a cqueues controller or a luv callback belongs
+      -- to that host (issue 12: the built-in loop nobody runs there kept
+      -- its timer, and its waits yielded to cqueues); elsewhere the
+      -- built-in loop, whose waits raise a clientpool: error naming the
+      -- scheduler option under a host they detect (sched/core.lua)
+      local host = require("clientpool.sched.core").foreign_host()
+      if host and host:find('"cqueues"', 1, true) then
+        s = "cqueues"
+      elseif host and host:find('"luv"', 1, true) then
+        s = "luv"
+      else
+        s = "loop"
+      end
+    end
   end
   if type(s) == "string" then
     local ok, mod

@@ -224,6 +224,7 @@ function handlers.acquire()
     ngx.say("err ", tostring(code), " ", tostring(detail))
     return
   end
+  A.granted_at[arg("pool")] = sched.now()
   local waited = sched.now() - t0
   if tag then record(arg("pool") .. ":got", tag) end
   local hold = tonumber(arg("hold"))
@@ -231,6 +232,90 @@ function handlers.acquire()
   local id = type(lease.client) == "table" and lease.client.id or tostring(lease.client)
   if arg("destroy") then lease:release(false) else lease:release() end
   ngx.say(string.format("ok %s waited=%.3f", tostring(id), waited))
+end
+
+-- /app/hold_end?pool=P&how=H[&hold=S]: acquire, then end the request while
+-- the lease is held (cases/request_end.lua), by how: "raise" (error()),
+-- "exit500" (ngx.exit(500)), "exit200" (ngx.say, then ngx.exit(200)),
+-- "read_timeout" (a redis BLPOP past a 50 ms read timeout, assert()ed),
+-- "ctx_raise" (ngx.ctx = {}, then error()),
+-- "sleep" (holds S seconds, for a client abort, /app/hold_abort), "timer"
+-- (a timer does it all: acquire, then raise). Sleeps S first when given
+-- (the lease held meanwhile).
+A.ended_at, A.granted_at = {}, {}
+function handlers.hold_end()
+  local name, how = arg("pool"), arg("how")
+  local pool = A.pools[name]
+  if not pool then ngx.say("err nopool"); return end
+  local hold = tonumber(arg("hold"))
+  local function body()
+    local lease, code = pool:acquire()
+    if not lease then record(name .. ":hold_end", "err " .. tostring(code)); return end
+    record(name .. ":hold_end", "held")
+    if how == "sleep" then
+      ngx.say("holding")
+      ngx.flush(true)
+    end
+    if hold then ngx.sleep(hold) end
+    A.ended_at[name] = sched.now()
+    if how == "ctx_raise" then
+      ngx.ctx = { replaced = true }
+      error("handler failed after replacing ngx.ctx")
+    end
+    if how == "raise" or how == "timer" then
+      error("handler failed while holding a lease")
+    elseif how == "exit500" then
+      ngx.exit(500)
+    elseif how == "exit200" then
+      ngx.say("exiting")
+      ngx.exit(200)
+    elseif how == "read_timeout" then
+      local sock = lease.client.sock
+      sock:settimeout(50)
+      local r, err = harness().command(sock, "BLPOP", "cp-no-such-list", "5")
+      assert(r, "BLPOP: " .. tostring(err))
+    end
+    record(name .. ":hold_end", "returned")   -- not reached
+  end
+  if how == "timer" then
+    assert(ngx.timer.at(0, function() body() end))
+    ngx.say("timer started")
+    return
+  end
+  body()
+end
+
+-- /app/redis_deadline?pool=P: acquire (the pool's acquire_timeout), PING
+-- with the lua-resty-redis object, release; records how long the acquire
+-- took and its outcome in A.deadline[P] (cases/setup_backoff.lua reads it).
+-- Says "PONG" (200) or "err <code>" (503).
+A.deadline = {}
+function handlers.redis_deadline()
+  local name = arg("pool")
+  local pool = A.pools[name]
+  if not pool then ngx.say("err nopool"); return end
+  local d = A.deadline[name]
+  local t0 = sched.now()
+  local lease, code = pool:acquire()
+  local took = sched.now() - t0
+  if took > d.max_acquire then d.max_acquire = took end
+  d.outcomes[code or "ok"] = (d.outcomes[code or "ok"] or 0) + 1
+  if not lease then
+    ngx.status = 503
+    ngx.say("err ", tostring(code))
+    return
+  end
+  local r, err = lease.client:ping()
+  if r == "PONG" then lease:release() else lease:release(false) end
+  ngx.status = r and 200 or 502
+  ngx.say(r or ("err ping " .. tostring(err)))
+end
+
+-- /app/mark?name=N: A.marks[N] = now() (run.sh marks fault times).
+A.marks = {}
+function handlers.mark()
+  A.marks[arg("name")] = sched.now()
+  ngx.say("ok")
 end
 
 function handlers.redis_ping()
@@ -417,6 +502,11 @@ function A.content()
     return
   end
   h()
+end
+
+--- /app/<uri> served by handlers[name] (a location of its own).
+function A.content_as(name)
+  handlers[name]()
 end
 
 --- Runs the probe a spec registered for this location (A.probes[name]) in

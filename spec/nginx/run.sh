@@ -27,7 +27,8 @@
 # environment: NGINX (default nginx), REDIS_SERVER (default redis-server),
 # EXTRA_LUA_PATH (prepended to lua_package_path, e.g. "/tmp/x/?.lua;"),
 # NGINX_MODULES (default /usr/lib/nginx/modules), KEEP=1 leaves both servers
-# running (for debugging; stop them yourself).
+# running (for debugging; stop them yourself), WITH_LOAD=1 runs the wrk
+# checks before the exiting case also when cases are named.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -439,6 +440,11 @@ $(nginx_temp_paths "$run")
       return 200 "ok\n";
     }
 
+    location = /app/hold_abort {
+      lua_check_client_abort on;
+      content_by_lua_block { require("app").content_as("hold_end") }
+    }
+
     location = /app/wait_abort {
       lua_check_client_abort on;
       content_by_lua_block { require("app").content() }
@@ -501,7 +507,7 @@ else
   cases=()
   for f in "$here"/cases/*.lua; do
     n=$(basename "$f" .lua)
-    case $n in exiting|setup_*) ;; *) cases+=("$n") ;; esac
+    case $n in exiting|setup_*|check_*) ;; *) cases+=("$n") ;; esac
   done
   [ -f "$here/cases/exiting.lua" ] && cases+=(exiting)
 fi
@@ -541,6 +547,50 @@ wrk_load() {
   grep -q 'requests in' "$run/logs/wrk.log"
 }
 
+# The second redis-server (faultctl.sh) from here: start or kill; prints
+# its status line.
+fault_cmd() {
+  local ctl=$run/ctl
+  rm -f "$ctl/redis2.status"
+  echo "$1" >"$ctl/redis2.cmd.tmp" && mv "$ctl/redis2.cmd.tmp" "$ctl/redis2.cmd"
+  for _ in $(seq 1 250); do
+    [ -s "$ctl/redis2.status" ] && { cat "$ctl/redis2.status"; return; }
+    sleep 0.02
+  done
+  echo "no answer from faultctl.sh"
+}
+
+# Issue 12: wrk against a pool of lua-resty-redis clients (cpngx.driver's
+# preset) while the second redis-server is killed for 2 s and started
+# again; the pool's create hook counts connection attempts. With the create
+# backoff they stay within its bound while redis is down, and no acquire
+# outlives its deadline (acquire_timeout 0.5); the same load on a pool with
+# create_backoff = false makes far more (cases/check_backoff.lua).
+backoff_load() {
+  local name out
+  command -v wrk >/dev/null || { echo "    wrk is not installed (apt-get install wrk)"; return 1; }
+  [ "$(fault_cmd start)" = up ] || { echo "    the second redis-server did not start"; return 1; }
+  curl -fs "http://127.0.0.1:$port/run/setup_backoff" >"$run/logs/setup_backoff.log" || return 1
+  grep -q '^1 passed, 0 failed$' "$run/logs/setup_backoff.log" || { cat "$run/logs/setup_backoff.log"; return 1; }
+  for name in backoff nobackoff; do
+    [ "$(fault_cmd start)" = up ] || return 1
+    wrk -t2 -c20 -d4s "http://127.0.0.1:$port/app/redis_deadline?pool=$name" >"$run/logs/wrk_$name.log" 2>&1 &
+    local w=$!
+    sleep 1
+    [ "$(fault_cmd kill)" = down ] || { kill "$w"; return 1; }
+    curl -fs "http://127.0.0.1:$port/app/mark?name=$name:down" >/dev/null
+    sleep 2
+    curl -fs "http://127.0.0.1:$port/app/mark?name=$name:up" >/dev/null
+    [ "$(fault_cmd start)" = up ] || { kill "$w"; return 1; }
+    wait "$w"
+    echo "    wrk ($name): $(grep -E 'requests in|Non-2xx' "$run/logs/wrk_$name.log" | tr -s ' ' | tr '\n' ';')"
+  done
+  fault_cmd kill >/dev/null
+  out=$(curl -s -m 30 "http://127.0.0.1:$port/run/check_backoff")
+  echo "$out" | sed 's/^/    /'
+  echo "$out" | grep -q '^2 passed, 0 failed$'
+}
+
 # After the reload (exiting case), the old worker must be gone soon, though
 # its pool had a timer task waiting on a long deadline.
 old_worker_gone() {
@@ -554,8 +604,9 @@ old_worker_gone() {
 }
 
 for c in "${cases[@]}"; do
-  if [ "$c" = exiting ] && [ $# -eq 0 ]; then
+  if [ "$c" = exiting ] && { [ $# -eq 0 ] || [ "${WITH_LOAD:-0}" = 1 ]; }; then
     check "wrk -c50 against one pool: redis never sees more than max_live connections" wrk_load
+    check "wrk -c20 while redis is killed for 2 s: create attempts within the backoff's bound, no acquire past its deadline" backoff_load
   fi
   run_case "$c"
   if [ "$c" = exiting ]; then

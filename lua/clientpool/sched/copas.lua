@@ -23,7 +23,8 @@
 -- next step); a task's error is re-raised by run()/step() with its traceback
 -- (an error in a coroutine copas resumes is copas' to report). A coroutine
 -- copas started that ends while the adapter resumed it is not closed by copas'
--- autoclose: close its socket yourself.
+-- autoclose: close its socket yourself (a copas.addserver handler is taken
+-- care of: see the wrapper below).
 
 local copas = require "copas"
 local hosted = require "clientpool.sched.hosted"
@@ -35,6 +36,40 @@ local monotime = core.monotime
 local NAME = "clientpool.sched.copas"
 
 local new
+
+-- The instance whose step()/run() is in copas.step now (see addserver).
+local stepping
+
+-- copas.addserver, wrapped (issue 12, finding 7). copas ends a handler
+-- in its own resume and then closes the socket that resume was for
+-- (autoclose): a handler whose last wait was its pooled connection (it
+-- read the upstream's reply, released the lease, answered its client
+-- without blocking) had that connection closed, idle in the pool by then,
+-- and the next handler got a dead socket. A wrapped TCP handler that
+-- returns while an instance of this adapter is stepping copas takes one
+-- turn of that instance (sleep(0): the coroutine moves to its queue, as a
+-- wait in the pool does) and ends there, where copas closes nothing; it
+-- then closes its own client socket when copas.autoclose is on, as copas
+-- would have for a handler whose last wait was its client. A handler that
+-- raises is copas' to report, as before. Installed once per copas module,
+-- when this adapter is first required: servers added before keep copas'
+-- behaviour (docs/hosts.md).
+if type(copas.addserver) == "function" and not copas._clientpool_addserver then
+  local addserver = copas.addserver
+  copas._clientpool_addserver = addserver
+  copas.addserver = function(server, handler, timeout)
+    if type(handler) ~= "function" or tostring(server):sub(1, 3) == "udp" then
+      return addserver(server, handler, timeout)
+    end
+    return addserver(server, function(skt, ...)
+      handler(skt, ...)
+      local A = stepping
+      if A == nil then return end     -- copas.loop() without the adapter: as before
+      A.sleep(0)
+      if copas.autoclose and skt then skt:close() end
+    end, timeout)
+  end
+end
 
 new = function()
   local A = { name = "copas", monotonic = true }
@@ -67,7 +102,10 @@ new = function()
   function A.step(max)
     local err = q.turn()
     if err ~= nil then error(err, 0) end
+    local prev = stepping
+    stepping = A
     copas.step(timeout(max))
+    stepping = prev
   end
 
   --- Steps until no foreground task, timer or ready coroutine of the adapter
@@ -84,7 +122,10 @@ new = function()
         error(("%s: deadlock: %d task(s) wait with no deadline and nothing left to wake them")
               :format(NAME, q.stats().tasks), 2)
       end
+      local prev = stepping
+      stepping = A
       copas.step(timeout(nil))
+      stepping = prev
     end
   end
 

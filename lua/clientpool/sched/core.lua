@@ -82,6 +82,31 @@ local function cannot_wait(co)
 end
 M.cannot_wait = cannot_wait
 
+--- Why a coroutine the built-in loop is not resuming (outside its turn)
+-- cannot wait on it: it runs under another host, whose resume would get
+-- the loop's yield (issue 12: cqueues raised a foreign "attempt to yield
+-- from outside a coroutine"). Detectable: a cqueues controller's own
+-- thread (cqueues.running() says so), a luv callback (uv.loop_mode() is
+-- set while uv.run runs). Debian's copas 1.2 keeps no such state. nil
+-- when none is detected.
+local loaded = package.loaded
+local function foreign_host()
+  local cq = loaded.cqueues
+  if type(cq) == "table" and type(cq.running) == "function" then
+    local ctl, own = cq.running()
+    if ctl ~= nil and own then
+      return "it runs in a cqueues controller, not on the built-in loop: " ..
+             "create the pool with scheduler = \"cqueues\""
+    end
+  end
+  local uv = loaded.luv
+  if type(uv) == "table" and type(uv.loop_mode) == "function" and uv.loop_mode() ~= nil then
+    return "it runs in a luv callback, not on the built-in loop: create the pool with scheduler = \"luv\""
+  end
+  return nil
+end
+M.foreign_host = foreign_host
+
 --- sleep's argument checks, raising at the level of sleep's caller.
 local function check_sleep(name, s)
   local co = running_co()
@@ -403,6 +428,10 @@ function M.new(opts)
     if not co then return nil, "not in a coroutine" end
     if co_isyieldable and not co_isyieldable() then
       return nil, "coroutine cannot yield here"
+    end
+    if not in_turn and not hosted then
+      local why = foreign_host()
+      if why then return nil, why end
     end
     return co
   end

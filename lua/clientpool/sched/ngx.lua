@@ -540,6 +540,134 @@ function M.log(msg)
   end
 end
 
+---------------------------------------------------------------------------
+-- Request liveness: the owner of a lease (issue 12, docs/decisions.md
+-- "OpenResty: a lease ends with its request")
+---------------------------------------------------------------------------
+-- A lease still held when the request (or timer) that acquired it ends is
+-- given back by the driver (clientpool.owners). What tells "that request
+-- ended": lua-resty-core keeps every request's ngx.ctx table in the
+-- registry's ngx_lua_ctx_tables at the request's ctx ref, and ngx_lua's
+-- cleanup unrefs it when the request is freed (the slot then holds a
+-- free-list integer, or the ctx of a later request that got the ref).
+-- Coroutines cannot tell: ngx_lua recycles them across requests. So the
+-- owner is (ref, ctx) and it is alive while ctxs[ref] is still ctx.
+-- `ngx.ctx = t` replaces the table under the same ref: a wrapped setter
+-- records old -> new (weak keys) so such a request stays alive.
+
+-- Phases with a request ctx that is not the SSL handshake's (whose ctx
+-- ref is kept apart): an owner is known there.
+local OWNED = {
+  rewrite = true, server_rewrite = true, access = true, content = true, timer = true,
+  log = true, header_filter = true, body_filter = true, set = true, balancer = true,
+}
+
+local get_ctx_ref, get_request, ctxs
+local moved = setmetatable({}, { __mode = "k" })   -- ctx replaced by ngx.ctx = t: old -> new
+local tracked = setmetatable({}, { __mode = "k" }) -- ctx tables handed out by owner()
+do
+  local ok = pcall(function()
+    local ffi = require "ffi"
+    require "resty.core.ctx"                 -- declares ngx_http_lua_ffi_get_ctx_ref
+    local fn = ffi.C.ngx_http_lua_ffi_get_ctx_ref
+    local base = require "resty.core.base"
+    local in_ssl, ssl_ref = ffi.new("int[1]"), ffi.new("int[1]")
+    get_request = base.get_request
+    get_ctx_ref = function(r) return fn(r, in_ssl, ssl_ref) end
+    ctxs = debug.getregistry().ngx_lua_ctx_tables
+  end)
+  if not ok or type(ctxs) ~= "table" then get_ctx_ref, ctxs = nil, nil end
+  -- the ctx setter, wrapped (found through the registration function's
+  -- upvalue: resty.core.misc keeps the setters in a local table)
+  if ctxs then
+    local misc = require "resty.core.misc"
+    local setters
+    local getupvalue = debug.getupvalue
+    for i = 1, 8 do
+      local name, v = getupvalue(misc.register_ngx_magic_key_setter, i)
+      if name == nil then break end
+      if name == "ngx_magic_key_setters" then setters = v end
+    end
+    local orig = setters and setters.ctx
+    if type(orig) == "function" then
+      misc.register_ngx_magic_key_setter("ctx", function(new)
+        local r = get_request()
+        local old
+        if r then
+          local ref = get_ctx_ref(r)
+          if ref > 0 then old = ctxs[ref] end
+        end
+        orig(new)
+        if old ~= nil and tracked[old] and old ~= new then
+          moved[old] = new
+          tracked[new] = true
+        end
+      end)
+    else
+      -- without the wrapper, a replaced ngx.ctx would read as an ended
+      -- request: no owners at all rather than wrong ones
+      get_ctx_ref, ctxs = nil, nil
+    end
+  end
+end
+
+--- The owner of leases acquired now: the running request or timer, as
+-- two values (its ctx ref and ctx table), or nil where there is none
+-- (init_worker, SSL phases) or lua-resty-core is missing. Makes the
+-- request's ngx.ctx table if it had none (one small table).
+function M.owner()
+  if not ctxs or not OWNED[get_phase()] then return nil end
+  local r = get_request()
+  if not r then return nil end
+  -- the ctx the request has (no getter call: two FFI calls fewer), else
+  -- made by the getter
+  local ref = get_ctx_ref(r)
+  local ctx
+  if ref > 0 then ctx = ctxs[ref] end
+  if type(ctx) ~= "table" then
+    ctx = ngx.ctx
+    ref = get_ctx_ref(r)
+    if ref <= 0 or ctxs[ref] ~= ctx then return nil end
+  end
+  if not tracked[ctx] then tracked[ctx] = true end
+  return ref, ctx
+end
+
+--- Whether the owner (ref, ctx) is still running; a second value, the
+-- table that replaced ctx (ngx.ctx = t), when it was replaced.
+function M.owner_alive(ref, ctx)
+  local cur = ctxs[ref]
+  if cur == ctx then return true end
+  -- (a bounded walk: ngx.ctx = a, then b, then a again makes a cycle)
+  local m = moved[ctx]
+  for _ = 1, 32 do
+    if m == nil then return false end
+    if m == cur then return true, m end
+    m = moved[m]
+  end
+  return false
+end
+
+-- How often the watch looks while waiters wait (seconds; the bound of
+-- "within a few milliseconds": nginx's timers have 1 ms resolution).
+M.OWNER_POLL = 0.002
+
+local function owner_poll(premature, fn, a)
+  if premature then return end
+  local ok, again = pcall(fn, a)
+  if not ok then
+    ngx_log(ERR, "clientpool: owner watch failed: ", tostring(again))
+  elseif again then
+    timer_at(M.OWNER_POLL, owner_poll, fn, a)
+  end
+end
+
+--- Calls fn(a) every OWNER_POLL seconds in a timer until it returns a
+-- false value (the driver: while waiters wait and leases are owned).
+function M.watch_owners(fn, a)
+  return timer_at(M.OWNER_POLL, owner_poll, fn, a)
+end
+
 --- Counters for tests and diagnostics: semaphores made, free, handles
 -- that still hold one, grants reported lost, wakes refused.
 function M.stats(t)
