@@ -60,11 +60,11 @@ BASEFLAGS  = $(WARNFLAGS) -fPIC -Icsrc
 LIBS      := -lm
 
 CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c csrc/lfastpath.c csrc/fleet.c csrc/lfleet.c
-ENGINE_SRCS := csrc/engine.c csrc/clock.c
+ENGINE_SRCS := csrc/engine.c csrc/clock.c csrc/fleet.c
 CTEST_SRC   := spec/c/test_engine.c $(sort $(wildcard spec/c/test_engine_*.c))
 # The C tests link the engine through spec/c/whitebox.c: csrc/engine.c as
 # is, plus allocation-failure injection and internal views for the tests.
-CTEST_LINK  := spec/c/whitebox.c csrc/clock.c
+CTEST_LINK  := spec/c/whitebox.c csrc/clock.c csrc/fleet.c
 
 INTERPS := lua5.1 lua5.3 lua5.4 luajit
 INCDIR_lua5.1 := /usr/include/lua5.1
@@ -254,7 +254,7 @@ test-busted-asan: build/asan-lua5.4/clientpool/core.so
 FUZZ_TIME    ?= 60
 FUZZ_CI_TIME ?= 20
 FUZZ_BIN     := build/fuzz/fuzz_engine
-FUZZ_SRCS    := spec/c/fuzz_engine.c spec/c/model.c spec/c/whitebox.c csrc/clock.c
+FUZZ_SRCS    := spec/c/fuzz_engine.c spec/c/model.c spec/c/whitebox.c csrc/clock.c csrc/fleet.c
 
 # libFuzzer + ASan + UBSan; the engine comes in through spec/c/whitebox.c.
 $(FUZZ_BIN): $(FUZZ_SRCS) csrc/engine.c $(wildcard csrc/*.h spec/c/*.h)
@@ -326,9 +326,9 @@ build/bench/engine_pair: bench/c/engine_pair.c $(ENGINE_SRCS) $(wildcard csrc/*.
 	@mkdir -p $(@D)
 	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/engine_pair.c $(ENGINE_SRCS) $(LIBS)
 
-build/bench/fleet_pair: bench/c/fleet_pair.c $(ENGINE_SRCS) csrc/fleet.c $(wildcard csrc/*.h)
+build/bench/fleet_pair: bench/c/fleet_pair.c $(ENGINE_SRCS) $(wildcard csrc/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/fleet_pair.c $(ENGINE_SRCS) csrc/fleet.c $(LIBS)
+	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/fleet_pair.c $(ENGINE_SRCS) $(LIBS)
 
 bench: all build/bench/engine_pair build/bench/fleet_pair
 	@mkdir -p build/bench
