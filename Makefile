@@ -9,7 +9,7 @@
 #                        (build/<interp>/clientpool/core.so)
 #   make module          one build for LUA_INCDIR (build/module/...), used by install
 #   make test            deps, build, C tests (gcc and clang ASan/UBSan),
-#                        busted under lua5.1/5.3/5.4/luajit, the LuaRocks build
+#                        busted under lua5.1/5.2/5.3/5.4/luajit, the LuaRocks build
 #                        and its specs, luacheck, then one summary line
 #   make check-memory    C tests under ASan/UBSan, and the lua5.4 busted suite
 #                        against an ASan/UBSan build of the module
@@ -19,14 +19,16 @@
 #                        new inputs to the seed corpus
 #   make coverage        branch coverage of csrc/engine.c from the C tests and
 #                        the lua5.4 specs (gcc --coverage, build/cov)
+#   make stress          the driver's model-checked random workload, longer
+#                        (STRESS_SEEDS, default 5000, on every interpreter)
 #   make demo            the nginx gateway demo (clientpool against bare
 #                        lua-resty-redis under wrk; a table and an SVG)
-#   make demo-lua | bench | bench-nginx | lint | install | clean | cdef
+#   make demo-lua | bench | bench-nginx | bench-http | lint | install | clean | cdef
 #
 # Single steps of `make test`: all test-c test-c-asan test-fleet test-fleet-asan
 # test-fleet-valgrind fuzz-ci test-busted-<interp>
 # test-busted-luajit-ffi test-busted-asan test-valgrind-<interp> test-nginx
-# check-rockspec test-rocks soak-valgrind lint.
+# test-prometheus check-rockspec test-rocks soak-valgrind lint.
 #
 # check-memory preloads clang-14's ASan runtime (libclang_rt.asan-<arch>.so)
 # into the uninstrumented lua5.4 so an ASan/UBSan build of core.so can be
@@ -66,8 +68,9 @@ CTEST_SRC   := spec/c/test_engine.c $(sort $(wildcard spec/c/test_engine_*.c))
 # is, plus allocation-failure injection and internal views for the tests.
 CTEST_LINK  := spec/c/whitebox.c csrc/clock.c csrc/fleet.c
 
-INTERPS := lua5.1 lua5.3 lua5.4 luajit
+INTERPS := lua5.1 lua5.2 lua5.3 lua5.4 luajit
 INCDIR_lua5.1 := /usr/include/lua5.1
+INCDIR_lua5.2 := /usr/include/lua5.2
 INCDIR_lua5.3 := /usr/include/lua5.3
 INCDIR_lua5.4 := /usr/include/lua5.4
 INCDIR_luajit := /usr/include/luajit-2.1
@@ -84,15 +87,16 @@ ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:d
            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 # env prefix that makes an interpreter find lua/ and a build dir ($(1)).
-lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LPATH);;' \
-              LUA_CPATH='./$(1)/?.so;;' LUA_CPATH_5_3='./$(1)/?.so;;' LUA_CPATH_5_4='./$(1)/?.so;;'
+lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_2='$(LPATH);;' LUA_PATH_5_3='$(LPATH);;' LUA_PATH_5_4='$(LPATH);;' \
+              LUA_CPATH='./$(1)/?.so;;' LUA_CPATH_5_2='./$(1)/?.so;;' LUA_CPATH_5_3='./$(1)/?.so;;' \
+              LUA_CPATH_5_4='./$(1)/?.so;;'
 
 LINT_DIRS = $(wildcard lua spec examples bench)
 
 .PHONY: all module test deps check-memory demo demo-lua bench lint install clean cdef \
         test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind \
         test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
-        test-busted-luajit-ffi test-nginx bench-nginx
+        test-busted-luajit-ffi test-nginx test-prometheus bench-nginx bench-http
 
 all: $(foreach i,$(INTERPS),build/$(i)/clientpool/core.so)
 
@@ -167,7 +171,7 @@ deps:
 
 TEST_STEPS := all test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind fuzz-ci \
               $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
-              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.1 test-nginx check-rockspec \
+              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.2 test-valgrind-lua5.1 test-nginx test-prometheus check-rockspec \
               test-rocks soak-valgrind lint
 
 # Every step runs even after one fails; scripts/run-steps.sh prints one
@@ -209,6 +213,12 @@ test-busted-luajit-ffi: build/luajit/clientpool/core.so
 test-nginx: build/luajit/clientpool/core.so
 	@spec/nginx/run.sh
 
+# A real Prometheus server (Debian's) scrapes clientpool.metrics from a
+# server in the test process and the values read back through its HTTP API
+# must match pool:stats() (spec/prometheus/scrape.lua; about 10 s).
+test-prometheus: build/lua5.4/clientpool/core.so
+	@$(call lua_env,build/lua5.4) LUA_PATH_5_4='./?.lua;$(LPATH);;' lua5.4 spec/prometheus/scrape.lua
+
 # Build and install with LuaRocks into build/rocks, then run the lua5.4 specs
 # against the installed tree only (no ./lua, no build/<interp> on the paths).
 ROCKS_TREE := build/rocks
@@ -249,7 +259,29 @@ test-busted-asan: build/asan-lua5.4/clientpool/core.so
 
 # ---------------------------------------------------------------- reliability
 
-.PHONY: fuzz fuzz-ci fuzz-merge coverage soak soak-valgrind
+.PHONY: fuzz fuzz-ci fuzz-merge coverage soak soak-valgrind stress $(addprefix stress-,$(INTERPS)) stress-luajit-ffi
+
+# The driver's model-checked random workload (spec/stress_spec.lua,
+# spec/stress_model.lua) for longer than the 200 seeds each busted step of
+# `make test` runs: STRESS_SEEDS seeds from STRESS_SEED on every interpreter
+# and both LuaJIT backends. STRESS_FLAGS passes more, e.g.
+# CLIENTPOOL_STRESS_PHYSICAL=1 (the physical cap) or
+# CLIENTPOOL_STRESS_STRICT_DEADLINE=1; one seed with its trace:
+# make stress-lua5.4 STRESS_SEEDS=1 STRESS_SEED=N STRESS_FLAGS=CLIENTPOOL_STRESS_TRACE=1
+STRESS_SEEDS ?= 5000
+STRESS_SEED  ?= 1
+STRESS_FLAGS ?=
+stress:
+	@MAKE='$(MAKE)' scripts/run-steps.sh $(addprefix stress-,$(INTERPS)) stress-luajit-ffi
+
+define stress_rule
+stress-$(1): build/$(3)/clientpool/core.so
+	@env CLIENTPOOL_STRESS_SEEDS=$$(STRESS_SEEDS) CLIENTPOOL_STRESS_SEED=$$(STRESS_SEED) $$(STRESS_FLAGS) \
+	  CLIENTPOOL_BACKEND=$(2) scripts/busted-run.sh $(3) '--lpath=$$(LPATH)' '--cpath=./build/$(3)/?.so' \
+	  spec/stress_spec.lua
+endef
+$(foreach i,$(INTERPS),$(eval $(call stress_rule,$(i),core,$(i))))
+$(eval $(call stress_rule,luajit-ffi,ffi,luajit))
 
 FUZZ_TIME    ?= 60
 FUZZ_CI_TIME ?= 20
@@ -353,6 +385,13 @@ bench: all build/bench/engine_pair build/bench/fleet_pair
 # build/bench/nginx.tsv). Not part of `make test`.
 bench-nginx: build/luajit/clientpool/core.so
 	@bench/nginx/run.sh
+
+# clientpool.http against lua-http's own request:go() (a connection per
+# request): TCP connections nginx saw and requests/s, in a private nginx
+# (bench/http_pool.lua). lua-http loads on LuaJIT and Lua 5.1 only.
+BENCH_HTTP_LUA ?= luajit
+bench-http: build/$(BENCH_HTTP_LUA)/clientpool/core.so
+	$(call lua_env,build/$(BENCH_HTTP_LUA)) LUA_PATH='./?.lua;$(LPATH);;' $(BENCH_HTTP_LUA) bench/http_pool.lua $(BENCH_HTTP_ARGS)
 
 install: module
 	install -d '$(DESTDIR)$(LUA_CMODDIR)/clientpool'

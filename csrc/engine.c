@@ -159,9 +159,11 @@ struct clientpool {
   /* after clientpool_configure lowered a cap: the count then (0: none, or
    * back under the cap), for clientpool_check: nothing grows past a cap,
    * but what was there may stay until it ends */
-  int32_t lim_live, lim_leases, lim_waiting, lim_keys;
+  int32_t lim_live, lim_leases, lim_waiting, lim_keys, lim_any;
   int32_t *warm; int32_t nwarm, warmcap;  /* pinned keys: the warm floor's keys */
   int32_t floor_on, refill_signalled;
+  int32_t refilling;            /* warm-floor reservations in flight, all keys */
+  int32_t floor_held;           /* a warm key is short, but max_idle has no room (floor_deficit) */
   double retire_before, retire_upto;
   double last_created;          /* the latest record_t.created handed out */
   gate_t gate;
@@ -673,7 +675,7 @@ static double idle_deadline(const record_t *x, double idle_timeout) {
 }
 
 /* Off its key's LIFO stack. */
-static void stack_unlink(clientpool_t *p, int32_t r) {
+static inline void stack_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
   if (x->kprev != NONE) p->rec[x->kprev].knext = x->knext; else key->idle_top = x->knext;
@@ -681,7 +683,7 @@ static void stack_unlink(clientpool_t *p, int32_t r) {
 }
 
 /* On top of its key's LIFO stack. */
-static void stack_push(clientpool_t *p, int32_t r) {
+static inline void stack_push(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
   x->kprev = NONE;
@@ -691,7 +693,7 @@ static void stack_push(clientpool_t *p, int32_t r) {
 }
 
 /* Off the pool-wide idle list. */
-static void gl_unlink(clientpool_t *p, int32_t r) {
+static inline void gl_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   if (x->gprev != NONE) p->rec[x->gprev].gnext = x->gnext; else p->g_oldest = x->gnext;
   if (x->gnext != NONE) p->rec[x->gnext].gprev = x->gprev; else p->g_newest = x->gprev;
@@ -709,7 +711,7 @@ static void idle_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   stack_unlink(p, r);
   gl_unlink(p, r);
-  hremove(p, &p->ka, &x->kpos);
+  if (x->kpos != NONE) hremove(p, &p->ka, &x->kpos);
   BOTH(p, x->key, idle, -1);
   if (x->fidle) { x->fidle = 0; fl_give(p, CLIENTPOOL_FLEET_IDLE, x->key); }
 }
@@ -721,7 +723,8 @@ static void idle_push(clientpool_t *p, int32_t r, double now) {
   x->idle_since = now;
   x->gl_ahead = 0;
   stack_push(p, r);
-  ka_arm(p, r, now);
+  x->kpos = NONE;
+  if (has(p->cfg.keepalive)) ka_arm(p, r, now);
   x->gnext = NONE;
   x->gprev = p->g_newest;
   if (p->g_newest != NONE) p->rec[p->g_newest].gnext = r; else p->g_oldest = r;
@@ -831,16 +834,37 @@ static void orefresh(clientpool_t *p, int32_t r) {
 
 /* ---- warm floor ------------------------------------------------------- */
 
-static int32_t floor_deficit(const clientpool_t *p, int32_t k) {
+/* How many refills warm key k needs: min_idle less its idle records and
+ * refills in flight, but no more than max_idle has room for (the idle
+ * records of every key and all refills in flight count), nor the key's
+ * max_idle: a refill past either would be closed as it became idle, and
+ * the floor would open it again. Sets floor_held when max_idle has no room
+ * for a key that is short (room comes when another key's idle record goes). */
+static int32_t floor_deficit(clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
-  return p->cfg.min_idle - key->st.idle - key->refilling;
+  int32_t d = p->cfg.min_idle - key->st.idle - key->refilling;
+  int32_t room = p->cfg.max_idle - p->st.idle - p->refilling;
+  int32_t kcap = key_cap_idle(p, key);
+  if (kcap >= 0 && kcap - key->st.idle - key->refilling < d) d = kcap - key->st.idle - key->refilling;
+  if (d > 0 && room <= 0) p->floor_held = 1;
+  return room < d ? room : d;
 }
 
-/* Signals the driver (once until it asks) that a warm key fell short. */
+/* Signals the driver (once until it asks) that a warm key fell short: k,
+ * or, while max_idle had no room for one, any (an idle record of k just
+ * went: there may be room now). */
 static void floor_check(clientpool_t *p, int32_t k) {
-  if (!p->floor_on || p->refill_signalled || p->closed || p->keys[k].pinned != 2) return;
-  if (p->keys[k].fmark & KM_FLOOR) return;   /* the fleet's floor of k is met: until a retry */
-  if (floor_deficit(p, k) <= 0) return;
+  int32_t i;
+  if (!p->floor_on || p->refill_signalled || p->closed) return;
+  /* (KM_FLOOR: the fleet's floor of the key is met: until a retry) */
+  if (p->keys[k].pinned != 2 || (p->keys[k].fmark & KM_FLOOR) || floor_deficit(p, k) <= 0) {
+    if (!p->floor_held) return;
+    p->floor_held = 0;
+    for (i = 0; i < p->nwarm && ((p->keys[p->warm[i]].fmark & KM_FLOOR) || floor_deficit(p, p->warm[i]) <= 0); i++)
+      continue;
+    if (i == p->nwarm) return;
+    k = p->warm[i];
+  }
   p->refill_signalled = 1;
   push_event(p, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
 }
@@ -1342,16 +1366,22 @@ static void fl_finish(clientpool_t *p) {
   }
 }
 
+/* What was over a lowered cap (clientpool_configure) and is back under it. */
+static void lim_update(clientpool_t *p) {
+  if (p->lim_live && p->st.live + p->st.creating + p->st.closing <= p->cfg.max_live) p->lim_live = 0;
+  if (p->lim_leases && p->st.leases <= p->cfg.max_concurrency) p->lim_leases = 0;
+  if (p->lim_waiting && p->st.waiting <= p->cfg.max_waiting) p->lim_waiting = 0;
+  if (p->lim_keys && p->keys_used <= p->cfg.max_keys) p->lim_keys = 0;
+  p->lim_any = (p->lim_live | p->lim_leases | p->lim_waiting | p->lim_keys) != 0;
+}
+
 /* Ends every public mutating call: serves waiters and tells the driver about
  * a deadline earlier than its timer. */
 static void finish(clientpool_t *p, double now) {
   double d;
   dispatch(p, now);
   if (p->fl) fl_finish(p);
-  if (p->lim_live && p->st.live + p->st.creating + p->st.closing <= p->cfg.max_live) p->lim_live = 0;
-  if (p->lim_leases && p->st.leases <= p->cfg.max_concurrency) p->lim_leases = 0;
-  if (p->lim_waiting && p->st.waiting <= p->cfg.max_waiting) p->lim_waiting = 0;
-  if (p->lim_keys && p->keys_used <= p->cfg.max_keys) p->lim_keys = 0;
+  if (p->lim_any) lim_update(p);
   d = clientpool_next_deadline(p);
   if (d >= 0 && (p->armed < 0 || d < p->armed)) {
     p->armed = d;
@@ -1490,6 +1520,10 @@ int clientpool_keepalive_done(clientpool_t *p, int32_t r, int32_t ok, double now
            (has(p->cfg.idle_timeout) && now >= idle_deadline(x, p->cfg.idle_timeout) && !floor_keeps(p, x)))
     why = CLIENTPOOL_BY_IDLE;
   else if (over_cap(p, &p->keys[k])) why = CLIENTPOOL_BY_RESIZED;
+  /* (it still counts as idle: over a max_idle lowered while it was out) */
+  else if (p->st.idle > p->cfg.max_idle ||
+           (key_cap_idle(p, &p->keys[k]) >= 0 && p->keys[k].st.idle > key_cap_idle(p, &p->keys[k])))
+    why = CLIENTPOOL_BY_MAX_IDLE;
   if (why >= 0) destroy(p, r, why);
   else {
     /* good: on top of its stack, its idle time and place on the pool's
@@ -1687,6 +1721,7 @@ int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double
     if (p->st.waiting > cfg->max_waiting && p->st.waiting > p->lim_waiting) p->lim_waiting = p->st.waiting;
     if (cfg->max_keys >= 0 && p->keys_used > cfg->max_keys && p->keys_used > p->lim_keys)
       p->lim_keys = p->keys_used;
+    p->lim_any = (p->lim_live | p->lim_leases | p->lim_waiting | p->lim_keys) != 0;
   }
   while (lru_idle(p) != NONE && p->st.live + p->st.creating > cfg->max_live)
     destroy(p, lru_idle(p), CLIENTPOOL_BY_RESIZED);
@@ -1729,7 +1764,7 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   /* expired records destroyed on the way may empty k: it must survive this
    * call (and, on MUST_WAIT, until the driver queues or forgets) */
   p->hold_key = k;
-  backoff_check(p, k, now);
+  if (p->keys[k].bstate == B_WINDOW) backoff_check(p, k, now);
   if (p->fl) fl_gates_check(p);
   if (!admits(p, k)) {
     if (p->cfg.pause_fail) {
@@ -1746,7 +1781,7 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
   } else if ((p->keys[k].wlen == 0 || kept) && p->st.leases < p->cfg.max_concurrency &&
              !(p->fl_mark & FM_LEASE) && grant(p, k, now, g)) {
     gate_granted(p, g);
-    key_refresh(p, k);               /* (a kept place may grant past k's waiters) */
+    if (kept) key_refresh(p, k);     /* (granted past k's waiters: re-sorted) */
   } else if (backoff_refuses(p, k)) {
     g->status = CLIENTPOOL_BACKOFF;
   } else if (p->st.waiting >= p->cfg.max_waiting) {
@@ -1821,6 +1856,18 @@ int32_t clientpool_wait_priority(clientpool_t *p, int32_t k, double deadline, in
   return w;
 }
 
+/* Record r (generation gen, key k) just became idle, and dispatch served
+ * whom it could: if it is still idle past max_idle (or its key's), it is
+ * closed. A release and a refill that completes keep the same rule. */
+static void close_past_max_idle(clientpool_t *p, int32_t r, uint32_t gen, int32_t k) {
+  const record_t *x = &p->rec[r];      /* (dispatch may have grown the array) */
+  if (x->state == R_IDLE && x->gen == gen &&
+      (p->st.idle > p->cfg.max_idle ||
+       (key_cap_idle(p, &p->keys[k]) >= 0 && p->keys[k].st.idle > key_cap_idle(p, &p->keys[k])) ||
+       (p->fl && !fl_keep_idle(p, r))))   /* (the fleet's max_idle: it stays idle with its IDLE unit, or goes) */
+    destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
+}
+
 /* Gives a reservation back: its lease and record slot are freed. */
 static void forfeit(clientpool_t *p, int32_t r, int failed) {
   record_t *x = &p->rec[r];
@@ -1829,6 +1876,7 @@ static void forfeit(clientpool_t *p, int32_t r, int failed) {
   if (failed) BOTH(p, k, create_failed, 1);
   if (x->refill) {
     p->keys[k].refilling--;
+    p->refilling--;
     if (p->fl) fl_give(p, CLIENTPOOL_FLEET_FLOOR, k);
   } else {
     gate_lease_ended(p, k, x->res_lease, p->lea[x->res_lease].gen);
@@ -1872,16 +1920,20 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
   push_event(p, CLIENTPOOL_EV_CREATED, r, x->refill, k, 0);
   if (x->refill) {                     /* the warm floor's: straight to idle */
     p->keys[k].refilling--;
+    p->refilling--;
     x->refill = 0;
     if (p->fl) fl_give(p, CLIENTPOOL_FLEET_FLOOR, k);
     x->state = R_LEASED;               /* (not idle yet: destroy needs no unlink) */
     x->opos = NONE;
     if (p->closed) destroy(p, r, CLIENTPOOL_BY_DRAIN);
-    else if (closing_reason(p, x, now) == CLIENTPOOL_BY_RESIZED) destroy(p, r, CLIENTPOOL_BY_RESIZED);
+    else if (over_cap(p, &p->keys[k])) destroy(p, r, CLIENTPOOL_BY_RESIZED);   /* a cap lowered meanwhile */
     else {
+      uint32_t gen = x->gen;
       idle_push(p, r, now);
-      if (p->fl && !fl_keep_idle(p, r)) destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
-      else key_refresh(p, k);
+      key_refresh(p, k);
+      /* releases may have filled max_idle while it was created */
+      dispatch(p, now);
+      close_past_max_idle(p, r, gen, k);
     }
   } else {
     x->state = R_LEASED;
@@ -1938,12 +1990,7 @@ static void release(clientpool_t *p, int32_t l, int32_t reason, double now) {
   key_refresh(p, k);
   gen = x->gen;
   dispatch(p, now);                     /* a waiter of k may take it at once */
-  x = &p->rec[r];                       /* dispatch may have grown the array */
-  if (x->state == R_IDLE && x->gen == gen &&
-      (p->st.idle > p->cfg.max_idle ||
-       (key_cap_idle(p, &p->keys[k]) >= 0 && p->keys[k].st.idle > key_cap_idle(p, &p->keys[k])) ||
-       (p->fl && !fl_keep_idle(p, r))))
-    destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
+  close_past_max_idle(p, r, gen, k);
 }
 
 int clientpool_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason, double now) {
@@ -2230,6 +2277,7 @@ int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key) {
       rec_init(p, r, k, now);
       p->rec[r].refill = 1;
       p->keys[k].refilling++;
+      p->refilling++;
       BOTH(p, k, creating, 1);
       key_refresh(p, k);              /* k may have reached its cap */
       *key = k;
@@ -2528,7 +2576,7 @@ static int fl_check(const clientpool_t *p, char *buf, size_t n) {
 
 int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   clientpool_stats_t tot, *per;
-  int32_t i, k, used = 0, ready = 0;
+  int32_t i, k, used = 0, ready = 0, refilling = 0;
   int h;
   const clientpool_config_t *c = &p->cfg;
   memset(&tot, 0, sizeof tot);
@@ -2594,6 +2642,11 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
     if (!key->used) continue;
     used++;
     if (per[k].rejected != key->refilling) FAIL("key %d refilling %d, counted %g", k, key->refilling, per[k].rejected);
+    refilling += key->refilling;
+    /* over max_idle only while all its idle records are out for a keepalive
+     * (a cap lowered meanwhile: each is closed at its report) */
+    if (key_cap_idle(p, key) >= 0 && key->st.idle > key_cap_idle(p, key) && key->st.idle != key->nchecking)
+      FAIL("key %d over its max_idle", k);
     per[k].opened = key->st.opened; per[k].closed = key->st.closed;
     if (check_counts(&key->st, &per[k], "key", buf, n)) { free(per); return -1; }
     if (key_cap_live(p, key) >= 0 && key_held(key) > key_cap_live(p, key) && key_held(key) > key->lim_live)
@@ -2633,6 +2686,8 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
         "leases %d > max_concurrency", p->st.leases);
   CHECK(p->st.waiting <= c->max_waiting || p->st.waiting <= p->lim_waiting,
         "waiting %d > max_waiting", p->st.waiting);
+  CHECK(p->st.idle <= c->max_idle || p->st.idle == p->nchecking, "idle %d > max_idle %d", p->st.idle, c->max_idle);
+  CHECK(refilling == p->refilling, "refills in flight %d, counted %d", p->refilling, refilling);
   for (h = 0; h < 2; h++) {
     const int32_t *a = p->rheap[h];
     for (i = 0; i < p->rlen[h]; i++) {

@@ -136,14 +136,32 @@ static int lcp_new(lua_State *L) {
   return 1;
 }
 
-/* E:set_notify(fn): fn() runs (protected) after a collected lease was
- * reported, so the driver can carry out the engine's events. */
+/* E:set_notify(fn [, now]): fn() runs (protected) after a collected lease
+ * was reported, so the driver can carry out the engine's events; now(), if
+ * given, is the time of that report (else the engine's latest time: the
+ * last call's, which a grant the report makes would then be dated at). */
 static int lcp_set_notify(lua_State *L) {
   lcp_self(L);
+  lua_settop(L, 3);
   lcp_getuservalue(L, 1);
   lua_pushvalue(L, 2);
   lua_setfield(L, -2, "notify");
+  lua_pushvalue(L, 3);
+  lua_setfield(L, -2, "now");
   return 0;
+}
+
+/* The time a finalizer reports a collected lease at: the driver's clock
+ * (the private table's "now", called protected), else -1, the engine's
+ * latest time.  t: the private table's stack index. */
+static double finalizer_now(lua_State *L, int t) {
+  double now = -1;
+  if (!lua_istable(L, t)) return now;
+  lua_getfield(L, t, "now");
+  if (lua_isfunction(L, -1) && lua_pcall(L, 0, 1, 0) == 0 && lua_type(L, -1) == LUA_TNUMBER)
+    now = (double)lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return now;
 }
 
 /* One idempotent free backs :free() and __gc. */
@@ -551,7 +569,8 @@ static int lcp_lease_age(lua_State *L) {
 }
 
 static const char *const by_names[CLIENTPOOL_BY_COUNT] = {
-  "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted", "resized"
+  "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted", "resized",
+  "shed"
 };
 
 static void set_num(lua_State *L, const char *k, double v) {
@@ -612,18 +631,16 @@ static int lcp_lease__gc(lua_State *L) {
   lcp_guard *s = (lcp_guard *)luaL_checkudata(L, 1, LCP_SENTINEL_MT);
   if (s->box) {
     int reported = 0;
-    /* time -1: the engine keeps the latest time it saw, whatever the
-     * driver's clock (a virtual one in tests); a released lease is stale
-     * and the engine ignores it */
-    if (s->box->p) reported = clientpool_leak(s->box->p, s->lease, s->gen, -1) == 0;
+    /* at the driver's time (a grant this report makes is dated then; the
+     * engine's latest time was the driver's last call); a released lease
+     * is stale and the engine ignores it */
+    lcp_getuservalue(L, 1);
+    if (s->box->p) reported = clientpool_leak(s->box->p, s->lease, s->gen, finalizer_now(L, 2)) == 0;
     box_unref(s->box);
     s->box = NULL;
-    if (reported) {
-      lcp_getuservalue(L, 1);
-      if (lua_istable(L, -1)) {
-        lua_getfield(L, -1, "notify");
-        if (lua_isfunction(L, -1)) lua_pcall(L, 0, 0, 0);
-      }
+    if (reported && lua_istable(L, 2)) {
+      lua_getfield(L, 2, "notify");
+      if (lua_isfunction(L, -1)) lua_pcall(L, 0, 0, 0);
     }
   }
   return 0;

@@ -25,7 +25,8 @@ luv, copas, or the built-in loop). The accounting engine is written in C.
 
 dependencies = {
   "lua >= 5.1, < 5.5",
-  -- Schedulers (cqueues, luv, copas, OpenResty) stay optional.
+  -- Schedulers (cqueues, luv, copas, OpenResty) stay optional, and so does
+  -- lua-http, which only clientpool.http needs.
 }
 
 build = {
@@ -38,6 +39,8 @@ build = {
     ["clientpool"] = "lua/clientpool/init.lua",
     ["clientpool.base"] = "lua/clientpool/base.lua",
     ["clientpool.options"] = "lua/clientpool/options.lua",
+    ["clientpool.configure"] = "lua/clientpool/configure.lua",
+    ["clientpool.keepalive"] = "lua/clientpool/keepalive.lua",
     ["clientpool.token"] = "lua/clientpool/token.lua",
     ["clientpool.events"] = "lua/clientpool/events.lua",
     ["clientpool.keys"] = "lua/clientpool/keys.lua",
@@ -61,6 +64,8 @@ build = {
     ["clientpool.sched.copas"] = "lua/clientpool/sched/copas.lua",
     ["clientpool.sched.ngx"] = "lua/clientpool/sched/ngx.lua",
     ["clientpool.ngx"] = "lua/clientpool/ngx.lua",
+    ["clientpool.http"] = "lua/clientpool/http.lua",
+    ["clientpool.metrics"] = "lua/clientpool/metrics.lua",
     ["clientpool.ngx.drivers"] = "lua/clientpool/ngx/drivers.lua",
     ["clientpool.fleet"] = "lua/clientpool/fleet.lua",
     ["clientpool.fleet_ffi"] = "lua/clientpool/fleet_ffi.lua",

@@ -3,7 +3,7 @@
 # machine-readable line "<N> passed, <M> failed".
 #
 # usage: scripts/busted-run.sh LUA [busted options...] [ROOT...]
-#   LUA      the interpreter (lua5.1, lua5.3, lua5.4, luajit, or a path)
+#   LUA      the interpreter (lua5.1, lua5.2, lua5.3, lua5.4, luajit, or a path)
 #   options  passed to busted as is; write them as --opt=value (one word), so
 #            the words that do not start with '-' are the ROOTs
 #   ROOT     spec directories or files (default: spec)

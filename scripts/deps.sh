@@ -12,7 +12,7 @@ set -euo pipefail
 
 PACKAGES=(
   # PUC Lua interpreters and headers
-  lua5.1 lua5.3 lua5.4 liblua5.1-0-dev liblua5.3-dev liblua5.4-dev
+  lua5.1 lua5.2 lua5.3 lua5.4 liblua5.1-0-dev liblua5.2-dev liblua5.3-dev liblua5.4-dev
   # OpenResty's LuaJIT fork (provides /usr/bin/luajit, /usr/include/luajit-2.1)
   luajit2 libluajit2-5.1-dev
   # nginx with the Lua module
@@ -25,6 +25,10 @@ PACKAGES=(
   redis-server redis-tools curl wrk
   # real drivers: lua-resty-redis (installed as nginx/redis.lua)
   lua-nginx-redis
+  # clientpool.http (lua-http on cqueues, Lua 5.1/LuaJIT) and its specs'
+  # TLS certificate (made at test time); clientpool.metrics: promtool and a
+  # Prometheus server scraping a test endpoint
+  lua-http openssl prometheus
   # packaging
   luarocks
   # C tooling; llvm-14 gives llvm-symbolizer for readable ASan reports

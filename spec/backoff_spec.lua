@@ -172,4 +172,107 @@ describe("clientpool create backoff", function()
     -- a base above the default bound raises the bound with it
     clientpool.new { create = c, max_live = 1, create_backoff = 5 }:close()
   end)
+
+  it("the warm floor's refills go through the backoff: each failed refill a strike and a failure", function()
+    run(function(sched)
+      local u = upstream()
+      local logged = {}
+      local failed = 0
+      local pool = clientpool.new { create = u.create, max_live = 8, min_idle = 4, restarts = 1000,
+                                    scheduler = setmetatable({ log = function(m) logged[#logged + 1] = m end },
+                                                             { __index = sched }) }
+      pool:on("create_failed", function() failed = failed + 1 end)
+      sched.spawn(function() pool:run() end)
+      sched.sleep(20)
+      -- four refills wanted, two at a time: without the backoff the floor
+      -- would retry at once, thousands of times
+      assert.is_true(u.attempts <= 30, "attempts " .. u.attempts)
+      assert.is_true(u.attempts >= 10, "attempts " .. u.attempts)
+      local s = pool:stats()
+      assert.equal(u.attempts, s.create_failed)
+      assert.equal(u.attempts, failed)
+      assert.equal(u.attempts, pool._strikes)
+      assert.is_false(s.floor_spent)
+      -- an acquisition meanwhile fails fast with the refills' last error
+      local l, code, err = pool:acquire()
+      assert.is_nil(l)
+      assert.equal("create", code)
+      assert.truthy(tostring(err):find("connection refused #", 1, true), tostring(err))
+      u.up = true                              -- back: the floor fills within the bound, by itself
+      sched.sleep(2.5)
+      assert.equal(4, pool:stats().idle)
+      assert.equal(0, pool._strikes)
+      pool:close()
+    end)
+  end)
+end)
+
+-- A real dead upstream (issue 12 finding 4: with redis down, about 2000
+-- connect attempts per second): create makes a TCP connect to a loopback
+-- port nobody listens on (luasocket), 50 callers retry for 20 s of the
+-- virtual clock, and the attempts counted in create stay bounded by the
+-- backoff.
+describe("clientpool create backoff against a closed port", function()
+  local ok, socket = pcall(require, "socket")
+  if not ok then
+    pending("luasocket does not load here: " .. tostring(socket))
+    return
+  end
+
+  -- a loopback port that was free a moment ago: bound, then closed
+  local function closed_port()
+    local srv = assert(socket.bind("127.0.0.1", 0))
+    local _, port = srv:getsockname()
+    srv:close()
+    return tonumber(port)
+  end
+
+  it("connect attempts stay bounded by the backoff; every caller fails fast with the connect error", function()
+    local port = closed_port()
+    local attempts, refused = 0, 0
+    local function create()
+      attempts = attempts + 1
+      local c = socket.tcp()
+      c:settimeout(1)
+      local done, err = c:connect("127.0.0.1", port)
+      if done then return c end              -- (someone took the port meanwhile)
+      c:close()
+      refused = refused + 1
+      return nil, err
+    end
+    run(function(sched)
+      local pool = clientpool.new { create = create, destroy = function(c) c:close() end, max_live = 8,
+                                    scheduler = sched }
+      local calls, codes, errs = 0, {}, {}
+      local per_second = {}
+      for _ = 1, 50 do
+        sched.spawn(function()
+          while sched.now() < 20 do
+            local before = attempts
+            local l, code, err = pool:acquire(nil, { timeout = 1 })
+            calls = calls + 1
+            if l then l:release(false) else codes[code] = true; errs[tostring(err)] = true end
+            if attempts > before then
+              local sec = math.floor(sched.now()) + 1
+              per_second[sec] = (per_second[sec] or 0) + (attempts - before)
+            end
+            sched.sleep(0.01)
+          end
+        end)
+      end
+      sched.sleep(21)
+      pool:close()
+      assert.equal(attempts, refused, "the port was taken meanwhile")
+      assert.is_true(calls > 50000, "calls " .. calls)
+      assert.is_true(attempts <= 30, "attempts " .. attempts)
+      -- after the first second (windows of 0.05, 0.1, 0.2, 0.4 s ...) at
+      -- most one attempt per second, as the window reaches its bound of 2 s
+      for sec = 3, 20 do
+        assert.is_true((per_second[sec] or 0) <= 1, "second " .. sec .. ": " .. tostring(per_second[sec]))
+      end
+      assert.same({ create = true }, codes)
+      for e in pairs(errs) do assert.truthy(e:find("refused", 1, true), e) end
+      assert.equal(attempts, pool:stats().create_failed)
+    end)
+  end)
 end)

@@ -234,7 +234,7 @@ describe("bad arguments to pool methods", function()
 
   it("pool methods called with a dot instead of a colon say so", function()
     with_pool({}, function(_, pool)
-      for _, m in ipairs { "acquire", "try_acquire", "with", "on", "stats", "close", "drain",
+      for _, m in ipairs { "acquire", "try_acquire", "with", "on", "off", "stats", "close", "drain",
                            "cancel_active", "pause", "resume", "retire", "run" } do
         assert_api_error("pool." .. m .. "()", { m, "colon" }, pool[m])
         assert_api_error("pool." .. m .. "('k')", { m, "colon" }, pool[m], "k")
@@ -281,7 +281,7 @@ describe("bad arguments to pool methods", function()
     end)
   end)
 
-  it("on: event and listener", function()
+  it("on and off: event and listener", function()
     with_pool({}, function(_, pool)
       for _, case in ipairs(VALUES) do
         assert_api_error("on(" .. case[1] .. ")", { "on", "event" }, pool.on, pool, case[2], function() end)
@@ -291,6 +291,13 @@ describe("bad arguments to pool methods", function()
         end
       end
       assert_api_error("on('Acquire')", { "on", "Acquire" }, pool.on, pool, "Acquire", function() end)
+      for _, case in ipairs(VALUES) do
+        assert_api_error("off(" .. case[1] .. ")", { "off", "event" }, pool.off, pool, case[2], function() end)
+        if type(case[2]) ~= "function" then
+          assert_api_error("off('acquire', " .. case[1] .. ")", { "off", "function" }, pool.off, pool, "acquire",
+            case[2])
+        end
+      end
       assert_sound(pool)
     end)
   end)

@@ -20,7 +20,7 @@ describe("clientpool.base", function()
   it("holds the Pool and Lease metatables, with every concept's methods", function()
     assert.equal(base.Pool, clientpool.Pool)
     assert.equal(base.Lease, clientpool.Lease)
-    for _, m in ipairs { "acquire", "try_acquire", "with", "checkout", "checkin", "stats", "on", "close",
+    for _, m in ipairs { "acquire", "try_acquire", "with", "checkout", "checkin", "stats", "on", "off", "close",
                          "drain", "cancel_active", "pause", "resume", "retire", "run" } do
       assert.is_function(clientpool.Pool[m], m)
     end

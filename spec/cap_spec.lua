@@ -123,3 +123,87 @@ describe("clientpool: the cap is physical", function()
     pool:close()
   end)
 end)
+
+-- The hard cap on every host (issue 12 "Proof"): random slow, instant and
+-- failing destroy hooks, counted in the hooks (create increments before it
+-- returns, destroy decrements when it returns or raises). On the virtual
+-- loop and, where their libraries load, cqueues, luv and copas on their
+-- real clocks (times scaled by S.scale). nginx has its own suite.
+local H = require "spec.helpers"
+
+for _, M in ipairs(H.missing_schedulers()) do
+  describe("clientpool: the hard cap on " .. M.name, function()
+    pending("not run: " .. M.reason)
+  end)
+end
+
+for _, S in ipairs(H.schedulers { hosts = true }) do
+  describe("clientpool: the hard cap on " .. S.name, function()
+    after_each(function() if S.finish then S.finish() end end)
+    local function T(x) return x * S.scale end
+
+    for _, max_live in ipairs { 1, 2 } do
+      it("max_live = " .. max_live .. ": never more clients than that under random slow and failing destroys",
+         function()
+        local sched = S.new()
+        local logged = {}
+        local adapter = quiet(sched, logged)
+        -- a fixed stream of choices (the virtual loop replays it exactly)
+        local seed = 12345
+        local function rnd(n)
+          seed = (seed * 16807) % 2147483647   -- (exact in doubles)
+          return seed % n
+        end
+        local c = { open = 0, peak = 0, created = 0, destroyed = 0, over = 0 }
+        local pool
+        local function create()
+          if c.open >= max_live then c.over = c.over + 1 end
+          c.open = c.open + 1
+          if c.open > c.peak then c.peak = c.open end
+          c.created = c.created + 1
+          return { id = c.created }
+        end
+        local function destroy()
+          local kind = rnd(4)           -- 0: instant, 1: slow, 2: slow then raises, 3: raises at once
+          if kind == 1 or kind == 2 then sched.sleep(T(0.05 + rnd(50) / 100)) end
+          c.destroyed = c.destroyed + 1
+          c.open = c.open - 1
+          if kind >= 2 then error("destroy failed (" .. kind .. ")") end
+        end
+        pool = clientpool.new { create = create, destroy = destroy, max_live = max_live,
+                                max_waiting = 100, scheduler = adapter }
+        local done, failed = 0, {}
+        S.run(sched, function()
+          for i = 1, 12 do
+            sched.spawn(function()
+              for _ = 1, 4 do
+                local l, code = pool:acquire(i % 3 == 0 and "b" or "a", { timeout = T(1000) })
+                if not l then failed[#failed + 1] = code else
+                  sched.sleep(T(rnd(10) / 100))
+                  l:release(rnd(3) == 0)      -- mostly release(false): a destroy each
+                end
+              end
+              done = done + 1
+            end)
+          end
+          while done < 12 do
+            sched.sleep(T(0.05))
+            local s = pool:stats()
+            assert(s.live + s.creating + s.closing <= max_live, "live + creating + closing > max_live")
+          end
+          pool:close()
+          while c.open > 0 do sched.sleep(T(0.05)) end
+        end)
+        assert.same({}, failed)
+        assert.equal(0, c.over)
+        assert.equal(max_live, c.peak)
+        assert.equal(c.created, c.destroyed)
+        local s = pool:stats()
+        assert.equal(0, s.closing)
+        assert.equal(0, s.live)
+        assert.equal(c.created, s.opened)
+        assert.is_true(#logged > 0)             -- some destroys failed, and were logged
+      end)
+    end
+  end)
+end

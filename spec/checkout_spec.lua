@@ -399,7 +399,8 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
       end or nil,
     }
     assert(rawget(pool, "checkout") ~= nil and rawget(pool, "acquire") ~= nil, "fast path installed")
-    if not fast then pool.checkout, pool.checkin, pool.acquire, pool._frel = nil, nil, nil, nil end
+    if not fast then pool.checkout, pool.checkin, pool.acquire, pool._frel, pool._fp = nil, nil, nil, nil, nil end
+    local cap = 3   -- max_live, changed by configure() on the way
     local rnd = seed
     local function r(n)
       rnd = (rnd * 1103515245 + 12345) % 2147483648
@@ -429,7 +430,7 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
       for step = 1, 300 do
         local op = r(17)
         local now = pool:stats()
-        if op <= 3 and now.leases < 3 and now.waiting == 0 then
+        if op <= 3 and now.leases < cap and now.waiting == 0 then
           checkout(step, keys[r(3)])             -- does not wait
         elseif op <= 5 then
           local key = keys[r(3)]
@@ -445,7 +446,7 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
           say(step, "stale checkin")
         elseif op == 11 then
           fails[r(made + 1)] = true          -- the next validate of that client fails
-        elseif op == 12 and now.leases < 3 and now.waiting == 0 then
+        elseif op == 12 and now.leases < cap and now.waiting == 0 then
           acquire(step, keys[r(3)])              -- does not wait
         elseif op == 13 then
           local key = keys[r(3)]
@@ -460,6 +461,19 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
         elseif op == 17 and #released > 0 then
           released[r(#released)]:release()     -- again: a no-op
           say(step, "release again")
+        end
+        -- configure() on the way: a lower cap and queue, then a higher cap with
+        -- leak_threshold (the lease form leaves the fast path), then without
+        if step == 100 then
+          cap = 2
+          say("configure", tostring(pool:configure { max_live = 2, max_waiting = 2 }))
+        elseif step == 200 then
+          cap = 3
+          say("configure", tostring(pool:configure { max_live = 3, max_waiting = 4, leak_threshold = 1000 }))
+          assert(rawget(pool, "acquire") == nil, "leak_threshold: acquire in Lua")
+        elseif step == 250 then
+          say("configure", tostring(pool:configure { leak_threshold = false, validate_after_idle = 1000 }))
+          assert((rawget(pool, "acquire") ~= nil) == fast, "the fast path's acquire again (fast run only)")
         end
         if step == 150 then
           pool:on("acquire", function(key, c) say("on acquire", tostring(key), c.id) end)
@@ -484,7 +498,7 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
     return log
   end
 
-  it("on random scripts (every result, event and count)", function()
+  it("on random scripts (every result, event and count), configure() on the way", function()
     for seed = 1, 12 do
       local a, b = script(seed, true), script(seed, false)
       for i = 1, math.max(#a, #b) do

@@ -254,6 +254,22 @@ CHECKS["quickstart"] = function()
   assert.equal("4\t96\nrc=0\n", run_fresh("quickstart"))
 end
 
+-- docs/metrics.md -----------------------------------------------------------
+
+CHECKS["metrics-quick"] = function()
+  -- as written: five tasks, two clients, three waits; a valid exposition
+  local P = require "spec.prom_text"
+  local out = run_fresh("metrics-quick")
+  local text, rc = out:match("^(.*)rc=(%d+)\n$")
+  assert.equal("0", rc, out)
+  local doc = assert(P.parse(text))
+  assert.equal(2, P.value(doc, "clientpool_opened_total", { pool = "main" }))
+  assert.equal(3, P.value(doc, "clientpool_waits_total", { pool = "main" }))
+  assert.equal(3, P.value(doc, "clientpool_wait_duration_seconds_count", { pool = "main" }))
+  local ok, promtool_out = P.promtool(text)
+  assert.is_true(ok, promtool_out)
+end
+
 CHECKS["quickstart-game"] = function()
   assert.equal("2\t8\nrc=0\n", run_fresh("quickstart-game"))
 end
@@ -399,6 +415,25 @@ CHECKS["policy"] = function()
     local l2 = assert(pool:try_acquire("api.example.com:443"))
     l2:release()
     assert.are.equal(1, hits)                    -- one connection all along
+    pool:close()
+  end)
+end
+
+CHECKS["live"] = function()
+  local made, pings = 0, 0
+  local env, vloop = sandbox {
+    connect = function(k) made = made + 1; return sim(k, made) end,
+    close = function(c) c:close() end,
+    ping = function(c) pings = pings + 1; return c.open end,
+    key = "game",
+  }
+  run_snippet("live", env, vloop, "pool", function(lp, pool)
+    assert.equal(16, pool._c.max_live)
+    assert.equal(0.5, pool._c.acquire_timeout)
+    assert.equal(30, pool._c.keepalive)
+    lp.sleep(31)                                   -- the idle client is checked in the background
+    assert.equal(1, pings)
+    assert.equal(1, pool:stats().keepalive)
     pool:close()
   end)
 end

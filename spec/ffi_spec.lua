@@ -211,6 +211,44 @@ describe("clientpool.ffi", function()
     assert(next(freed) == nil, "an engine object survived collection")
   end)
 
+  jit_it("engines whose sentinels were released and kept for reuse are collected (issue 18)", function()
+    local cffi = require "clientpool.ffi"
+    local freed = setmetatable({}, { __mode = "k" })
+    for _ = 1, 50 do
+      local e = cffi.new { max_live = 4 }
+      local k = e:key_open()
+      local _, rec, l, g = e:acquire(k, 1, true)
+      e:created(rec, true, 1)
+      assert(e:release(l, g, -1, 2))        -- its sentinel goes to the spares
+      e:set_notify(function() return e end, function() return 3 end)
+      freed[e] = true
+    end
+    for _ = 1, 4 do collectgarbage() end
+    assert(next(freed) == nil, "an engine object survived collection")
+  end)
+
+  jit_it("a collected sentinel is reported at the time set_notify's clock gives (issue 18)", function()
+    local cffi = require "clientpool.ffi"
+    for _, clock in ipairs { false, true } do
+      -- (max_concurrency holds the waiter: the collection frees a lease at
+      -- once, while the leaked client counts against max_live until its
+      -- destroy is reported)
+      local e = cffi.new { max_live = 2, max_concurrency = 1 }
+      local k = e:key_open()
+      e:key_pin(k, true)
+      e:set_notify(function() end, clock and function() return 5 end or nil)
+      ;(function()
+        local _, rec = e:acquire(k, 1, true)
+        e:created(rec, true, 1)
+      end)()
+      local w, wg = e:wait(k, -1, 1)         -- waits for the one lease there is
+      collectgarbage(); collectgarbage()
+      local st, _, _, _, _, _, _, waited = e:claim(w, wg, 6)
+      assert(st == cffi.GRANT_CREATE, "not granted: " .. tostring(st))   -- (the leaked client is destroyed)
+      assert(waited == (clock and 4 or 0), "waited " .. tostring(waited))
+    end
+  end)
+
   -- The same random sequence of engine calls on both backends must give the
   -- same results: the FFI binding converts like the C binding.
   jit_it("gives the same results as clientpool.core for the same calls", function()

@@ -342,9 +342,12 @@ for _, S in ipairs(H.schedulers()) do
           sched.sleep(5)
           assert.equal(3, f.attempts)
           assert.is_true(H.check(pool).floor_spent)
-          sched.sleep(100)                      -- no more attempts while spent
-          assert.equal(3, f.attempts)
           assert(logged(f, "spent"), "the spent floor was not reported")
+          sched.sleep(0.5)                      -- no more attempts while spent ...
+          assert.equal(3, f.attempts)
+          sched.sleep(4)                        -- ... until its own pause is over (5 s)
+          assert.equal(4, f.attempts)
+          assert.is_true(H.check(pool).floor_spent)
           local s = H.check(pool)
           assert.equal(0, s.live)
           assert.equal(0, s.creating)
@@ -360,12 +363,10 @@ for _, S in ipairs(H.schedulers()) do
             park = function() error("park broken") end, unpark = function(stored) return stored end,
           }, 0.5)
           local r = start(sched, pool)
-          sched.sleep(10)
+          sched.sleep(4)
           assert.equal(3, f.created)             -- restarts + 1, then spent
           assert.is_true(H.check(pool).floor_spent)
           assert(logged(f, "park hook failed"), "the park failure was not reported")
-          sched.sleep(100)
-          assert.equal(3, f.created)
           local s = H.check(pool)
           assert.equal(0, s.live)
           assert.equal(3, s.closed_by.retired)
@@ -378,7 +379,7 @@ for _, S in ipairs(H.schedulers()) do
           local pool, f = mkpool(sched, { min_idle = 1, restarts = 1 })
           f.failing = true
           local r = start(sched, pool)
-          sched.sleep(5)
+          sched.sleep(2)
           assert.is_true(H.check(pool).floor_spent)
           local attempts = f.attempts
           -- a failed acquire create leaves it spent
@@ -386,7 +387,7 @@ for _, S in ipairs(H.schedulers()) do
           assert.is_nil(l)
           assert.equal("create", code)
           assert.equal(attempts + 1, f.attempts)
-          sched.sleep(5)
+          sched.sleep(1)
           assert.is_true(H.check(pool).floor_spent)
           assert.equal(attempts + 1, f.attempts)
           -- a successful one resets it: the floor fills again
@@ -432,6 +433,56 @@ for _, S in ipairs(H.schedulers()) do
           sched.sleep(5)
           assert.is_true(H.check(pool).floor_spent)
           assert(logged(f, "refused"), "log lacks create's error: " .. table.concat(f.logged, " | "))
+          stop(sched, pool, r)
+        end)
+      end)
+
+      -- issue 12 finding 5: restarts = N made up to N + 2 attempts (two
+      -- refills at a time) and logged "spent" twice
+      it("restarts = N means N + 1 failed refills in a row, never more, however many run at once", function()
+        for _, restarts in ipairs { 0, 1, 2, 3 } do
+          run(function(sched)
+            local pool, f = mkpool(sched, { min_idle = 2, restarts = restarts, create_backoff = false }, 0.5)
+            f.failing = true
+            local r = start(sched, pool)
+            sched.sleep(4)                      -- (the spent floor's first retry is 5 s away)
+            assert.equal(restarts + 1, f.attempts)
+            assert.is_true(H.check(pool).floor_spent)
+            local n = 0
+            for _, m in ipairs(f.logged) do if contains(m, "spent") then n = n + 1 end end
+            assert.equal(1, n)
+            stop(sched, pool, r)
+          end)
+        end
+      end)
+
+      it("a spent floor tries again by itself, one refill after a growing pause; spent is logged once", function()
+        run(function(sched)
+          local pool, f = mkpool(sched, { min_idle = 2, restarts = 1, create_backoff = false }, 0.1)
+          f.failing = true
+          local r = start(sched, pool)
+          sched.sleep(1)
+          assert.equal(2, f.attempts)
+          assert.is_true(H.check(pool).floor_spent)
+          local spent_at = 0.1                  -- the second failure
+          -- retries at 5, 10, 20, 40, 60, 60 ... s after the last spend
+          local due = { 5, 15, 35, 75, 135, 195 }
+          for i, t in ipairs(due) do
+            sched.sleep(spent_at + t + 0.05 - sched.now())
+            assert.equal(2 + i, f.attempts, "retry " .. i .. " at " .. sched.now())
+            assert.is_true(H.check(pool).floor_spent)
+            spent_at = spent_at + 0.1           -- (each retry fails 0.1 s after it starts)
+          end
+          local n = 0
+          for _, m in ipairs(f.logged) do if contains(m, "spent") then n = n + 1 end end
+          assert.equal(1, n)
+          -- the upstream is back: the next retry fills the floor, nobody acquires
+          f.failing = false
+          sched.sleep(61)
+          local s = H.check(pool)
+          assert.is_false(s.floor_spent)
+          assert.equal(2, s.idle)
+          assert.equal(0, s.reused)
           stop(sched, pool, r)
         end)
       end)

@@ -447,15 +447,27 @@ describe("clientpool.loop", function()
       assert.equal(5.5, L.now())
     end)
 
-    it("does not start when only background tasks are ready", function()
+    it("runs when ready, also when only background tasks are left; its timers keep nothing going", function()
+      -- (issue 18: a background task woken after the program's tasks ended,
+      -- the pool's timer task told of a collected lease, waited for the
+      -- next run() with foreground work before)
       local L = vloop()
-      local started = false
-      L.background(function() started = true end)
-      L.run()
-      assert.is_false(started)
-      L.spawn(function() end)
+      local started, ticks = false, 0
+      L.background(function()
+        started = true
+        while true do L.sleep(1); ticks = ticks + 1 end
+      end)
       L.run()
       assert.is_true(started)
+      assert.equal(0, ticks)
+      assert.equal(0, L.now())
+      local bg
+      bg = L.background(function() L.wait(L.current()) end)
+      L.run()                              -- it waits: run() returns
+      assert.is_true(L.wake(bg))           -- woken with no task left
+      L.run()
+      assert.equal("dead", coroutine.status(bg))
+      assert.equal(0, L.now())
     end)
 
     it("its timers still run while a task waits for them", function()

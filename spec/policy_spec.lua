@@ -186,15 +186,19 @@ for _, S in ipairs(H.schedulers()) do
         end)
       end)
 
-      it("a pause of the default key (acquire without a key) is lifted by pool:resume()", function()
+      it("a pause of the default key (acquire without a key) is the key's: resume(DEFAULT_KEY) lifts it", function()
         run(function(sched)
           local pool = mkpool(sched, { policy = policy.http { backoff = { base = 60 } } })
           local l = assert(pool:acquire())
           l:observe(429)                      -- no Retry-After: a 60 s backoff, or the owner resumes
+          assert.is_false(H.check(pool).paused)
           local w = waiter(sched, pool, nil, { timeout = 5 })
           sched.sleep(1)
           assert.is_false(w.done)
-          pool:resume()
+          pool:resume()                       -- the pool's gate: not this pause
+          settle(sched)
+          assert.is_false(w.done)
+          pool:resume(clientpool.DEFAULT_KEY)
           settle(sched)
           assert.is_true(w.done)
           assert.is_table(w.lease, tostring(w.code))

@@ -59,6 +59,7 @@ static clientpool_t *engine(int32_t *k) {
   c.max_live = 16; c.max_idle = 16; c.max_concurrency = 16; c.max_waiting = 1024; c.capacity = 1;
   c.key_max_live = -1; c.key_max_idle = -1; c.max_keys = -1;
   c.idle_timeout = -1; c.max_lifetime = -1; c.validate_after_idle = -1; c.leak_threshold = -1;
+  c.keepalive = -1;   /* (0 is refused: "none" is < 0) */
   if (clientpool_new(&c, &p) != CLIENTPOOL_OK) return NULL;
   *k = clientpool_key_open(p);
   clientpool_key_pin(p, *k, 1);

@@ -36,11 +36,21 @@ local keys = require "clientpool.keys"
 local key_id, stale_key = keys.key_id, keys.stale_key
 local stats = require "clientpool.stats"
 local snapshot, REFUSED, refused, no_key = stats.snapshot, stats.REFUSED, stats.refused, stats.no_key
+local timed_out = stats.timed_out
 local floor = require "clientpool.floor"
 local new_lease = require("clientpool.lease").new_lease
 local Token = require("clientpool.token").Token
 
 local M = {}
+
+-- PUC Lua 5.1's pcall cannot yield, so a hook runs in a pass-through
+-- coroutine nested in the caller's (base.ycall): run detached, such a hook's
+-- first turn could be taken by the scheduler directly (sleep(0)), leaving
+-- the outer coroutine suspended for good. There the deadline bounds the
+-- wait only, and the hooks run in the caller as before (docs/decisions.md).
+local IS_51 = _VERSION == "Lua 5.1" and rawget(_G, "jit") == nil
+local co_isyieldable = coroutine.isyieldable   -- (5.3+, LuaJIT)
+local BY_INVALID = base.BY.invalid
 
 -- A grant of the engine as a record: status, record, lease slot and
 -- generation, whether validate is due, the seconds it sat idle, the
@@ -48,6 +58,16 @@ local M = {}
 local function grant(st, rec, l, g, validate, idle, waited, sentinel)
   return { st = st, rec = rec, l = l, g = g, validate = validate, idle = idle, waited = waited,
            sentinel = sentinel }
+end
+
+-- (capacity > 1) Whether shared record rec was lost by a co-holder: a share
+-- granted before the loss but not yet taken up (its caller had not run) is
+-- not handed out. Like a client that failed validate, its caller looks
+-- again, in its place (issue 18: it came back with a plain lease on the
+-- lost client; the engine was right to grant it, the hand-over was late).
+local function lost_share(self, rec)
+  local lost = self._lost
+  return lost ~= nil and lost[rec] == true
 end
 M.grant = grant
 
@@ -63,17 +83,39 @@ local function regrant(self, gr, want)
   return nil
 end
 
+-- Whether the running code is a grant whose caller left at its deadline
+-- (see bounded): what it makes goes back to the pool, and it reports no
+-- `acquire` (the caller's `timeout` was reported).
+local function orphaned(self)
+  return self._adopted[co_running()] == true
+end
+
+-- The granted idle record failed unpark or validate after its caller left
+-- (its deadline passed while the hook ran in the background: see bounded):
+-- the record is retired and nothing more is done for that caller (gr.st =
+-- CLOSED: on_grant and checkout_grant end there, and nobody takes the
+-- answer).
+local function retire_orphan(self, gr)
+  gr.sentinel = nil
+  local _, pending = self._e:release(gr.l, gr.g, BY_INVALID, now_of(self))
+  if pending > 0 then pump(self) end
+  gr.st = CLOSED
+  return nil
+end
+
 -- Makes the granted idle record of gr usable: unpark and validate. Returns
 -- the client, or nil when the record failed and gr holds a new grant (see
 -- regrant).
 local function ready_idle(self, name, gr, want)
   local rec = gr.rec
+  if lost_share(self, rec) then return regrant(self, gr, want) end
   local client = self._clients[rec]
   if self._parked[rec] then
     local ok, c = ycall(self._unpark, client, hook_key(name))
     if not ok or c == nil then
       if not ok then log(self, "unpark hook failed: " .. tostring(c)) end
       self._clients[rec] = client
+      if orphaned(self) then return retire_orphan(self, gr) end
       return regrant(self, gr, want)
     end
     client = c
@@ -85,8 +127,12 @@ local function ready_idle(self, name, gr, want)
     local ok, good = ycall(v, client, hook_key(name), gr.idle)
     if not ok or not good then
       if not ok then log(self, "validate hook failed: " .. tostring(good)) end
+      if orphaned(self) then return retire_orphan(self, gr) end
       return regrant(self, gr, want)
     end
+    -- (capacity > 1) a co-holder lost it while validate ran (a share may be
+    -- handed out meanwhile: docs/decisions.md "Shared leases")
+    if lost_share(self, rec) then return regrant(self, gr, want) end
   end
   return client
 end
@@ -99,14 +145,13 @@ local function create_client(self, name, rec, lease)
   local ok, client, err = ycall(self._create, hook_key(name))
   local e = self._e
   if not ok or client == nil then
-    if lease then
-      lease._g = nil
-      lease._s = nil
-    end
+    if lease then lease._g = nil end
     if ok then err = err or "create returned nil" else err = client end
     self._create_err[name] = err   -- what an acquisition refused by the backoff returns
     local _, pending = e:created(rec, false, now_of(self))
+    if lease then lease._s = nil end   -- (after: see lease.lua's finish_lease)
     if pending > 0 then pump(self) end
+    if self._on.create_failed then emit(self, "create_failed", hook_key(name), err) end
     return nil, "create", err
   end
   self._create_err[name] = nil
@@ -138,7 +183,7 @@ local function on_grant(self, name, gr, drain)
       return nil   -- nothing granted (out of memory): the caller acquires anew
     end
     local lease = new_lease(self, name, gr.rec, gr.l, gr.g, client, gr.sentinel, drain)
-    if self._on.acquire then emit(self, "acquire", hook_key(name), client, gr.waited) end
+    if self._on.acquire and not orphaned(self) then emit(self, "acquire", hook_key(name), client, gr.waited) end
     return lease
   end
   -- the lease exists before create runs: if the creating coroutine is killed
@@ -146,9 +191,123 @@ local function on_grant(self, name, gr, drain)
   local lease = new_lease(self, name, gr.rec, gr.l, gr.g, nil, gr.sentinel, drain)
   local client, code, err = create_client(self, name, gr.rec, lease)
   if client == nil then return nil, code, err end
-  if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, gr.waited) end
+  if self._on.acquire and not orphaned(self) then emit(self, "acquire", hook_key(name), lease.client, gr.waited) end
   return lease
 end
+
+---------------------------------------------------------------------------
+-- Deadlines over the hooks (DESIGN section 3 "Deadlines", issue 12): a
+-- caller's deadline bounds its own create and validate too. Such a grant
+-- runs in a coroutine of its own (the technique of try_acquire); if a hook
+-- yields, the coroutine goes on as a task (adopt_task) and the caller waits
+-- for it until its deadline. At the deadline the caller returns nil,
+-- "timeout" and leaves the grant to the task: `_adopted[co]` is then true,
+-- and the body hands what it got back to the pool (a client joins the idle
+-- set or serves the next waiter; a client that failed validate is retired).
+-- While the caller waits, `_adopted[co]` is its record w, through which the
+-- body hands it the results. A hook that does not yield cannot be cut
+-- short: its caller gets what it made.
+---------------------------------------------------------------------------
+
+-- The deadline and timeout that bound grant gr's hooks, or nil when they
+-- run in the caller as before: nothing to bound (an idle client without
+-- validate), no timeout, Lua 5.1, or a caller that could not wait anyway.
+local function bound_of(self, gr, opts)
+  if IS_51 then return nil end
+  local st = gr.st
+  if st ~= GRANT_CREATE and not (st == GRANT_IDLE and gr.validate and self._validate) then return nil end
+  local timeout = opts and opts.timeout
+  if timeout == nil then timeout = self._c.acquire_timeout end
+  if timeout == nil then return nil end
+  local co, main = co_running()
+  if co == nil or main or (co_isyieldable and not co_isyieldable()) then return nil end
+  local yieldable = self._sched.yieldable
+  if yieldable and not yieldable() then return nil end
+  -- from the start of the acquisition: a waiter's time queued counts
+  return clock(self) - (gr.waited or 0) + timeout, timeout
+end
+M.bound_of = bound_of
+
+-- The end of a bounded body: its results r... go to whoever is owed them.
+-- Run to its end at once, the caller has them (returned); with the caller
+-- waiting, they are handed over and the caller woken; with the caller gone
+-- (or dead), orphan(self, ...) gives them back to the pool.
+local function hand_over(self, orphan, ...)
+  local co = co_running()
+  local w = self._adopted[co]
+  if w == nil then return ... end
+  if w ~= true then
+    w.r = pack(...)
+    if self._sched.wake(w.h) then return end
+    self._adopted[co] = true
+  end
+  return orphan(self, ...)
+end
+M.hand_over = hand_over
+
+local function release_orphan(_, lease)
+  if lease then lease:release() end
+end
+
+local function lease_body(self, name, gr, drain)
+  return hand_over(self, release_orphan, on_grant(self, name, gr, drain))
+end
+
+-- A grant coroutine whose hook yielded, as a task: its yields are passed
+-- through to the scheduler and the scheduler's answers back down. An error
+-- goes to the caller waiting for it, else to the log. (No closure here.)
+local function adopt_task(self, co, ...)
+  local r = pack(...)
+  while co_status(co) == "suspended" do
+    r = pack(co_resume(co, co_yield(unpack(r, 1, r.n))))
+    if not r[1] then
+      local w = self._adopted[co]
+      if type(w) == "table" then
+        w.err = r[2]
+        if self._sched.wake(w.h) then return end
+      end
+      log(self, "background acquisition failed: " .. tostring(r[2]))
+      return
+    end
+    r = pack(unpack(r, 2, r.n))
+  end
+end
+
+-- After the first resume of a bounded body: finished, its results; else the
+-- caller waits for them until its deadline (or its cancel token).
+local function bounded_wait(self, name, deadline, timeout, token, co, ok, ...)
+  if co_status(co) ~= "suspended" then
+    if not ok then error((...), 0) end
+    return ...
+  end
+  local sched = self._sched
+  local h = sched.current()
+  local w = { h = h }
+  self._adopted[co] = w
+  sched.spawn(adopt_task, self, co, ...)
+  if h == nil then                  -- (an adapter that says it cannot wait after all)
+    self._adopted[co] = true
+    return timed_out(self, name, timeout)
+  end
+  if token then token._waits[h] = sched end
+  while w.r == nil and w.err == nil and not (token and token._cancelled) and clock(self) < deadline do
+    sched.wait(h, deadline)
+  end
+  if token then token._waits[h] = nil end
+  if sched.done then sched.done(h) end
+  if w.err ~= nil then error(w.err, 0) end
+  if w.r then return unpack(w.r, 1, w.r.n) end
+  self._adopted[co] = true          -- the caller leaves; the body goes on without it
+  if token and token._cancelled then return nil, "cancelled" end
+  return timed_out(self, name, timeout + (clock(self) - deadline))
+end
+
+-- Runs body(self, ...) bounded by deadline (see above).
+local function bounded(self, name, deadline, timeout, token, body, a, b, c, d, e)
+  local co = co_create(body)
+  return bounded_wait(self, name, deadline, timeout, token, co, co_resume(co, self, a, b, c, d, e))
+end
+M.bounded = bounded
 
 ---------------------------------------------------------------------------
 -- Waiting
@@ -190,6 +349,13 @@ local function wait_for(self, k, name, opts, bare)
   local sched = self._sched
   local h, why = sched.current()
   if h == nil then
+    -- One look more before giving up: an eviction whose destroy did not
+    -- yield has freed its room by now (the events were carried out), and
+    -- a caller that cannot wait could not be served from it otherwise.
+    local st, rec, l, lg, validate, idle, pending, sentinel = self._e:acquire(k, now_of(self), not bare)
+    if pending > 0 then pump(self) end
+    if st == GRANT_IDLE or st == GRANT_CREATE then return true, st, rec, l, lg, validate, idle, nil, sentinel end
+    if REFUSED[st] then return refused(self, st, name) end
     self._e:key_forget(k)
     pump(self)
     local what = bare and "checkout" or "acquire"
@@ -203,7 +369,9 @@ local function wait_for(self, k, name, opts, bare)
   local deadline = timeout and start + timeout
   local e = self._e
   if self._nwaiters > 0 then reap_if_full(self) end
-  local w, g, pending = e:wait(k, deadline or -1, start)   -- the same clock: one read, not two
+  -- the same clock: one read, not two; a priority moves the waiter's place
+  -- (clientpool_wait_priority), checkout has none
+  local w, g, pending = e:wait(k, deadline or -1, start, opts and opts.priority)
   if not w then
     if done then done(h) end
     if g == STALE then
@@ -211,9 +379,7 @@ local function wait_for(self, k, name, opts, bare)
       return nil, STALE         -- the caller acquires again (see stale_key)
     end
     pump(self)
-    if g == FULL then
-      return nil, "full", snapshot(self, "full", name)
-    end
+    if g == FULL then return stats.full(self, name, "full") end
     return nil, "closed"
   end
   self._waiters[w] = h
@@ -237,7 +403,7 @@ local function wait_for(self, k, name, opts, bare)
   if done then done(h) end
   if pending > 0 then pump(self) end
   if st == GRANT_IDLE or st == GRANT_CREATE then
-    return true, st, rec, l, lg, validate, idle, waited, sentinel
+    return true, st, rec, l, lg, validate, idle, waited, sentinel, deadline
   elseif st == TIMEOUT then
     local d = snapshot(self, "timeout", name, waited)
     d.waiting = d.waiting + 1   -- the caller was waiting too, until now
@@ -252,7 +418,7 @@ end
 --- Acquires a client for key (nil = the default key).
 -- Returns a lease, or nil, code[, detail] with code one of timeout, full,
 -- closed, cancelled, create.
-local ACQUIRE_OPTS = { timeout = true, cancel = true, on_drain = true }
+local ACQUIRE_OPTS = { timeout = true, cancel = true, on_drain = true, priority = true }
 
 -- Checks acquire's options, raising at the level of acquire's caller;
 -- returns the cancel token and the on_drain grace (nil: preserve).
@@ -268,7 +434,7 @@ local function acquire_opts(self, opts)
       for name in pairs(opts) do
         if not ACQUIRE_OPTS[name] then
           error("clientpool: bad argument #2 to 'acquire' (unknown option '" .. tostring(name) ..
-                "'; the options are timeout, cancel and on_drain)", 3)
+                "'; the options are timeout, cancel, on_drain and priority)", 3)
         end
       end
       seen[opts] = true
@@ -285,6 +451,13 @@ local function acquire_opts(self, opts)
             .. tostring(t) .. ")", 3)
     end
   end
+  if opts and opts.priority ~= nil then
+    local p = opts.priority
+    if type(p) ~= "number" or p ~= p or p % 1 ~= 0 or p < -2147483648 or p > 2147483647 then
+      error("clientpool: bad argument #2 to 'acquire' (opts.priority must be an integer in " ..
+            "[-2^31, 2^31), got " .. tostring(p) .. ")", 3)
+    end
+  end
   local drain
   if opts and opts.on_drain ~= nil and opts.on_drain ~= "preserve" then
     local od = opts.on_drain
@@ -298,13 +471,29 @@ local function acquire_opts(self, opts)
   return token, drain
 end
 
+-- The options of an acquisition that waited, was granted a client that
+-- failed validate or was lost, and must look again with nothing else free
+-- (a fresh acquisition): the same, with what is left until its deadline.
+-- (The timeout started over before: a waiter could end a whole timeout
+-- past its deadline; issue 18.)
+-- (Every option of ACQUIRE_OPTS but timeout is copied by name: no loop on
+-- a path the hot path reaches, see the opening comment.)
+local function retry_opts(self, opts, deadline)
+  local left = deadline - clock(self)
+  if left < 0 then left = 0 end
+  return { timeout = left, cancel = opts and opts.cancel, on_drain = opts and opts.on_drain }
+end
+M.retry_opts = retry_opts
+
 local acquire_from
 
 function Pool:acquire(key, opts)
   if getmetatable(self) ~= Pool then not_a_pool(self, "acquire") end
   local token, drain = acquire_opts(self, opts)
   local e = self._e
-  if token and token._cancelled then return nil, "cancelled" end
+  -- a token cancelled beforehand: the caller wants no client, not even a
+  -- free one; a closed pool says so first (docs/decisions.md)
+  if token and token._cancelled then return nil, self._closed and "closed" or "cancelled" end
   local k, name, kerr = key_id(self, key, "acquire")
   if not k then return no_key(self, kerr, name) end
   if self._nwaiters > 0 then reap_if_full(self) end
@@ -316,10 +505,10 @@ end
 -- not finish.
 function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, idle, pending, sentinel)
   if pending > 0 then pump(self) end
-  local waited
+  local waited, deadline
   if st == MUST_WAIT then
     local ok
-    ok, st, rec, l, g, validate, idle, waited, sentinel = wait_for(self, k, name, opts)
+    ok, st, rec, l, g, validate, idle, waited, sentinel, deadline = wait_for(self, k, name, opts)
     if not ok then
       if st == STALE then return self:acquire(key, opts) end
       return nil, st, rec
@@ -330,17 +519,28 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
   elseif REFUSED[st] then
     return refused(self, st, name)
   end
-  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) then
+  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) and
+     not (self._lost and self._lost[rec]) then   -- (lost_share, inline: the hot path)
     -- the common case: an idle client usable as it is
     local lease = new_lease(self, name, rec, l, g, self._clients[rec], sentinel, drain)
     if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, waited) end
     return lease
   end
-  local lease, code, err = on_grant(self, name, grant(st, rec, l, g, validate, idle, waited, sentinel), drain)
+  local gr = grant(st, rec, l, g, validate, idle, waited, sentinel)
+  local lease, code, err
+  local bound, timeout = bound_of(self, gr, opts)
+  if bound then
+    deadline = bound         -- (the whole acquisition's: a wait before counts)
+    lease, code, err = bounded(self, name, bound, timeout, opts and opts.cancel, lease_body, name, gr, drain)
+  else
+    lease, code, err = on_grant(self, name, gr, drain)
+  end
   if lease or code then return lease, code, err end
-  -- the idle record failed validate/unpark and is retired: look again (a
-  -- tail call, not a loop: a loop here keeps the JIT from compiling the
-  -- caller's acquire/release loop, "inner loop in root trace")
+  -- the idle record failed validate/unpark (or was lost) and nothing else
+  -- was free: look again (a tail call, not a loop: a loop here keeps the
+  -- JIT from compiling the caller's acquire/release loop, "inner loop in
+  -- root trace"), within what is left of the deadline it waited for
+  if deadline then return self:acquire(key, retry_opts(self, opts, deadline)) end
   return self:acquire(key, opts)
 end
 
@@ -369,8 +569,11 @@ function Pool:try_acquire(key)
     if self._nwaiters > 0 then reap_if_full(self) end
     local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), true)
     if pending > 0 then pump(self) end
-    if st == MUST_WAIT then
-      e:key_forget(k)
+    if st == MUST_WAIT or st == FULL then
+      -- nothing free now: "timeout", also when max_waiting acquisitions
+      -- wait (the engine refuses it as full: try_acquire never queues, so
+      -- the queue's length is not its answer; issue 18)
+      if st == MUST_WAIT then e:key_forget(k) end
       pump(self)
       return nil, "timeout", snapshot(self, "timeout", name, 0)
     elseif REFUSED[st] then
@@ -407,16 +610,7 @@ end
 -- (its yields are passed through a task), and a lease it produces is
 -- released straight back to the pool.
 function Pool:_adopt(co, ...)
-  local first = pack(...)
-  self._sched.spawn(function()
-    local r = first
-    while co_status(co) == "suspended" do
-      r = pack(co_resume(co, co_yield(unpack(r, 1, r.n))))
-      if not r[1] then log(self, "background acquisition failed: " .. tostring(r[2])); return end
-      r = pack(unpack(r, 2, r.n))
-    end
-    -- (try_grant released the lease, if any)
-  end)
+  self._sched.spawn(adopt_task, self, co, ...)
 end
 
 --- acquire, pcall fn(client, lease, ...), then release (destroy on error).

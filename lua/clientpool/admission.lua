@@ -15,7 +15,6 @@ base.own_source()
 local type, error, tostring, getmetatable = type, error, tostring, getmetatable
 local math_huge = math.huge
 local emit, now_of, not_a_pool = base.emit, base.now_of, base.not_a_pool
-local DEFAULT = base.DEFAULT
 local pump = events.pump
 local scope_key, known_key = keys.scope_key, keys.known_key
 local Pool = base.Pool
@@ -157,9 +156,11 @@ function Pool:_apply(d, lease)
     if ra ~= nil and (type(ra) ~= "number" or ra ~= ra or ra < 0 or ra == math_huge) then
       error("clientpool: policy directive 'resume_after' must be a finite number >= 0, got " .. tostring(ra), 3)
     end
-    -- the default key is the pool's one upstream: its pause is the pool's,
-    -- so pool:resume() lifts it
-    local key = d.scope == "key" and lease._key ~= DEFAULT and lease._key or nil
+    -- scope "key" pauses the lease's key, the default key too (by its name,
+    -- DEFAULT_KEY: resume(DEFAULT_KEY) lifts it); else the pool. (The
+    -- default key's pause was the pool's: other keys were paused with it,
+    -- issue 18.)
+    local key = d.scope == "key" and lease._key or nil
     self:_pause(d.pause, key, ra, "observe")
   else
     -- an outcome that continues: a probe lease opens its gate

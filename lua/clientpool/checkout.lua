@@ -36,6 +36,8 @@ local acquire = require "clientpool.acquire"
 local grant, wait_for, ready_idle, create_client = acquire.grant, acquire.wait_for, acquire.ready_idle,
                                                    acquire.create_client
 local acquire_from, acquire_opts = acquire.acquire_from, acquire.acquire_opts
+local retry_opts = acquire.retry_opts
+local bound_of, bounded, hand_over = acquire.bound_of, acquire.bounded, acquire.hand_over
 
 local M = {}
 
@@ -49,13 +51,18 @@ local HSLOTS = 2097152
 local GENS = 4294967296
 local BY_ERROR = BY.error
 
+local checkout_body
+
 -- checkout's slow path: anything but an idle client usable as it is (no
 -- key id yet: k nil; a refusal, a create, unpark or validate: the grant gr).
 -- Returns client, nil, rec, lease, gen, waited or nil, code[, detail]. No
 -- loop: a retry is a tail call. (LuaJIT: a loop here would abort every
 -- trace recorded through a create, and enough aborts blacklist checkout
--- itself, hot path included.)
-local function checkout_grant(self, key, k, name, gr)
+-- itself, hot path included.) deadline (k nil): a wait before, whose
+-- grant fell through, bounds the wait here too (acquire's retry_opts).
+-- inb: already in a bounded body (acquire.lua's deadlines over the hooks),
+-- whose deadline acquire_timeout set.
+local function checkout_grant(self, key, k, name, gr, deadline, inb)
   if k == nil then
     local kerr
     k, name, kerr = key_id(self, key, "checkout")
@@ -65,19 +72,25 @@ local function checkout_grant(self, key, k, name, gr)
     if pending > 0 then pump(self) end
     local waited
     if st == MUST_WAIT then
-      local ok
-      ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
+      local ok, _
+      ok, st, rec, l, g, validate, idle, waited, _, deadline =
+        wait_for(self, k, name, deadline and retry_opts(self, nil, deadline), true)
       if not ok then
-        if st == STALE then return checkout_grant(self, key, nil, name) end
+        if st == STALE then return checkout_grant(self, key, nil, name, nil, deadline, inb) end
         return nil, st, rec
       end
     elseif st == STALE then
       stale_key(self, k, name)
-      return checkout_grant(self, key, nil, name)
+      return checkout_grant(self, key, nil, name, nil, deadline, inb)
     end
     gr = grant(st, rec, l, g, validate, idle, waited)
+    gr.deadline = deadline
   end
   if REFUSED[gr.st] then return refused(self, gr.st, name) end
+  if not inb then
+    local bound, timeout = bound_of(self, gr, gr.deadline and retry_opts(self, nil, gr.deadline))
+    if bound then return bounded(self, name, bound, timeout, nil, checkout_body, key, k, name, gr) end
+  end
   -- a leak sentinel while the hooks run (they may yield): if this coroutine
   -- dies meanwhile, the collector gives the lease or reservation back, as
   -- for acquire; the handle holds it once they are done
@@ -100,9 +113,21 @@ local function checkout_grant(self, key, k, name, gr)
   local st = gr.st
   if st == GRANT_IDLE or st == GRANT_CREATE or st == CLOSED then
     gr.waited = nil
-    return checkout_grant(self, key, k, name, gr)
+    return checkout_grant(self, key, k, name, gr, nil, inb)
   end
-  return checkout_grant(self, key, nil, name)
+  return checkout_grant(self, key, nil, name, nil, gr.deadline, inb)
+end
+
+-- A checkout whose caller left at its deadline while the hooks ran: its
+-- client goes back to the pool (idle, or the next waiter).
+local function checkin_orphan(self, client, _, _, l, g)
+  if client == nil then return end
+  local _, pending = self._e:release(l, g, -1, now_of(self))
+  if pending > 0 then pump(self) end
+end
+
+function checkout_body(self, key, k, name, gr)
+  return hand_over(self, checkin_orphan, checkout_grant(self, key, k, name, gr, nil, true))
 end
 
 -- Raises for a checkout key that is neither a string nor nil, at the
@@ -119,12 +144,12 @@ end
 -- wrapper (fastpath below), which hands over whatever it does not finish.
 local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, pending)
   if pending and pending > 0 then pump(self) end
-  local client, waited
+  local client, waited, deadline
   if st == MUST_WAIT then
     -- waited for here, not in checkout_grant: a waiting coroutine's stack
     -- is one frame shallower (memory per waiter)
-    local ok
-    ok, st, rec, l, g, validate, idle, waited = wait_for(self, k, name, nil, true)
+    local ok, _
+    ok, st, rec, l, g, validate, idle, waited, _, deadline = wait_for(self, k, name, nil, true)
     if not ok then
       if st ~= STALE then return nil, st, rec end
       st, k = nil, nil            -- looked up and acquired again (checkout_grant)
@@ -133,13 +158,18 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
     stale_key(self, k, name)
     st, k = nil, nil
   end
-  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) then
+  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) and
+     not (self._lost and self._lost[rec]) then   -- (acquire's lost_share, inline: the hot path)
     client = self._clients[rec]
   elseif k ~= nil and REFUSED[st] then
     return refused(self, st, name)
   else
-    local code, w
-    client, code, rec, l, g, w = checkout_grant(self, key, k, name, k and grant(st, rec, l, g, validate, idle))
+    local code, w, gr
+    if k then
+      gr = grant(st, rec, l, g, validate, idle)
+      gr.deadline = deadline
+    end
+    client, code, rec, l, g, w = checkout_grant(self, key, k, name, gr)
     if client == nil then return nil, code, rec end
     waited = waited or w
   end
@@ -231,6 +261,20 @@ end
 -- set of drain() waiters (it hands over while a drain waits).
 local FP_POOL_FIELDS = { nwaiters = "_nwaiters", drain = "_drain_hs" }
 
+-- The lease form of the fast path (self._fp, made by install_fastpath) is
+-- the pool's acquire and release unless leak_threshold is set: then each
+-- lease records where it was taken, in Lua. configure() calls this again
+-- when leak_threshold changes.
+function M.fastpath_leases(self)
+  local fp = self._fp
+  if not fp then return end
+  if self._c.leak_threshold then
+    self.acquire, self._frel = nil, nil
+  else
+    self.acquire, self._frel = fp.acquire, fp.release
+  end
+end
+
 -- The common case of checkout/checkin and acquire/release in C
 -- (clientpool.core's fastpath): on PUC Lua, and LuaJIT with the JIT off,
 -- most of a pair was the driver's Lua. Installed as the pool's own methods
@@ -254,15 +298,15 @@ function M.install_fastpath(self, mod)
     held = self._held, lease_mt = Lease, pump = pump, drain_wake = wake_drainers,
     pool_fields = FP_POOL_FIELDS, lease_fields = lease_m.FIELDS,
   })
-  -- the lease form: not with leak_threshold (each lease records where it
-  -- was taken, in Lua). acquire stays a Lua function on every Lua: what it
-  -- hands back to Pool.acquire must raise its argument errors at the
-  -- caller's line, which a C caller (lua_callk) would hide; a lease pair is
-  -- long enough that the extra call is a few percent
-  if not c.leak_threshold then
+  -- the lease form (installed by fastpath_leases). acquire stays a Lua
+  -- function on every Lua: what it hands back to Pool.acquire must raise
+  -- its argument errors at the caller's line, which a C caller (lua_callk)
+  -- would hide; a lease pair is long enough that the extra call is a few
+  -- percent
+  do
     local ac = fp.acquire
-    self._frel = fp.release
-    self.acquire = function(s, key, opts)
+    self._fp = { release = fp.release }
+    self._fp.acquire = function(s, key, opts)
       if opts == nil then
         local lease, got, k, st, rec, l, g, validate, idle, pending, sentinel = ac(s, key)
         if lease then return lease end
@@ -281,6 +325,7 @@ function M.install_fastpath(self, mod)
       return lua_acquire(s, key, opts)
     end
   end
+  M.fastpath_leases(self)
   if fp.direct then   -- Lua 5.3+: the C closures finish the job themselves
     self.checkout, self.checkin = fp.checkout, fp.checkin
     return

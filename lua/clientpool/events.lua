@@ -18,7 +18,7 @@ base.own_source()
 
 local core = base.core
 local type, pairs, tostring = type, pairs, tostring
-local co_status = coroutine.status
+local co_status, rawget, pcall = coroutine.status, rawget, pcall
 local ycall, log, emit, hook_key, now_of, clock = base.ycall, base.log, base.emit, base.hook_key, base.now_of,
                                                   base.clock
 local BY_NAME = base.BY_NAME
@@ -30,22 +30,113 @@ M.on = ON
 
 local pump
 
--- The cap is physical: the record counts against max_live until its
--- destroy hook returned or failed, which the engine learns here.
-local function destroy_task(self, destroy, client, name, rec)
-  local ok, err = ycall(destroy, client, hook_key(name))
+---------------------------------------------------------------------------
+-- The destroy runner (DESIGN section 3 "Release", issue 12). A destroy hook
+-- starts at once, in the caller's context, and goes to the scheduler only
+-- if it yields; the record counts against max_live until the hook returned
+-- or failed, which the engine learns by destroyed(). EV_DESTROY only queues
+-- the destroy (_dq): the pump runs the queued hooks once the engine's events
+-- are carried out, so a hook sees a consistent pool and may re-enter it.
+-- Each hook runs in a coroutine of its own, so a hook that yields never
+-- makes release (or a listener, or the timer's turn) yield: it goes on as a
+-- task that passes its yields through to the scheduler (adopt_destroy).
+---------------------------------------------------------------------------
+
+local co_create, co_resume, co_yield, co_running = coroutine.create, coroutine.resume, coroutine.yield,
+                                                   coroutine.running
+local pack, unpack = base.pack, base.unpack
+-- PUC Lua 5.1's pcall cannot yield: there the hook is called bare in its
+-- coroutine (the coroutine's resume is the protected call), not through a
+-- pass-through coroutine nested in it, whose turn a scheduler could take
+-- directly (a hook whose first yield is sleep(0)), leaving the outer one
+-- suspended for good
+local IS_51 = _VERSION == "Lua 5.1" and rawget(_G, "jit") == nil
+
+-- The hook has returned or failed: its record's room is free.
+local function destroy_done(self, rec, ok, err)
   if not ok then log(self, "destroy hook failed: " .. tostring(err)) end
   local _, pending = self._e:destroyed(rec, now_of(self))
-  if pending > 0 then pump(self) end
+  return pending
 end
 
--- (No closure here or in start_timer: LuaJIT cannot compile closure
--- creation, and an abort in a path this common blacklists its callers.)
-local function run_destroy(self, rec, client, name, reason)
-  local destroy = self._destroy
-  if destroy then self._sched.spawn(destroy_task, self, destroy, client, name, rec)
-  else self._e:destroyed(rec, now_of(self)) end   -- (its events: this pump drains them)
+-- The body of a destroy's coroutine. Run to its end by the destroyer
+-- (_dco: it never yielded), the destroyer reports it; else whoever resumed
+-- it last (the adopting task, or the scheduler itself) is past that point,
+-- and the body reports it here.
+local function destroy_body(self, destroy, client, key, rec)
+  local ok, err = true, nil
+  if IS_51 then destroy(client, key) else ok, err = pcall(destroy, client, key) end
+  if self._dco == co_running() then return ok, err end
+  if destroy_done(self, rec, ok, err) > 0 then pump(self) end
+end
+
+-- A destroy whose hook yielded, as a task: its yields are passed through
+-- to the scheduler and the scheduler's answers back down (as for
+-- try_acquire's adopted grants). No closure: LuaJIT aborts a trace at
+-- closure creation.
+local function adopt_destroy(self, co, rec, ...)
+  local r = pack(...)
+  while co_status(co) == "suspended" do
+    r = pack(co_resume(co, co_yield(unpack(r, 1, r.n))))
+    if not r[1] then        -- (Lua 5.1: the hook raised)
+      if destroy_done(self, rec, false, r[2]) > 0 then pump(self) end
+      return
+    end
+    r = pack(unpack(r, 2, r.n))
+  end
+end
+
+-- Where the host cannot yield at all (the adapter's yieldable() is false:
+-- OpenResty's log, filter and set phases, which refuse its coroutine API
+-- and cosockets too), a hook that closes a connection could not run here:
+-- it goes to the scheduler whole, as a task (OpenResty: a timer).
+local function destroy_task(self, destroy, client, key, rec)
+  local ok, err = ycall(destroy, client, key)
+  if destroy_done(self, rec, ok, err) > 0 then pump(self) end
+end
+
+-- After the first resume of a destroy's coroutine: dead, the hook returned
+-- (or raised); suspended, it yielded (the yield's values follow ok) and the
+-- rest runs as a task, which passes that yield on.
+local function resumed(self, prev, co, rec, ok, a, ...)
+  self._dco = prev
+  if co_status(co) == "dead" then
+    if not ok then return destroy_done(self, rec, false, a) end   -- (5.1: the hook raised)
+    if IS_51 then return destroy_done(self, rec, true) end
+    return destroy_done(self, rec, a, (...))                      -- (a, ...: pcall's results)
+  end
+  self._sched.spawn(adopt_destroy, self, co, rec, a, ...)
+  return 0
+end
+
+-- Starts the destroy hook of record rec; returns the engine's pending
+-- events (the caller pumps them).
+local function run_destroy(self, destroy, rec, client, name)
+  local key = hook_key(name)
+  local yieldable = self._sched.yieldable
+  if yieldable and not yieldable() then
+    self._sched.spawn(destroy_task, self, destroy, client, key, rec)
+    return 0
+  end
+  local co = co_create(destroy_body)
+  local prev = self._dco
+  self._dco = co
+  return resumed(self, prev, co, rec, co_resume(co, self, destroy, client, key, rec))
+end
+
+-- Runs the queued destroys, one at a time and in order, each hook after
+-- the events its predecessor's report queued (a tail call per destroy: no
+-- loop, see pump).
+local function run_queued(self)
+  local q, h = self._dq, self._dqh
+  local rec, client, name, reason = q[h], q[h + 1], q[h + 2], q[h + 3]
+  q[h], q[h + 1], q[h + 2], q[h + 3] = nil, nil, nil, nil
+  h = h + 4
+  if h > self._dqt then h, self._dqt = 1, 0 end
+  self._dqh = h
   emit(self, "destroy", hook_key(name), client, reason)
+  run_destroy(self, self._destroy, rec, client, name)
+  return pump(self)      -- the events of its report, then the next destroy
 end
 
 -- The pool's timer: one background task waits for the engine's next
@@ -182,10 +273,18 @@ ON[EV_DESTROY] = function(self, _, a, b, c)
   local client = self._clients[a]
   self._clients[a] = nil
   self._parked[a] = nil
-  if self._rec_leases then self._rec_leases[a] = nil end
+  if self._rec_leases then self._rec_leases[a] = nil; self._lost[a] = nil end
   local reason = BY_NAME[b]
   local name = self._knames[c]
-  run_destroy(self, a, client, name, reason)
+  if self._destroy then
+    -- queued: the hook runs once the pump has carried out every event
+    local q, t = self._dq, self._dqt
+    q[t + 1], q[t + 2], q[t + 3], q[t + 4] = a, client, name, reason
+    self._dqt = t + 4
+  else
+    self._e:destroyed(a, now_of(self))   -- (its events: this pump drains them)
+    emit(self, "destroy", hook_key(name), client, reason)
+  end
 end
 
 ON[EV_TIMER] = function(self, _, _, _, _, tt)
@@ -201,6 +300,10 @@ pump = function(self)
   local e = self._e
   local t, a, b, c, tt = e:next_event()
   if not t then
+    -- (not from inside a destroy hook that runs now, _dco: the run_queued
+    -- that started it goes on once it returns, so hooks that call into the
+    -- pool do not nest one coroutine per queued destroy)
+    if self._dqt >= self._dqh and not self._dco then return run_queued(self) end
     if self._drain_hs then wake_drainers(self) end
     return
   end

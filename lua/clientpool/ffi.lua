@@ -49,7 +49,7 @@ for name, v in pairs {
 } do _M[name] = v end
 
 local BY_NAMES = { "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted",
-                   "resized" }
+                   "resized", "shed" }
 assert(#BY_NAMES == C.CLIENTPOOL_BY_COUNT, "clientpool.ffi: BY names out of date with clientpool.h")
 _M.BY = {}
 for i, name in ipairs(BY_NAMES) do _M.BY[name] = i - 1 end
@@ -89,6 +89,18 @@ local freed_mt = {
   end,
   __tostring = function() return "clientpool.Engine: (freed)" end,
 }
+
+local WEAK_VALUES = { __mode = "v" }
+
+-- The time a finalizer reports a collected lease at: the driver's clock
+-- (protected), else -1, the engine's latest time.
+local function finalizer_now(now)
+  if now then
+    local ok, t = pcall(now)
+    if ok and type(t) == "number" then return t end
+  end
+  return -1
+end
 
 local function opt_int(cfg, name, def)
   local v = cfg[name]
@@ -143,15 +155,19 @@ function _M.new(cfg)
   if rc == C.CLIENTPOOL_EINVAL then error("clientpool: options outside the capacity envelope", 2) end
   if rc ~= C.CLIENTPOOL_OK then error("clientpool: out of memory", 2) end
   -- Collection.  LuaJIT keeps cdata finalizers in a weak-keyed table whose
-  -- values are marked strongly, so a finalizer must not reach its own cdata:
-  -- the engine's finalizer sees only `life`; the sentinels' finalizer sees
-  -- `life` and `box` (a raw pointer without finalizer and the driver's notify
-  -- function, which reaches the engine object: a pool thus lives as long as
-  -- a sentinel of it, as with the C binding's shared box).  Whatever order
-  -- the collector or lua_close runs them in, the engine is freed once and
-  -- never touched after.
+  -- values are marked strongly, so a finalizer must not reach its own cdata,
+  -- nor anything that holds it: the engine's finalizer sees only `life`; the
+  -- sentinels' finalizer sees `life` and `box`: a raw pointer without
+  -- finalizer, and the driver's notify and clock functions in a table with
+  -- weak values (the engine object holds them strongly). Held strongly
+  -- there, they reached the pool, its engine object and the spare
+  -- sentinels it keeps, whose finalizer is this one: no pool that ever
+  -- released a lease was collected (issue 18). A lease still held keeps
+  -- its pool alive through the lease itself. Whatever order the collector
+  -- or lua_close runs the finalizers in, the engine is freed once and never
+  -- touched after.
   local life = { freed = false }
-  local box = { raw = ffi_cast(engine_ptr_t, out[0]), notify = false }
+  local box = { raw = ffi_cast(engine_ptr_t, out[0]), fns = setmetatable({}, WEAK_VALUES) }
   local self = { g = grant_t(), ev = event_t(), st = stats_t(), u32 = u32_1(), i32 = i32_1(),
                  life = life, box = box,
                  -- lease slot + 1 -> its sentinel (weak: a dropped lease must
@@ -165,8 +181,9 @@ function _M.new(cfg)
   end)
   self.on_sentinel = function(s)
     if life.freed then return end
-    if C.clientpool_leak(box.raw, s.lease, s.gen, -1) == 0 then
-      local notify = box.notify
+    local fns = box.fns
+    if C.clientpool_leak(box.raw, s.lease, s.gen, finalizer_now(fns[2])) == 0 then
+      local notify = fns[1]
       if notify then pcall(notify) end
     end
   end
@@ -183,10 +200,13 @@ function Engine:free()
   self.p = nil
 end
 
---- E:set_notify(fn): fn() runs (protected) after a collected lease was
--- reported, so the driver can carry out the engine's events.
-function Engine:set_notify(fn)
-  self.box.notify = fn or false
+--- E:set_notify(fn [, now]): fn() runs (protected) after a collected lease
+-- was reported, so the driver can carry out the engine's events; now(), if
+-- given, is the time of that report (else the engine's latest time: the
+-- last call's, which a grant the report makes would then be dated at).
+function Engine:set_notify(fn, now)
+  self.notify_fns = { fn, now }        -- strongly here; the finalizers' copy is weak
+  self.box.fns[1], self.box.fns[2] = fn, now
 end
 
 -- A leak sentinel for (lease, gen): its collection reports the lease as

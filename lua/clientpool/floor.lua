@@ -2,9 +2,12 @@
 --
 -- Owns run(): keeping min_idle idle clients for each warm key until close
 -- or drain, refilling after losses a few creates at a time (the engine's
--- EV_REFILL wakes it), and the strikes: more than `restarts` failed refills
--- in a row spend the floor until a fresh client is granted (fresh, called
--- by acquire.lua's create).
+-- EV_REFILL wakes it; a key's failed creates, refills' too, back off in the
+-- engine), and the strikes: `restarts` = N allows N + 1 failed refills in a
+-- row, no more (refills in flight count), the last of them spends the floor;
+-- a spent floor makes one refill after a pause of its own (SPENT_RETRY,
+-- doubling while the retries fail, up to SPENT_RETRY_MAX), and a fresh
+-- client (a refill's, or acquire.lua's create: fresh) ends it.
 
 local base = require "clientpool.base"
 local events = require "clientpool.events"
@@ -14,11 +17,16 @@ local error, tostring, getmetatable, pcall = error, tostring, getmetatable, pcal
 local string_format = string.format
 local ycall, log, emit, hook_key, now_of, not_a_pool = base.ycall, base.log, base.emit, base.hook_key,
                                                        base.now_of, base.not_a_pool
+local clock = base.clock
 local pump = events.pump
 local Pool = base.Pool
 -- warm-floor creates in flight at once, so a restart does not open every
 -- connection in the same instant
 local REFILL_CONCURRENCY = 2
+-- A spent floor's own backoff (docs/decisions.md "Warm floor"): one refill
+-- 5 s after it was spent, then 10, 20, 40 and 60 s after each retry failed,
+-- 60 s from then on. Acquisitions still create lazily meanwhile.
+local SPENT_RETRY, SPENT_RETRY_MAX = 5, 60
 
 local M = {}
 
@@ -31,19 +39,36 @@ function M.fresh(self)
   self._strikes = 0
   if self._spent then
     self._spent = false
+    self._spends, self._retry_due = 0, false
     if self._run_h then self._sched.wake(self._run_h) end
   end
 end
+local fresh = M.fresh
 
 -- A refill failed (create, or park of what it created): one strike more;
--- past `restarts` in a row the floor is spent.
+-- the (restarts + 1)th in a row spends the floor, logged once. A failed
+-- retry of a spent floor doubles the pause before the next.
 local function refill_failed(self, why)
   self._strikes = self._strikes + 1
-  if self._strikes > self._c.restarts then
-    self._spent = true
+  if self._spent then
+    self._spends = self._spends + 1
+    local pause = SPENT_RETRY * 2 ^ (self._spends - 1)
+    if pause > SPENT_RETRY_MAX then pause = SPENT_RETRY_MAX end
+    self._retry_at = clock(self) + pause
+  elseif self._strikes > self._c.restarts then
+    self._spent, self._spends, self._retry_due = true, 1, false
+    self._retry_at = clock(self) + SPENT_RETRY
     log(self, string_format("warm floor spent after %d failed refills in a row (last: %s); " ..
-      "acquire still creates lazily", self._strikes, why))
+      "acquire still creates lazily, the floor tries again in %gs", self._strikes, why, SPENT_RETRY))
   end
+end
+
+-- Whether run() may start one more refill now: under REFILL_CONCURRENCY,
+-- and never more refills in a streak than restarts + 1 (failures so far
+-- plus those in flight); a spent floor, its one retry when it is due.
+local function may_refill(self)
+  if self._spent then return self._retry_due and self._refilling == 0 end
+  return self._refilling < REFILL_CONCURRENCY and self._strikes + self._refilling <= self._c.restarts
 end
 
 local function refill_task(self, rec, name)
@@ -72,12 +97,15 @@ local function refill_task(self, rec, name)
         refill_failed(self, "park hook failed: " .. tostring(stored))
       end
     end
-    if parked then self._strikes = 0 end
+    if parked then fresh(self) end
     emit(self, "create", hook_key(name), client)
   else
     local _, pending = e:created(rec, false, now_of(self))
     if pending > 0 then pump(self) end
-    refill_failed(self, tostring(ok and (err or "create returned nil") or client))
+    local why = ok and (err or "create returned nil") or client
+    self._create_err[name] = why   -- (the key backs off too: what a refused acquisition returns)
+    if self._on.create_failed then emit(self, "create_failed", hook_key(name), why) end
+    refill_failed(self, tostring(why))
   end
   if self._run_h then self._sched.wake(self._run_h) end
 end
@@ -91,17 +119,20 @@ local function run_loop(self)
   local pending = e:floor(true, now_of(self))
   if pending > 0 then pump(self) end
   while not self._closed do
-    while not self._spent and self._refilling < REFILL_CONCURRENCY do
+    if self._spent and not self._retry_due and clock(self) >= self._retry_at then self._retry_due = true end
+    while may_refill(self) do
       local rec, k
       rec, k, pending = e:refill(now_of(self))
       if pending > 0 then pump(self) end
       if not rec then break end
       self._refilling = self._refilling + 1
+      -- (a spent floor's one retry: the next is due once it failed)
+      if self._spent then self._retry_due, self._retry_at = false, math.huge end
       sched.spawn(refill_task, self, rec, self._knames[k])
     end
     if self._closed then break end
     self._run_waits = true
-    sched.wait(h, nil)
+    sched.wait(h, self._spent and not self._retry_due and self._retry_at or nil)
     self._run_waits = false
   end
 end

@@ -14,11 +14,13 @@
 --   leak       leases held past leak_threshold, leases collected while held
 --   stats      pool:stats(), the timeout/full detail, refusals
 --   floor      pool:run(), the warm floor
+--   keepalive  idle clients checked in the background (option keepalive)
 --   lease      the Lease object
 --   admission  pause, resume, retire, probe, the policy's directives
 --   drain      close, drain, cancel_active
 --   acquire    acquire, try_acquire, with, waiting, grants
 --   checkout   checkout/checkin and the C fast path's installation
+--   configure  pool:configure(), a running pool's options changed
 -- @module clientpool
 
 local base = require "clientpool.base"
@@ -29,11 +31,13 @@ require "clientpool.keys"
 require "clientpool.leak"
 require "clientpool.stats"
 require "clientpool.floor"
+require "clientpool.keepalive"
 require "clientpool.lease"
 require "clientpool.admission"
 require "clientpool.drain"
 require "clientpool.acquire"
 local checkout = require "clientpool.checkout"
+require "clientpool.configure"
 base.own_source()
 
 local type, error, pcall, setmetatable, tostring, ipairs, getmetatable = type, error, pcall, setmetatable,
@@ -50,6 +54,12 @@ local _M = { _VERSION = "0.1.0" }
 -- otherwise: "ffi" (LuaJIT) or "core".
 _M.backend = base.BACKEND
 
+--- The default key's name (acquire without a key, or with nil, uses it):
+-- pause, resume and retire take it to mean the default key alone (no key
+-- means the whole pool); stats().keys and the pause and resume events name
+-- the default key so. Hooks receive nil for it.
+_M.DEFAULT_KEY = DEFAULT
+
 --- Runtime outcome codes, returned as the second value of a failed acquire.
 _M.codes = { timeout = "timeout", full = "full", closed = "closed", cancelled = "cancelled",
              create = "create", paused = "paused" }
@@ -64,23 +74,15 @@ function _M.new(opts)
   if not ok then error(c, 2) end
   local sched = options.scheduler(opts.scheduler)
   local mod = c.backend and base.load_backend(c.backend) or core
-  local e = mod.new {
-    max_live = c.max_live, min_idle = c.min_idle, max_idle = c.max_idle,
-    max_concurrency = c.max_concurrency, max_waiting = c.max_waiting, capacity = c.capacity,
-    key_max_live = c.key_max_live, key_max_idle = c.key_max_idle, max_keys = c.max_keys,
-    idle_timeout = c.idle_timeout, max_lifetime = c.max_lifetime,
-    lifetime_jitter = c.lifetime_jitter, validate_after_idle = c.validate_after_idle,
-    leak_threshold = c.leak_threshold, seed = c.seed,
-    pause_fail = c.pause_mode == "fail" and 1 or 0,
-    create_backoff = c.create_backoff or -1, create_backoff_max = c.create_backoff_max or -1,
-  }
+  local e = mod.new(options.engine_config(c))
   pools_made = pools_made + 1
   -- The pool's private fields, by the file that owns them (the others read
-  -- some of them). Lazily set: _timer_at, _timer_h, _timer_spawned, _kicked
-  -- (events), _early_leaks (leak), _run_h, _run_waits (floor), _drain_started
+  -- some of them). Lazily set: _timer_at, _timer_h, _timer_spawned, _kicked,
+  -- _dco (events), _early_leaks (leak), _run_h, _run_waits (floor), _drain_started
   -- (drain), _frel (checkout), _warm (here).
   local self = setmetatable({
     _e = e, _c = c, _sched = sched, _mono = sched.monotonic == true,          -- base, options
+    _o = options.copy_options(opts),        -- configure: the options as given, changed by configure()
     _create = c.create, _destroy = c.destroy, _validate = c.validate,         -- the hooks
     _park = c.park, _unpark = c.unpark,
     _clients = {}, _parked = {},            -- record -> client (or what park stored), parked flag
@@ -90,16 +92,22 @@ function _M.new(opts)
     _on = {}, _closed = false,              -- listeners (base.emit); drain
     _held = setmetatable({}, { __mode = "v" }),   -- lease: slot -> lease (weak)
     _paused = false, _kpaused = {}, _pause_gen = 0,   -- admission
-    _strikes = 0, _spent = false, _refilling = 0,     -- floor
+    _strikes = 0, _spent = false, _refilling = 0,     -- floor (and _spends, _retry_at, _retry_due)
+    _spends = 0, _retry_at = 0, _retry_due = false,
     _rec_leases = c.capacity > 1 and {} or nil,       -- lease: record -> its co-holders
+    _lost = c.capacity > 1 and {} or nil,             -- lease: shared records lost, until destroyed
     _scratch = {}, _drain_hs = nil,         -- stats' scratch table; drain: drain() waiters
     _pgen = {}, _pgen_next = 0,             -- admission: pause generations
     _adopted = setmetatable({}, WEAK_KEYS), -- acquire: try_acquire's adopted coroutines
     _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
     _create_err = {},             -- key name -> the error of its last failed create (BACKOFF)
+    _timeouts = 0, _ktimeouts = {},   -- stats: timeouts the driver decided (deadlines over hooks), by key
+    _dq = {}, _dqh = 1, _dqt = 0, -- events: destroys queued until the pump is done (rec, client, name, reason)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
   }, Pool)
-  e:set_notify(function() kick(self) end)
+  -- a collected lease is reported at the pool's clock: a grant it makes is
+  -- dated then (its wait, its client's idle time), not at the last call
+  e:set_notify(function() kick(self) end, self._mono and base.monotime or sched.now)
   checkout.install_fastpath(self, mod)
   -- The warm keys are opened and pinned now. Without `keys` the default key
   -- is the warm key, but only a floor (min_idle > 0) needs it open before
@@ -117,22 +125,47 @@ function _M.new(opts)
   return self
 end
 
-local EVENTS = { create = true, acquire = true, release = true, destroy = true,
-                 pause = true, resume = true, timeout = true, leak = true }
+local EVENTS = { create = true, create_failed = true, acquire = true, release = true, destroy = true,
+                 pause = true, resume = true, timeout = true, full = true, leak = true }
+local EVENT_NAMES = "create, create_failed, acquire, release, destroy, pause, resume, timeout, full, leak"
 
---- Registers a listener: create, acquire, release, destroy, pause, resume,
--- timeout, leak. Listeners must not yield; their errors are logged.
-function Pool:on(event, fn)
-  if getmetatable(self) ~= Pool then not_a_pool(self, "on") end
+local function check_listener(event, fn, fname)
   if not EVENTS[event] then
-    error("clientpool: bad argument #1 to 'on' (unknown event '" .. tostring(event) .. "')", 2)
+    error("clientpool: bad argument #1 to '" .. fname .. "' (unknown event '" .. tostring(event) ..
+          "'; the events are " .. EVENT_NAMES .. ")", 3)
   end
   if type(fn) ~= "function" then
-    error("clientpool: bad argument #2 to 'on' (function expected, got " .. type(fn) .. ")", 2)
+    error("clientpool: bad argument #2 to '" .. fname .. "' (function expected, got " .. type(fn) .. ")", 3)
   end
+end
+
+--- Registers a listener: create, create_failed, acquire, release, destroy,
+-- pause, resume, timeout, full, leak. Listeners must not yield; their errors
+-- are logged. Returns the pool.
+function Pool:on(event, fn)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "on") end
+  check_listener(event, fn, "on")
   local ls = self._on[event]
   if not ls then ls = {}; self._on[event] = ls end
   ls[#ls + 1] = fn
+  return self
+end
+
+--- Removes every registration of fn for event (none: a no-op). Returns the
+-- pool. The list is replaced, not changed in place, so an emit under way
+-- (a listener that removes itself) calls the listeners it started with;
+-- an event left with none has no list, which is what the hot path and the
+-- C fast path test for.
+function Pool:off(event, fn)
+  if getmetatable(self) ~= Pool then not_a_pool(self, "off") end
+  check_listener(event, fn, "off")
+  local ls = self._on[event]
+  if not ls then return self end
+  local kept = {}
+  for i = 1, #ls do
+    if ls[i] ~= fn then kept[#kept + 1] = ls[i] end
+  end
+  self._on[event] = #kept > 0 and kept or nil
   return self
 end
 

@@ -23,6 +23,7 @@ events.on[base.core.EV_KEY_FREE] = function(self, _, a)
     self._knames[a] = nil
     self._kids[name] = nil
     self._create_err[name] = nil
+    self._ktimeouts[name] = nil
   end
 end
 

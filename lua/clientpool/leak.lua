@@ -22,7 +22,9 @@ local M = {}
 local function report_held(self, l, g, since)
   local lease = self._held[l]
   if lease and lease._g == g then
-    local info = { leaked = false, held = clock(self) - since, where = lease._where, lease = lease }
+    -- (no traceback for a lease taken before configure() set leak_threshold)
+    local info = { leaked = false, held = clock(self) - since, lease = lease,
+                   where = lease._where or "acquired before leak_threshold was set" }
     if self._on.leak then
       emit(self, "leak", hook_key(lease._key), info)
     else

@@ -53,8 +53,12 @@ local function fire_cancel(lease)
 end
 M.fire_cancel = fire_cancel
 
--- a co-holder retired a shared client: every other lease learns it
+-- a co-holder retired a shared client: every other lease learns it, and a
+-- share granted but not yet taken up is not handed out (acquire.lua's
+-- lost_share: its caller looks again); _lost keeps the record until its
+-- EV_DESTROY
 events.on[base.core.EV_LOST] = function(self, _, a)
+  if self._lost then self._lost[a] = true end
   local set = self._rec_leases and self._rec_leases[a]
   if set then
     for lease in pairs(set) do
@@ -101,15 +105,20 @@ end
 
 M.new_lease = new_lease
 
--- Ends the engine side of a lease; reason nil = reuse.
+-- Ends the engine side of a lease; reason nil = reuse. The lease lets go
+-- of its sentinel (so the binding can arm it for a later lease) only once
+-- the engine has the release: with nothing but the binding's weak reference
+-- left before, a collection in between (any call can run one) finalized it
+-- and reported the lease as leaked, its client destroyed as such (issue
+-- 18's stress test, with the collector running on its own).
 local function finish_lease(self, lease, reason)
   local l, g = lease._l, lease._g
   lease._g = nil
-  if lease._s then lease._s = nil end
   if self._held[l] == lease then self._held[l] = nil end
   local rl = self._rec_leases
   if rl and rl[lease._r] then rl[lease._r][lease] = nil end
   local ok, pending = self._e:release(l, g, reason or -1, now_of(self))
+  if lease._s then lease._s = nil end
   if pending > 0 then pump(self) end
   if self._drain_hs then wake_drainers(self) end
   return ok

@@ -258,6 +258,9 @@ end
 --- What an idle record keeps: the connection itself is in nginx's pool.
 local PARKED = setmetatable({}, { __tostring = function() return "clientpool.ngx.PARKED" end })
 _M.PARKED = PARKED
+-- What a record keeps once a keepalive check found its connection gone
+-- from nginx's pool (or closed it): its destroy has nothing to take back.
+local GONE = setmetatable({}, { __tostring = function() return "clientpool.ngx.GONE" end })
 
 -- lease.client when a parked connection is granted in a phase without
 -- cosockets (log, header_filter, body_filter, set, ...): the connection stays
@@ -302,7 +305,7 @@ local IDENTITY = {
   user = true, database = true, password = true, parts = true,
 }
 local COMMON = { connect_timeout = true, send_timeout = true, read_timeout = true, on_connect = true }
-local HOOKS = { "create", "destroy", "park", "unpark" }
+local HOOKS = { "create", "destroy", "park", "unpark", "keepalive_check" }
 
 local managers = setmetatable({}, { __mode = "k" }) -- options table -> manager
 local nmanagers = 0
@@ -380,6 +383,7 @@ local function new_manager(o, what, own, make_adapter)
     closed_exiting = 0, -- released connections closed because the worker is exiting
     handshakes = 0,     -- TLS handshakes (tcp{}; a driver does its own)
     connect_failed = 0,
+    keepalive_lost = 0, -- keepalive checks that found an idle record's connection gone from nginx's pool
   }
   local mgr = { stats = stats, prefix = prefix }
   local ad = make_adapter(o, { what = what, ct = ct, st = st, rt = rt, idle_ms = idle_ms,
@@ -596,7 +600,7 @@ local function new_manager(o, what, own, make_adapter)
 
   function opts.destroy(client, key)
     if client == PARKED or client == STANDIN then return take_back(key) end
-    if client == nil then return end
+    if client == nil or client == GONE then return end
     if ad_state then
       local state = ad_state(client)
       ad_done(client)
@@ -607,6 +611,50 @@ local function new_manager(o, what, own, make_adapter)
     -- that handler ends
     local ok, r = pcall(ad.close, client)
     if ok and r then stats.closed = stats.closed + 1 end
+  end
+
+  -- The pool's keepalive (option keepalive = s) checks an idle record in a
+  -- timer (cosockets work there). Its connection is in nginx's pool under
+  -- the key's name, which nginx keeps clean: it closes a parked connection
+  -- whose peer closed it or that passed its keepalive timeout. So the check
+  -- takes every connection parked there (a connect with the pool's name
+  -- and no address returns a parked one at once, without I/O, or fails),
+  -- parks them again in the same order, and compares: fewer than the key's
+  -- idle records (`idle`, from the pool; connections this manager holds
+  -- out for a check counted in) means one is gone, and this record goes
+  -- (GONE: its destroy takes nothing back). With the pool's validate, one
+  -- connection is then taken and validated too (a round trip, which also
+  -- keeps middleboxes from dropping idle connections), and parked again.
+  local validate = o.validate
+  function opts.keepalive_check(stored, key, idle_s, idle)
+    if stored ~= PARKED or not COSOCKET[get_phase()] then return true end
+    local e = entry(key)
+    -- a create holds parked connections aside meanwhile (connect): the count would be short
+    if not e or e.aside_until then return true end
+    local socks, n = {}, 0
+    while n <= idle do
+      local sock = ngx_tcp()
+      if not sock:connect("unix:", e.take) then break end
+      n = n + 1
+      socks[n] = sock
+    end
+    for i = n, 1, -1 do
+      local ok = socks[i]:setkeepalive(idle_ms, pool_size)
+      if not ok then pcall(socks[i].close, socks[i]); n = n - 1 end
+    end
+    if n + (e.checking or 0) < idle then
+      stats.keepalive_lost = stats.keepalive_lost + 1
+      return false, GONE
+    end
+    if not validate then return true end
+    local obj = opts.unpark(stored, key)
+    if obj == nil then return false end          -- (nothing taken: destroy takes one back)
+    e.checking = (e.checking or 0) + 1
+    local ok, good = pcall(validate, obj, key, idle_s)
+    e.checking = e.checking - 1
+    if ok and good and pcall(opts.park, obj, key) then return true end
+    if not (ok and good) then opts.destroy(obj, key) end   -- (a failed park closed it already)
+    return false, GONE
   end
 
   managers[opts] = mgr
@@ -937,13 +985,24 @@ end
 -- driver's constructor; a preset finds its module); connect(obj, c, copts)
 -- (how to connect; default obj:connect(host, port, copts)); connect_options
 -- (the driver's own options, copied into every connect); keepalive, close
--- (method names); reused(obj) (default obj:get_reused_times()); tcp{}'s
+-- (method names; a number as keepalive is the pool's option); reused(obj) (default obj:get_reused_times()); tcp{}'s
 -- identity options (user, database, password log in through a preset) and
 -- timeouts; on_connect(obj, key), once per new connection, after the
 -- driver's own handshake. Everything else is clientpool.new's.
 function _M.driver(o)
+  -- `keepalive`: a method name (a string) is the driver's set_keepalive; a
+  -- number is the pool's keepalive (seconds), passed on
+  local pool_keepalive
+  if type(o) == "table" and type(o.keepalive) == "number" then
+    pool_keepalive = o.keepalive
+    local c = {}
+    for k, v in pairs(o) do c[k] = v end
+    c.keepalive = nil
+    o = c
+  end
   local ok, opts, mgr = pcall(new_manager, o, "driver()", DRIVER, driver_adapter)
   if not ok then error(opts, 2) end
+  opts.keepalive = pool_keepalive
   return opts, mgr
 end
 

@@ -45,7 +45,7 @@ local KNOWN = {
   lifetime_jitter = true, validate_after_idle = true, max_keys = true,
   leak_threshold = true, policy = true, pause_mode = true, probe = true,
   restarts = true, scheduler = true, seed = true, backend = true,
-  create_backoff = true, create_backoff_max = true,
+  create_backoff = true, create_backoff_max = true, keepalive = true, keepalive_check = true,
 }
 
 -- Create backoff defaults (docs/decisions.md): after failed creates in a
@@ -185,6 +185,11 @@ function M.validate(o)
   c.max_lifetime = check_duration(o, "max_lifetime")
   c.validate_after_idle = check_duration(o, "validate_after_idle")
   c.leak_threshold = check_duration(o, "leak_threshold")
+  c.keepalive = check_duration(o, "keepalive")
+  c.keepalive_check = check_fn(o, "keepalive_check")
+  if c.keepalive and not (c.keepalive_check or c.validate) then
+    fail("option 'keepalive' needs a check to run: a validate hook or keepalive_check")
+  end
   if o.create_backoff == false then
     if o.create_backoff_max ~= nil then fail("option 'create_backoff_max' needs create_backoff (it is false)") end
   else
@@ -220,6 +225,81 @@ function M.validate(o)
     c.backend = o.backend
   end
   return c
+end
+
+-- The engine's config (clientpool_config_t, by the bindings' field names)
+-- for checked options c: new() and configure() hand the engine the same.
+function M.engine_config(c)
+  return {
+    max_live = c.max_live, min_idle = c.min_idle, max_idle = c.max_idle,
+    max_concurrency = c.max_concurrency, max_waiting = c.max_waiting, capacity = c.capacity,
+    key_max_live = c.key_max_live, key_max_idle = c.key_max_idle, max_keys = c.max_keys,
+    idle_timeout = c.idle_timeout, max_lifetime = c.max_lifetime,
+    lifetime_jitter = c.lifetime_jitter, validate_after_idle = c.validate_after_idle,
+    leak_threshold = c.leak_threshold, seed = c.seed,
+    pause_fail = c.pause_mode == "fail" and 1 or 0,
+    create_backoff = c.create_backoff or -1, create_backoff_max = c.create_backoff_max or -1,
+    keepalive = c.keepalive or -1,
+  }
+end
+
+---------------------------------------------------------------------------
+-- configure(): the options of a running pool
+---------------------------------------------------------------------------
+
+-- What configure() may change: the counts, caps and durations. The rest is
+-- what the pool is (its hooks and policy, capacity, warm keys, probe,
+-- scheduler, seed, backend): fixed at new().
+local LIVE = {
+  max_live = true, max_idle = true, min_idle = true, max_concurrency = true, max_waiting = true,
+  per_key = true, max_keys = true, restarts = true, pause_mode = true,
+  acquire_timeout = true, idle_timeout = true, max_lifetime = true, lifetime_jitter = true,
+  validate_after_idle = true, leak_threshold = true, create_backoff = true, create_backoff_max = true,
+  keepalive = true,
+}
+M.LIVE = LIVE
+local LIVE_LIST = {}
+for name in pairs(LIVE) do LIVE_LIST[#LIVE_LIST + 1] = name end
+table.sort(LIVE_LIST)
+LIVE_LIST = table.concat(LIVE_LIST, ", ")
+
+-- The options a pool keeps (what new() was given, by name): a copy, so a
+-- caller who changes its table later changes nothing; per_key and keys are
+-- copied too.
+local function copy_options(o)
+  local m = {}
+  for k, v in pairs(o) do
+    if type(v) == "table" and (k == "per_key" or k == "keys") then
+      local t = {}
+      for a, b in pairs(v) do t[a] = b end
+      v = t
+    end
+    m[k] = v
+  end
+  return m
+end
+M.copy_options = copy_options
+
+-- The options configure(patch) makes of a pool's current ones (`current`,
+-- as kept by copy_options): patch's values over them, false for "as if not
+-- given" (none, or the default; create_backoff = false is off, as in
+-- new()). Raises for a name that is not an option or cannot change. The
+-- result is then checked by validate(), as new()'s options are: an option
+-- never given keeps following its default (max_idle = max_live, ...).
+function M.merge(current, patch)
+  if type(patch) ~= "table" then fail("configure() expects an options table, got %s", type(patch)) end
+  for k in pairs(patch) do
+    if not KNOWN[k] then fail("unknown option '%s'", tostring(k)) end
+    if not LIVE[k] then
+      fail("option '%s' cannot change on a running pool (configure() changes %s; make a new pool for the rest)",
+           tostring(k), LIVE_LIST)
+    end
+  end
+  local m = copy_options(current)
+  for k, v in pairs(copy_options(patch)) do
+    if v == false and k ~= "create_backoff" then m[k] = nil else m[k] = v end
+  end
+  return m
 end
 
 ---------------------------------------------------------------------------

@@ -60,6 +60,9 @@ end
 
 local function header(headers, name)
   if type(headers) ~= "table" then return nil end
+  -- a lua-http headers object (clientpool.http responses): lower-case names
+  local get = headers.get
+  if type(get) == "function" then return get(headers, string_lower(name)) end
   local v = headers[name]
   if v ~= nil then return v end
   local lname = string_lower(name)
@@ -164,11 +167,13 @@ Http.__index = Http
 --- An HTTP policy: the statuses it pauses on (default 429 and 503), with
 -- Retry-After honoured as resume_after. The outcome is a status number, or
 -- a table { status = n, headers = { ["Retry-After"] = ... } } (lua-resty-http
--- responses have this shape). scope = "key" (default) pauses only the key
--- (the origin); "pool" pauses the whole pool. Without Retry-After (or with
--- retry_after = false) the pause lasts the policy's backoff (opts.backoff =
--- { base = s, max = s }, default policy.BACKOFF), which grows while the
--- outcome repeats and starts over after a status that continues.
+-- responses have this shape; headers may also be a lua-http http.headers
+-- object, as in clientpool.http responses). scope = "key" (default) pauses
+-- only the key (the origin); "pool" pauses the whole pool. Without
+-- Retry-After (or with retry_after = false) the pause lasts the policy's
+-- backoff (opts.backoff = { base = s, max = s }, default policy.BACKOFF),
+-- which grows while the outcome repeats and starts over after a status
+-- that continues.
 function _M.http(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("clientpool.policy.http: options table expected", 2) end

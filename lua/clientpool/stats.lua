@@ -10,7 +10,7 @@ base.own_source()
 
 local pairs, setmetatable, tostring, getmetatable = pairs, setmetatable, tostring, getmetatable
 local string_format = string.format
-local hook_key, not_a_pool = base.hook_key, base.not_a_pool
+local hook_key, not_a_pool, emit = base.hook_key, base.not_a_pool, base.emit
 local pump, reap_dead_waiters = events.pump, events.reap_dead_waiters
 local Pool = base.Pool
 
@@ -54,6 +54,19 @@ local function snapshot(self, reason, name, waited)
 end
 M.snapshot = snapshot
 
+-- A timeout the driver decides: a caller's create or validate outlived its
+-- deadline (acquire.lua's bounded). Counted with the engine's timeouts
+-- (stats().timeouts, pool and key), with the detail and the `timeout` event
+-- of a wait that timed out. Returns the caller's nil, "timeout", detail.
+function M.timed_out(self, name, waited)
+  self._timeouts = self._timeouts + 1
+  local kt = self._ktimeouts
+  kt[name] = (kt[name] or 0) + 1
+  local d = snapshot(self, "timeout", name, waited)
+  emit(self, "timeout", hook_key(name), d)
+  return nil, "timeout", d
+end
+
 -- The engine's refusals of an acquisition (acquire, try_acquire and
 -- checkout map them the same way): REFUSED[st] is true for them, and
 -- refused(self, st, name) returns the caller's nil, code[, detail].
@@ -61,9 +74,19 @@ local core = base.core
 local FULL, PAUSED, CLOSED, BACKOFF = core.FULL, core.PAUSED, core.CLOSED, core.BACKOFF
 M.REFUSED = { [FULL] = true, [PAUSED] = true, [CLOSED] = true, [BACKOFF] = true }
 
+-- A refusal as full (max_waiting acquisitions wait, reason "full", or
+-- max_keys keys exist, "max_keys"): the `full` event, then the caller's
+-- nil, "full", detail.
+local function full(self, name, reason)
+  local d = snapshot(self, reason, name)
+  if self._on.full then emit(self, "full", hook_key(name), d) end
+  return nil, "full", d
+end
+M.full = full
+
 function M.refused(self, st, name)
   if st == FULL then
-    return nil, "full", snapshot(self, "full", name)
+    return full(self, name, "full")
   elseif st == PAUSED then
     return nil, "paused", self._kpaused[name] or self._paused or "probe"
   elseif st == BACKOFF then     -- creates of the key fail: fail fast with the last error
@@ -74,25 +97,45 @@ end
 
 -- A key that could not be opened (keys.lua's key_id failed with kerr).
 function M.no_key(self, kerr, name)
-  if kerr == core.EKEYS then return nil, "full", snapshot(self, "max_keys", name) end
+  if kerr == core.EKEYS then return full(self, name, "max_keys") end
   return nil, "closed"
 end
 
 --- A plain table of counters; `keys` holds the same per key.
-function Pool:stats()
-  if getmetatable(self) ~= Pool then not_a_pool(self, "stats") end
+local function stats_once(self)
+  self._kicked = false          -- (a finalizer sets it: see Pool:stats)
   pump(self)
   reap_dead_waiters(self)
   local e = self._e
   local s = e:stats(-1, {})
   s.paused = self._paused
   s.floor_spent = self._spent
-  local keys = {}
+  s.timeouts = s.timeouts + self._timeouts      -- (and the driver's: timed_out)
+  local keys, kt = {}, self._ktimeouts
   for name, k in pairs(self._kids) do
     local ks = e:stats(k, {})
-    if ks then ks.paused = self._kpaused[name] or false; keys[name] = ks end
+    if ks then
+      ks.paused = self._kpaused[name] or false
+      ks.timeouts = ks.timeouts + (kt[name] or 0)
+      keys[name] = ks
+    end
   end
   s.keys = keys
+  return s
+end
+
+function Pool:stats()
+  if getmetatable(self) ~= Pool then not_a_pool(self, "stats") end
+  -- one snapshot: a lease collected while it was read (the tables it makes
+  -- can run the collector, and the finalizer changes the engine at once)
+  -- made the pool's counts and its keys' disagree, or `closed` count a
+  -- destroy whose event was not carried out yet (the driver's stress test
+  -- found it, issue 18): read again, a few times at most
+  local s = stats_once(self)
+  for _ = 1, 4 do
+    if not self._kicked then break end
+    s = stats_once(self)
+  end
   return s
 end
 

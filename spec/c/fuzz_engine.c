@@ -472,7 +472,10 @@ static void step_end(void) {
         fz_fail("key %d: live %d + creating %d + closing %d > its max_live %d (was %ld when lowered)", mk,
                 ke.live, ke.creating, ke.closing, cap, H.hi_key[mk]);
       H.hi_key[mk] = cap >= 0 && held > cap ? held : 0;
-      if (!H.floor_used && icap >= 0 && ke.idle > icap) fz_fail("key %d: idle %d > its max_idle", mk, ke.idle);
+      /* (over only while each idle record is out for a keepalive: a cap
+       * lowered meanwhile closes each at its report) */
+      if (!H.floor_used && icap >= 0 && ke.idle > icap && ke.idle != model_checking(&H.m, mk))
+        fz_fail("key %d: idle %d > its max_idle", mk, ke.idle);
     }
     EXPECT_EQ(clientpool_gate(H.p, H.mk_ek[mk]), model_gate(&H.m, mk));
     sum.live += ke.live; sum.idle += ke.idle; sum.active += ke.active;
@@ -502,7 +505,7 @@ static void step_end(void) {
     H.hi_leases = se.leases > H.cfg.max_concurrency ? se.leases : 0;
     H.hi_waiting = se.waiting > H.cfg.max_waiting ? se.waiting : 0;
   }
-  if (!H.floor_used && se.idle > H.cfg.max_idle) fz_fail("idle %d > max_idle", se.idle);
+  if (!H.floor_used && se.idle > H.cfg.max_idle && se.idle != model_checking(&H.m, -1)) fz_fail("idle %d > max_idle", se.idle);
   EXPECT_DEQ(clientpool_next_deadline(H.p), model_next_deadline(&H.m));
   EXPECT_EQ(clientpool_gate(H.p, -1), model_gate(&H.m, -1));
   EXPECT_EQ(clientpool_is_closed(H.p), H.m.closed);

@@ -79,6 +79,8 @@ static int n_waiter_slots(const model_t *m, int k) {
   return n;
 }
 
+int model_checking(const model_t *m, int k) { return n_records(m, k, MR_CHECKING); }
+
 int model_stats(const model_t *m, int k, clientpool_stats_t *s) {
   if (k >= 0 && !key_ok(m, k)) return CLIENTPOOL_EINVAL;
   *s = k < 0 ? m->st : m->keys[k].st;
@@ -290,15 +292,35 @@ static int gl_oldest(const model_t *m) {
 
 /* ---- warm floor ------------------------------------------------------- */
 
-static int floor_deficit(const model_t *m, int k) {
-  return m->cfg.min_idle - n_idle(m, k) - m->keys[k].refilling;
+/* "a warm key needs min_idle idle records less its idle records and
+ * refills in flight, but no more than max_idle has room for (idle records
+ * of every key and every refill in flight count), nor its key's max_idle";
+ * floor_held is set when max_idle has no room for a key that is short. */
+static int key_cap_idle(const model_t *m, int k);
+
+static int floor_deficit(model_t *m, int k) {
+  int d = m->cfg.min_idle - n_idle(m, k) - m->keys[k].refilling, room = m->cfg.max_idle - n_idle(m, -1), j;
+  int kroom = key_cap_idle(m, k) - n_idle(m, k) - m->keys[k].refilling;
+  for (j = 0; j < M_MAXKEY; j++) if (m->keys[j].used) room -= m->keys[j].refilling;
+  if (key_cap_idle(m, k) >= 0 && kroom < d) d = kroom;
+  if (d > 0 && room <= 0) m->floor_held = 1;
+  return room < d ? room : d;
 }
 
 /* "the engine signals EV_REFILL when a pinned key holds fewer than min_idle
- * idle records (counting refills in flight)", once until the driver asks. */
+ * idle records (counting refills in flight, within max_idle)", once until
+ * the driver asks; while max_idle had no room for a warm key, any key's
+ * check looks at every warm key. */
 static void floor_check(model_t *m, int k) {
-  if (!m->floor_on || m->refill_signalled || m->closed || m->keys[k].pinned != 2) return;
-  if (floor_deficit(m, k) <= 0) return;
+  int j, found = 0;
+  if (!m->floor_on || m->refill_signalled || m->closed) return;
+  if (m->keys[k].pinned != 2 || floor_deficit(m, k) <= 0) {
+    if (!m->floor_held) return;
+    m->floor_held = 0;
+    for (j = 0; j < M_MAXKEY; j++)
+      if (m->keys[j].used && m->keys[j].pinned == 2 && floor_deficit(m, j) > 0) found = 1;
+    if (!found) return;
+  }
   m->refill_signalled = 1;
   push(m, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
 }
@@ -808,6 +830,16 @@ int model_wait_priority(model_t *m, int k, double deadline, int priority, double
   return w;
 }
 
+/* "a record still idle past max_idle (or its key's) once waiters took what
+ * they could is closed" */
+static void close_past_max_idle(model_t *m, int r, unsigned gen, int k) {
+  const m_record_t *x = &m->rec[r];
+  if (x->state == MR_IDLE && x->gen == gen &&
+      (n_idle(m, -1) > m->cfg.max_idle ||
+       (key_cap_idle(m, k) >= 0 && n_idle(m, k) > key_cap_idle(m, k))))
+    destroy(m, r, CLIENTPOOL_BY_MAX_IDLE);
+}
+
 /* A reservation given back: its lease and record are freed (no event). */
 static void forfeit(model_t *m, int r, int failed) {
   m_record_t *x = &m->rec[r];
@@ -857,7 +889,13 @@ int model_created(model_t *m, int r, int ok, double now) {
     x->state = MR_LEASED;
     if (m->closed) destroy(m, r, CLIENTPOOL_BY_DRAIN);
     else if (over_cap(m, k)) destroy(m, r, CLIENTPOOL_BY_RESIZED);   /* a cap lowered meanwhile */
-    else idle_push(m, r, now);
+    else {
+      /* "as for a release: past max_idle once waiters took what they could, it is closed" */
+      unsigned gen = x->gen;
+      idle_push(m, r, now);
+      dispatch(m, now);
+      close_past_max_idle(m, r, gen, k);
+    }
   } else {
     x->state = MR_LEASED;
   }
@@ -894,10 +932,7 @@ static void do_release(model_t *m, int l, int reason, double now) {
   idle_push(m, r, now);
   gen = x->gen;
   dispatch(m, now);                      /* a waiter may take it at once */
-  if (x->state == MR_IDLE && x->gen == gen &&
-      (n_idle(m, -1) > m->cfg.max_idle ||
-       (key_cap_idle(m, k) >= 0 && n_idle(m, k) > key_cap_idle(m, k))))
-    destroy(m, r, CLIENTPOOL_BY_MAX_IDLE);
+  close_past_max_idle(m, r, gen, k);
 }
 
 int model_release(model_t *m, int l, unsigned gen, int reason, double now) {
@@ -1277,6 +1312,8 @@ int model_keepalive_done(model_t *m, int r, int ok, double now) {
            (has(m->cfg.idle_timeout) && now - x->gl_since >= m->cfg.idle_timeout && !floor_keeps(m, x)))
     why = CLIENTPOOL_BY_IDLE;
   else if (over_cap(m, k)) why = CLIENTPOOL_BY_RESIZED;
+  else if (n_idle(m, -1) > m->cfg.max_idle || (key_cap_idle(m, k) >= 0 && n_idle(m, k) > key_cap_idle(m, k)))
+    why = CLIENTPOOL_BY_MAX_IDLE;       /* "over a max_idle lowered while it was out" */
   if (why != NONE) destroy(m, r, why);
   else {
     x->state = MR_IDLE;

@@ -127,6 +127,7 @@ typedef struct model {
   int hold_key;
   int kept;             /* the key whose regrant caller keeps its place, or -1 */
   int floor_on, refill_signalled;
+  int floor_held;            /* max_idle had no room for a warm key that was short */
   double retire_before;
   unsigned long long retire_seq;
   double last_created;  /* creation times are made strictly increasing, as the engine does */
@@ -183,6 +184,7 @@ void model_close(model_t *m, double now);
 double model_next_deadline(const model_t *m);
 int model_next_event(model_t *m, clientpool_event_t *ev);
 int model_stats(const model_t *m, int key, clientpool_stats_t *s);
+int model_checking(const model_t *m, int key);   /* records of key (-1: all) out for a keepalive */
 
 /* Whether a record is open: leased and able to take one more share. */
 int model_open(const model_t *m, int record);

@@ -510,6 +510,72 @@ static void t_retired_refill_is_not_reused(void) {
   CHECK_EQ(CREATED(p, g.record, 1, 2), 0);
 }
 
+/* The warm floor stays within max_idle (issue 18): a refill that completes
+ * after a release filled max_idle is closed as max_idle, and the floor
+ * does not start refills max_idle has no room for; once an idle record of
+ * another key goes, it refills. */
+static void t_floor_within_max_idle(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t w, o, r2, kk;
+  hold_t h, ho;
+  c.max_live = 4; c.max_idle = 1; c.min_idle = 1;
+  p = POOL(c);
+  w = PKEY(p);
+  WARM_RECORD(p, w, 0);
+  CHECK_EQ(clientpool_refill(p, 0, &kk), -1);   /* (the floor is met: the driver stops asking) */
+  drain(p);
+  h = REUSE(p, w, 1, NULL);                 /* the floor's client leased: a refill */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
+  r2 = clientpool_refill(p, 1, &kk);
+  CHECK(r2 >= 0 && kk == w);
+  CHECK_EQ(clientpool_refill(p, 1, &kk), -1);
+  RELEASE(p, h, 2);                         /* back before the refill is done: kept */
+  CHECK_EQ(pstats(p).idle, 1);
+  drain(p);
+  CHECK_EQ(CREATED(p, r2, 1, 3), 0);        /* no room left for it */
+  drain(p);
+  EXPECT_DESTROY(r2, CLIENTPOOL_BY_MAX_IDLE);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 0);
+  CHECK_EQ(pstats(p).idle, 1);
+  /* another key's idle record fills max_idle: the floor waits for room */
+  o = PKEY(p);
+  h = REUSE(p, w, 4, NULL);
+  ho = NEW_LEASE(p, o, 4);
+  RELEASE(p, ho, 5);                        /* o's idle record: max_idle reached */
+  drain(p);
+  CHECK_EQ(clientpool_refill(p, 5, &kk), -1);
+  CHECK_EQ(pstats(p).creating, 0);
+  REUSE(p, o, 6, NULL);                     /* o's idle record goes: room */
+  drain(p);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
+  r2 = clientpool_refill(p, 6, &kk);
+  CHECK(r2 >= 0 && kk == w);
+  CHECK_EQ(CREATED(p, r2, 1, 7), 0);
+  CHECK_EQ(KSTATS(p, w).idle, 1);
+  RELEASE(p, h, 8);                         /* max_idle reached: this one is closed */
+  CHECK_EQ(pstats(p).idle, 1);
+}
+
+/* The engine takes a floor above per_key.max_idle (the driver refuses
+ * one): the key's max_idle caps the refills, so none is made only to be
+ * closed as max_idle. */
+static void t_floor_within_key_max_idle(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p;
+  int32_t w, r, kk;
+  c.max_live = 4; c.max_idle = 4; c.min_idle = 2; c.key_max_idle = 1;
+  p = POOL(c);
+  w = PKEY(p);
+  r = WARM_RECORD(p, w, 0);
+  CHECK(r >= 0);
+  CHECK_EQ(clientpool_refill(p, 0, &kk), -1);   /* the key is at its max_idle */
+  drain(p);
+  CHECK_EQ(KSTATS(p, w).idle, 1);
+  CHECK_EQ(pstats(p).creating, 0);
+}
+
 /* The floor signals only for warm keys; a closed pool never refills. */
 static void t_floor_edges(void) {
   clientpool_config_t c = cfg_base();
@@ -671,6 +737,8 @@ const test_t tests_lifecycle[] = {
   T(t_regrant_keeps_place),
   T(t_retired_refill_is_not_reused),
   T(t_floor_edges),
+  T(t_floor_within_max_idle),
+  T(t_floor_within_key_max_idle),
   T(t_queries_and_stale_handles),
   T(t_shared_fewest_leases_and_loss),
   T(t_shared_lifetime),

@@ -19,6 +19,9 @@
 --       lease's on_cancel aborts the request. Says "status <n> conn=<id>
 --       reqs=<n> waited=<s>", "aborted cancel_after=<s>" or "err <code> ..."
 --   /app/drain?pool=P[&timeout=S]     pool:drain(S); says "drained <ok> <code> in <s>"
+--   /app/configure?pool=P&<option>=<number>...   pool:configure{...} with the
+--                                      numeric arguments ("false" for false);
+--                                      says "ok", "err <code>" or "raised <message>"
 --   /upstream/<U>[?sleep=S]           the HTTP upstream (A.upstream): answers
 --                                      the statuses scripted in A.upstreams[U]
 -- Phase locations (see nginx.conf): /phase/set, /phase/log, /phase/header_filter,
@@ -381,6 +384,19 @@ function handlers.sample()
   end
   r:close()
   ngx.say("max=", max, " samples=", samples)
+end
+
+function handlers.configure()
+  local pool = A.pools[arg("pool")]
+  if not pool then ngx.say("err nopool"); return end
+  local opts = {}
+  for k, v in pairs(ngx.req.get_uri_args()) do
+    if k ~= "pool" then
+      if v == "false" then opts[k] = false else opts[k] = tonumber(v) or v end
+    end
+  end
+  local ok, done, code = pcall(pool.configure, pool, opts)
+  if not ok then ngx.say("raised ", tostring(done)) elseif done then ngx.say("ok") else ngx.say("err ", code) end
 end
 
 function handlers.pool_stats()

@@ -79,6 +79,15 @@ while [ "$redis_port" = "$port" ]; do redis_port=$(free_port); done
 redis2_port=$(free_port)   # a second redis-server, for faults (spec/nginx/faultctl.sh)
 while [ "$redis2_port" = "$port" ] || [ "$redis2_port" = "$redis_port" ]; do redis2_port=$(free_port); done
 [ -n "$port" ] && [ -n "$redis_port" ] || die "cannot find free ports"
+# the metrics nginx (docs/metrics.md's recipe, three workers): /metrics and /work
+metrics_port=$(free_port); metrics_work_port=$(free_port)
+while [ "$metrics_port" = "$port" ] || [ "$metrics_port" = "$redis_port" ] || [ "$metrics_port" = "$redis2_port" ]; do
+  metrics_port=$(free_port)
+done
+while [ "$metrics_work_port" = "$metrics_port" ] || [ "$metrics_work_port" = "$port" ] ||
+      [ "$metrics_work_port" = "$redis_port" ] || [ "$metrics_work_port" = "$redis2_port" ]; do
+  metrics_work_port=$(free_port)
+done
 
 nginx_pid() { cat "$run/nginx.pid" 2>/dev/null; }
 
@@ -98,6 +107,7 @@ cleanup() {
   local rc=$?
   stop_nginx "$(cat "$run/floor/nginx.pid" 2>/dev/null)"
   stop_nginx "$(cat "$run/quickstart/nginx.pid" 2>/dev/null)"
+  stop_nginx "$(cat "$run/metrics/nginx.pid" 2>/dev/null)"
   if [ "${KEEP:-0}" = 1 ]; then
     note "KEEP=1: nginx (pid $(nginx_pid)) and redis (port $redis_port) left running"
     return $rc
@@ -153,6 +163,11 @@ return {
   root = "$root",
   run = "$run",
   pid_file = "$run/nginx.pid",
+  -- the metrics nginx (docs/metrics.md's recipe, three workers)
+  metrics_port = $metrics_port,
+  metrics_work_port = $metrics_work_port,
+  metrics_pid_file = "$run/metrics/nginx.pid",
+  metrics_workers = 3,
 }
 EOF
 
@@ -300,6 +315,83 @@ quickstart_nginx_stops() {
 check "README's OpenResty quick start as written: /ping answers +PONG, wrk -c20 all 200, at most max_live connections per worker" quickstart_nginx
 check "that nginx stops at once (QUIT), no alert or crash in its error.log" quickstart_nginx_stops
 
+# ---------------------------------------------------------------- metrics
+# docs/metrics.md's nginx recipe, as written there, in a nginx of three
+# workers (reuseport spreads connections over them); its port is the one
+# picked here. spec/nginx/cases/metrics.lua reads its /metrics.
+metrics_block=$(doc_block nginx-metrics)
+
+metrics_nginx() {
+  local dir=$run/metrics pid
+  mkdir -p "$dir/tmp" || return 1
+  [ -n "$metrics_block" ] || { echo "    no <!-- spec:nginx-metrics nginx --> block in docs/metrics.md"; return 1; }
+  echo "$metrics_block" | grep -q 'listen 127.0.0.1:9145;' ||
+    { echo "    the recipe no longer listens on 127.0.0.1:9145 (run.sh puts its own port there)"; return 1; }
+  cat >"$dir/nginx.conf" <<EOF2
+# written by spec/nginx/run.sh: docs/metrics.md's recipe in three workers
+load_module $mods/ndk_http_module.so;
+load_module $mods/ngx_http_lua_module.so;
+$([ "$(id -u)" = 0 ] && echo "user root;")
+worker_processes 3;
+env CLIENTPOOL_BACKEND;
+pid $dir/nginx.pid;
+error_log $dir/error.log info;
+events { worker_connections 64; }
+http {
+  access_log off;
+  client_body_temp_path $dir/tmp/body;
+  proxy_temp_path $dir/tmp/proxy;
+  fastcgi_temp_path $dir/tmp/fastcgi;
+  uwsgi_temp_path $dir/tmp/uwsgi;
+  scgi_temp_path $dir/tmp/scgi;
+  lua_package_path "$root/spec/nginx/metrics/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
+  lua_package_cpath "$root/build/luajit/?.so;;";
+  add_header X-Clientpool-Worker \$pid always;   # which worker answered (the spec's, not the recipe's)
+
+$(echo "$metrics_block" | sed "s/listen 127.0.0.1:9145;/listen 127.0.0.1:$metrics_port reuseport;/")
+
+  # the spec's: one acquire and release of pool "plain" in the worker that answers
+  server {
+    listen 127.0.0.1:$metrics_work_port reuseport;
+    location = /work {
+      content_by_lua_block {
+        local lease = assert(require("my_pools").plain:acquire("k0"))
+        lease:release()
+        ngx.say(ngx.worker.pid())
+      }
+    }
+  }
+}
+EOF2
+  "$nginx_bin" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" 2>"$dir/start.log" ||
+    { cat "$dir/start.log"; return 1; }
+  for _ in $(seq 1 50); do [ -s "$dir/nginx.pid" ] && break; sleep 0.1; done
+  pid=$(cat "$dir/nginx.pid" 2>/dev/null)
+  [ -n "$pid" ] || return 1
+  for _ in $(seq 1 50); do
+    curl -fs "http://127.0.0.1:$metrics_port/metrics" -o /dev/null 2>/dev/null && return 0
+    sleep 0.1
+  done
+  cat "$dir/error.log"
+  return 1
+}
+
+# promtool accepts what the recipe's /metrics answers
+metrics_promtool() {
+  command -v promtool >/dev/null || { echo "    no promtool (apt-get install prometheus)"; return 1; }
+  curl -fs "http://127.0.0.1:$metrics_port/metrics" >"$run/logs/metrics.txt" || return 1
+  grep -q '^clientpool_opened_total{worker=' "$run/logs/metrics.txt" || { head -5 "$run/logs/metrics.txt"; return 1; }
+  promtool check metrics <"$run/logs/metrics.txt" || return 1
+}
+
+# (the case kills one worker with SIGKILL: the master's alert about it is expected)
+metrics_nginx_stops() {
+  stop_nginx "$(cat "$run/metrics/nginx.pid" 2>/dev/null)" || return 1
+  ! grep -E '\[(alert|emerg|error)\]|exited on signal' "$run/metrics/error.log" | grep -v 'exited on signal 9'
+}
+
+check "docs/metrics.md's nginx recipe starts in three workers and answers /metrics" metrics_nginx
+
 # ---------------------------------------------------------------- nginx
 
 cat >"$run/nginx.conf" <<EOF
@@ -312,7 +404,7 @@ http {
   access_log off;
 $(nginx_temp_paths "$run")
 
-  lua_package_path "${EXTRA_LUA_PATH:-}$root/spec/nginx/?.lua;$root/spec/nginx/floor/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
+  lua_package_path "${EXTRA_LUA_PATH:-}$root/spec/nginx/?.lua;$root/?.lua;$root/spec/nginx/floor/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
   lua_package_cpath "$root/build/luajit/?.so;;";
   lua_shared_dict spec 1m;
 
@@ -338,6 +430,13 @@ $(nginx_temp_paths "$run")
       keepalive_timeout 60s;
       lua_check_client_abort on;
       content_by_lua_block { require("app").upstream() }
+    }
+
+    # an HTTP answer whose keep-alive connection this nginx closes 300 ms
+    # after it (cases/live.lua: keepalive finds it gone)
+    location = /short_keepalive {
+      keepalive_timeout 300ms;
+      return 200 "ok\n";
     }
 
     location = /app/wait_abort {
@@ -482,6 +581,9 @@ if [ $# -eq 0 ]; then
   check "make demo's gateway (1 s per configuration): clientpool within 32 connections, no errors, the SVG written" \
     demo_smoke
 fi
+
+check "promtool check metrics accepts the recipe's /metrics (three workers)" metrics_promtool
+check "the metrics nginx stops at once (QUIT), nothing in its error.log but the killed worker" metrics_nginx_stops
 
 # nginx must not have crashed or logged alerts
 if grep -E '\[(alert|emerg)\]|exited on signal' "$run/error.log" >"$run/logs/alerts.log"; then

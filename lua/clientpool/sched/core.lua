@@ -626,9 +626,13 @@ function M.new(opts)
     return ntasks
   end
 
-  --- (loop) Runs until no foreground task, timer or ready coroutine is left:
-  -- turns, and between them, when nothing is ready, advance(t) to the next
-  -- timer's time t. Returns an error value (a task's, or a deadlock), or nil.
+  --- (loop) Runs until no foreground task or timer and no ready coroutine
+  -- (background ones too) is left: turns, and between them, when nothing is
+  -- ready, advance(t) to the next timer's time t. Returns an error value (a
+  -- task's, or a deadlock), or nil. A background task that is ready runs:
+  -- only its timers do not keep the loop going (issue 18: the pool's timer
+  -- task, woken by a lease the collector found after the program's tasks
+  -- ended, did nothing until the next pool call).
   function I.drive(advance)
     while true do
       if hn > 0 then
@@ -640,7 +644,7 @@ function M.new(opts)
           make_ready(hco[1], e, e.sleeping and RES_NONE or RES_TIMEOUT)
         end
       end
-      if ntasks == 0 and fgtimers == 0 and fgready == 0 then return end
+      if ntasks == 0 and fgtimers == 0 and rqn == 0 then return end
       if rqn > 0 then
         local err = run_ready()
         if err ~= nil then return err end
@@ -688,16 +692,17 @@ function M.new(opts)
     return hent[1].time
   end
 
-  --- Whether foreground work is left: a live task, a foreground timer or a
-  -- ready foreground coroutine. (Tasks that ended while someone else
-  -- resumed them are forgotten here, when only tasks are left.)
+  --- Whether work is left: a live task, a foreground timer or a ready
+  -- coroutine (a background one too: only background timers do not count,
+  -- as for drive). (Tasks that ended while someone else resumed them are
+  -- forgotten here, when only tasks are left.)
   function I.busy()
-    return fgready > 0 or fgtimers > 0 or (ntasks > 0 and sweep() > 0)
+    return rqn > 0 or fgtimers > 0 or (ntasks > 0 and sweep() > 0)
   end
 
-  --- Whether a foreground coroutine is ready or has a timer.
+  --- Whether a coroutine is ready, or a foreground one has a timer.
   function I.fgwork()
-    return fgready > 0 or fgtimers > 0
+    return rqn > 0 or fgtimers > 0
   end
 
   --- Whether foreground work can still move on its own: something ready, a
@@ -705,7 +710,7 @@ function M.new(opts)
   -- something else to resume it). False with live tasks means every one of
   -- them waits for a wake that nothing here will give.
   function I.moving()
-    if fgready > 0 or fgtimers > 0 then return true end
+    if rqn > 0 or fgtimers > 0 then return true end
     for co in pairs(tasks) do
       if co_status(co) == "dead" then
         forget(co)
