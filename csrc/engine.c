@@ -854,18 +854,21 @@ static int32_t floor_deficit(clientpool_t *p, int32_t k) {
  * or, while max_idle had no room for one, any (an idle record of k just
  * went: there may be room now). */
 static void floor_check(clientpool_t *p, int32_t k) {
-  int32_t i;
+  int32_t i, found;
   if (!p->floor_on || p->refill_signalled || p->closed) return;
   /* (KM_FLOOR: the fleet's floor of the key is met: until a retry) */
   if (p->keys[k].pinned != 2 || (p->keys[k].fmark & KM_FLOOR) || floor_deficit(p, k) <= 0) {
     if (!p->floor_held) return;
     p->floor_held = 0;
-    for (i = 0; i < p->nwarm && ((p->keys[p->warm[i]].fmark & KM_FLOOR) || floor_deficit(p, p->warm[i]) <= 0); i++)
-      continue;
-    if (i == p->nwarm) return;
-    k = p->warm[i];
+    /* every warm key is looked at: floor_deficit sets floor_held again
+     * for each that max_idle still has no room for */
+    for (i = 0, found = NONE; i < p->nwarm; i++)
+      if (!(p->keys[p->warm[i]].fmark & KM_FLOOR) && floor_deficit(p, p->warm[i]) > 0 && found == NONE) found = p->warm[i];
+    if (found == NONE) return;
+    k = found;
   }
   p->refill_signalled = 1;
+  p->floor_held = 0;                   /* (the driver's refill looks at every warm key again) */
   push_event(p, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
 }
 
@@ -2280,6 +2283,7 @@ int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key) {
       p->refilling++;
       BOTH(p, k, creating, 1);
       key_refresh(p, k);              /* k may have reached its cap */
+      p->floor_held = 0;              /* (the next refill call looks at every warm key) */
       *key = k;
       finish(p, now);
       return r;

@@ -322,6 +322,7 @@ static void floor_check(model_t *m, int k) {
     if (!found) return;
   }
   m->refill_signalled = 1;
+  m->floor_held = 0;                   /* "a signal (and a refill made) clears floor_held: the next refill looks again" */
   push(m, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
 }
 
@@ -1201,6 +1202,7 @@ int model_refill(model_t *m, double now, int *key) {
   rec_init(m, r, k, now);
   m->rec[r].refill = 1;
   m->keys[k].refilling++;
+  m->floor_held = 0;
   *key = k;
   finish(m, now);
   return r;
