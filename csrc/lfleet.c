@@ -395,6 +395,16 @@ static int lcp_fleet_member_stats(lua_State *L) {
   return 1;
 }
 
+clientpool_fleet_t *lcp_fleet_to(lua_State *L, int idx) {
+  lcp_fleet_box *b = (lcp_fleet_box *)lua_touserdata(L, idx);
+  int ok;
+  if (!b || !lua_getmetatable(L, idx)) return NULL;
+  luaL_getmetatable(L, FLEET_MT);       /* (no luaL_testudata on 5.1) */
+  ok = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return ok ? b->f : NULL;
+}
+
 int lcp_fleet_register(lua_State *L) {
   static const luaL_Reg methods[] = {
     {"join", lcp_fleet_join}, {"leave", lcp_fleet_leave}, {"row", lcp_fleet_row},
