@@ -38,7 +38,7 @@ local base = require "clientpool.base"
 local events = require "clientpool.events"
 base.own_source()
 
-local type, error, pairs, tostring, pcall = type, error, pairs, tostring, pcall
+local type, error, pairs, tostring = type, error, pairs, tostring
 local math_min, math_floor = math.min, math.floor
 local setmetatable = setmetatable
 local core, DEFAULT, clock, now_of, log = base.core, base.DEFAULT, base.clock, base.now_of, base.log
@@ -408,5 +408,4 @@ function M.stats(self)
   }
 end
 
-M._pcall = pcall
 return M
