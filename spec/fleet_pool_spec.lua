@@ -126,7 +126,7 @@ describe("pools on a fleet, across processes", function()
     os.execute("kill -9 " .. holder.pid)
     holder.pid = nil
     local got = tonumber(expect(waiter, "^got (%S+)$"))
-    local fl, mine = expect(waiter, "^fleet (%d+) (%d+)$")
+    local fl, mine = expect(waiter, "^fleet (%d+) (%d+) 2$")
     print(string.format("\n  kill -9 of the member holding the fleet's 3: the waiter's grant %.1f ms later",
                         (got - t_kill) * 1000))
     assert.equal("2", fl)
