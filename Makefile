@@ -93,7 +93,7 @@ lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_2='$(LPATH);;' LUA_PATH_5_3='$(LP
 
 LINT_DIRS = $(wildcard lua spec examples bench)
 
-.PHONY: all module test deps check-memory demo demo-lua bench lint install clean cdef \
+.PHONY: all module test test-nginx-fleet deps check-memory demo demo-lua bench lint install clean cdef \
         test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind \
         test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
         test-busted-luajit-ffi test-nginx test-prometheus bench-nginx bench-http
@@ -171,7 +171,7 @@ deps:
 
 TEST_STEPS := all test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind fuzz-ci \
               $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
-              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.2 test-valgrind-lua5.1 test-nginx test-prometheus check-rockspec \
+              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.2 test-valgrind-lua5.1 test-nginx test-nginx-fleet test-prometheus check-rockspec \
               test-rocks soak-valgrind lint
 
 # Every step runs even after one fails; scripts/run-steps.sh prints one
@@ -212,6 +212,11 @@ test-busted-luajit-ffi: build/luajit/clientpool/core.so
 # private redis-server, both on 127.0.0.1 and always stopped: spec/nginx/run.sh.
 test-nginx: build/luajit/clientpool/core.so
 	@spec/nginx/run.sh
+
+# The fleet in real nginx (4 workers, one fleet, redis sampled under wrk,
+# kill -9 and HUP under load): spec/nginx/fleet/run.sh, about 30 s.
+test-nginx-fleet: build/luajit/clientpool/core.so
+	@spec/nginx/fleet/run.sh
 
 # A real Prometheus server (Debian's) scrapes clientpool.metrics from a
 # server in the test process and the values read back through its HTTP API

@@ -192,6 +192,7 @@ struct clientpool_fleet {
   uint32_t name_len;
   char name[CLIENTPOOL_FLEET_NAME_MAX + 8];
   int32_t refs;                      /* clientpool_fleet_retain: closed when the last goes */
+  int32_t detached;                  /* clientpool_fleet_detach: holdings stay until the process dies */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -867,6 +868,10 @@ int clientpool_fleet_remove(const char *name, size_t len, char *err, size_t errl
   return CLIENTPOOL_FLEET_ESYS;
 }
 
+void clientpool_fleet_detach(clientpool_fleet_t *f) {
+  if (f) f->detached = 1;
+}
+
 void clientpool_fleet_retain(clientpool_fleet_t *f) {
   if (f) f->refs++;
 }
@@ -875,7 +880,7 @@ void clientpool_fleet_close(clientpool_fleet_t *f) {
   if (!f) return;
   if (f->refs > 0) { f->refs--; return; }   /* an engine still uses it (clientpool_set_fleet) */
   if (f->base) {
-    if (f->row >= 0 && f->pid == (int32_t)getpid()) clientpool_fleet_leave(f);
+    if (f->row >= 0 && f->pid == (int32_t)getpid() && !f->detached) clientpool_fleet_leave(f);
     munmap(f->base, f->size);
   }
   free(f);
@@ -1195,6 +1200,7 @@ int clientpool_fleet_take(clientpool_fleet_t *f, int32_t kind, int32_t key) {
   int kl;
   if (!f || !(me = f->me)) return CLIENTPOOL_FLEET_ENOTMEMBER;
   if ((uint32_t)kind >= KINDS) return CLIENTPOOL_FLEET_EINVAL;
+  if (f->detached) return CLIENTPOOL_FLEET_REFUSED;   /* nothing new: this process is on its way out */
   h = f->h;
   if (key >= 0) {
     if (key >= f->keys_cap) return CLIENTPOOL_FLEET_EINVAL;
@@ -1258,6 +1264,7 @@ int clientpool_fleet_give(clientpool_fleet_t *f, int32_t kind, int32_t key) {
   fl_cell *c = NULL;
   if (!f || !(me = f->me)) return CLIENTPOOL_FLEET_ENOTMEMBER;
   if ((uint32_t)kind >= KINDS) return CLIENTPOOL_FLEET_EINVAL;
+  if (f->detached) return 0;           /* held until the process is dead and reclaimed */
   h = f->h;
   if (key >= 0) {
     if (key >= f->keys_cap) return CLIENTPOOL_FLEET_EINVAL;

@@ -186,6 +186,14 @@ void clientpool_fleet_close(clientpool_fleet_t *f);
 /* One more owner of the handle: see clientpool_fleet_close. */
 void clientpool_fleet_retain(clientpool_fleet_t *f);
 
+/* For a process about to exit whose clients the kernel will close (an
+ * nginx worker that exits after a reload): the member keeps its row and
+ * every unit it holds until the process is dead, when the others reclaim
+ * them (so the budget never comes back while a socket may still be open).
+ * From now on takes are refused, gives do nothing, and close unmaps
+ * without leaving.  No system call. */
+void clientpool_fleet_detach(clientpool_fleet_t *f);
+
 /* Unlinks the named segment.  Processes attached keep their mapping until
  * they close it; the next open creates a new one.  0, ENOENT, or an error
  * (message in err). */

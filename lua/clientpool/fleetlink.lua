@@ -337,6 +337,11 @@ local function poll_main(self)
   local ok, err = base.ycall(poll_task, self)
   self._fleet.task = nil
   self._fleet.spawned = false
+  -- an exiting worker (nginx after a reload: its waits end with "worker
+  -- exiting"): its units stay with its row until the process is dead and
+  -- reclaimed, since its parked connections close only then
+  local exiting = self._sched.exiting
+  if exiting and exiting() then self._fleet.h:detach() end
   if not ok then log(self, "fleet poll task failed: " .. tostring(err)) end
 end
 
