@@ -11,6 +11,8 @@
 --   end: "stats <pool live> <member live> <grants> <failures>", the pool
 --   closed, "closed <fleet live>".
 -- mode "hold" n: takes n clients, says "held", then sleeps until killed.
+-- mode "probe" secs: every 20 ms, try_acquire (pause_mode "fail"): says
+--   "ok <t>" or "<code> <reason> <t>".
 -- mode "wait" n timeout: says "waiting", acquires n clients (timeout each),
 --   and says "got <t>" (or "failed <err>") for each.
 local mode, name, out, lpath, cpath = arg[1], arg[2], arg[3], arg[4], arg[5]
@@ -35,6 +37,7 @@ local pid = assert(io.open("/proc/self/stat")):read("*l"):match("^(%d+)")
 local seq = 0
 local pool = clientpool.new {
   fleet = name, scheduler = loop, acquire_timeout = tonumber(arg[8]) or 20,
+  pause_mode = mode == "probe" and "fail" or nil,
   create = function() log("c", string.format("%.9f", monotime())); seq = seq + 1; return { id = seq } end,
   destroy = function() log("d", string.format("%.9f", monotime())) end,
 }
@@ -78,6 +81,20 @@ elseif mode == "hold" then
     for i = 1, n do held[i] = assert(pool:acquire()) end
     say("held", n)
     while #held > 0 do loop.sleep(1) end   -- (held until killed)
+  end)
+  loop:run()
+elseif mode == "probe" then
+  -- every 20 ms for `secs`: "ok" or "paused <reason>" (pause_mode fail)
+  local secs = tonumber(arg[6])
+  loop.spawn(function()
+    local t_end = monotime() + secs
+    while monotime() < t_end do
+      local l, code, reason = pool:try_acquire()
+      if l then l:release(); say("ok", string.format("%.3f", monotime()))
+      else say(tostring(code), tostring(reason), string.format("%.3f", monotime())) end
+      loop.sleep(0.02)
+    end
+    say("end")
   end)
   loop:run()
 elseif mode == "wait" then

@@ -134,6 +134,42 @@ describe("pools on a fleet, across processes", function()
     assert.is_true(fleet.stats(name).reclaimed >= 1)
   end)
 
+  it("a policy's pause with scope = \"fleet\" gates every member, resume_after fleet-wide", function()
+    local name = new_fleet("pause", { max_live = 4 })
+    local probe = spawn("probe", name, 4, 3)
+    expect(probe, "^ok ")
+    local pool = clientpool.new { fleet = name, create = function() return {} end, pause_mode = "fail",
+      policy = function(outcome) if outcome == "down" then return { pause = "down", scope = "fleet",
+                                                                      resume_after = 0.5 } end end }
+    local l = assert(pool:try_acquire())
+    local t_pause = monotime()
+    l:observe("down")
+    l:release()
+    -- this member at once
+    local ok, code, reason = pool:try_acquire()
+    assert.is_nil(ok)
+    assert.equal("paused", code)
+    assert.equal("down", reason)
+    -- the other process sees the fleet's pause, then the gate opens by itself
+    expect(probe, "^paused down ")
+    local t_open
+    for _ = 1, 400 do
+      local seen_pause = false
+      for _, ln in ipairs(lines_of(probe.out)) do
+        if ln:match("^paused down ") then seen_pause = true
+        elseif seen_pause and ln:match("^ok ") then t_open = tonumber(ln:match("^ok (%S+)")) break end
+      end
+      if t_open then break end
+      sleep(0.01)
+    end
+    assert.is_not_nil(t_open, "the probe never saw the gate open again")
+    print(string.format("\n  fleet pause (resume_after 0.5 s): the other member admits again %.0f ms after the pause",
+                        (t_open - t_pause) * 1000))
+    assert.is_true(t_open - t_pause >= 0.5)
+    expect(probe, "^end$")
+    pool:close()
+  end)
+
   it("refuses options above the fleet's figures, and an unknown fleet", function()
     local name = new_fleet("opts", { max_live = 4, max_idle = 2 })
     local function err_of(o)

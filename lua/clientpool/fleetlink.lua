@@ -225,6 +225,15 @@ local function apply_gates(self)
   end
 end
 
+-- A policy's { pause = reason, scope = "fleet" }: the fleet's own gate, in
+-- every member (resume_after: the gate's deadline, fleet-wide); applied
+-- here at once, in the other members at their next acquire or tick.
+local function pause_fleet(self, reason, resume_after)
+  if resume_after == 0 then return end
+  fleet().pause(self._fleet.name, reason, nil, resume_after and { resume_after = resume_after } or nil)
+  apply_gates(self)
+end
+
 -- The reason a fleet gate holds key `name` (or the pool), for a refused
 -- acquisition's third value.
 local function reason_of(self, name)
@@ -392,6 +401,7 @@ function M.attach(self)
     slots = {}, kgate = {}, posted = {}, gen = -1, reason = nil,
     blocked = false, turn = false, woken = false, seq = 0, retries = 0, blocks = 0,
     on_key = on_key, on_key_free = on_key_free, reason_of = reason_of, stats = M.stats,
+    pause_fleet = pause_fleet,
   }
   apply_gates(self)
   start(self)
