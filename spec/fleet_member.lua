@@ -11,6 +11,7 @@
 --   end: "stats <pool live> <member live> <grants> <failures>", the pool
 --   closed, "closed <fleet live>".
 -- mode "hold" n: takes n clients, says "held", then sleeps until killed.
+-- mode "idle" n secs: n clients made and left idle; after secs "shed <k> <idle>".
 -- mode "probe" secs: every 20 ms, try_acquire (pause_mode "fail"): says
 --   "ok <t>" or "<code> <reason> <t>".
 -- mode "wait" n timeout: says "waiting", acquires n clients (timeout each),
@@ -81,6 +82,18 @@ elseif mode == "hold" then
     for i = 1, n do held[i] = assert(pool:acquire()) end
     say("held", n)
     while #held > 0 do loop.sleep(1) end   -- (held until killed)
+  end)
+  loop:run()
+elseif mode == "idle" then
+  -- takes n clients, releases them (they stay idle: max_idle is the
+  -- fleet's), says "idle n", then idles `secs` and says "shed <k>"
+  local n, secs, held = tonumber(arg[6]), tonumber(arg[7]), {}
+  loop.spawn(function()
+    for i = 1, n do held[i] = assert(pool:acquire()) end
+    for i = 1, n do held[i]:release() end
+    say("idle", pool:stats().idle)
+    loop.sleep(secs)
+    say("shed", pool:stats().closed_by.shed, pool:stats().idle)
   end)
   loop:run()
 elseif mode == "probe" then

@@ -170,6 +170,25 @@ describe("pools on a fleet, across processes", function()
     pool:close()
   end)
 
+  it("rebalance: idle clients of another member are shed for a member whose callers wait", function()
+    local name = new_fleet("shed", { max_live = 4 })
+    local a = spawn("idle", name, 4, 4, 3)
+    assert.equal("4", (expect(a, "^idle (%d+)$")))
+    assert.equal(4, fleet.stats(name).idle)   -- the fleet's cap, held idle by one process
+    local w = spawn("wait", name, 4, 2, 20)
+    expect(w, "^waiting 2$")
+    local t0 = monotime()
+    local fl, mine = expect(w, "^fleet (%d+) (%d+) 2$")
+    local dt = monotime() - t0
+    print(string.format("\n  2 callers of a member against 4 idle clients of another: served in %.0f ms " ..
+                        "(the idle member's tick sheds its share above the fair one)", dt * 1000))
+    assert.equal("2", mine)
+    assert.is_true(tonumber(fl) <= 4)
+    local shed, left = expect(a, "^shed (%d+) (%d+)$")
+    assert.equal("2", shed)                  -- down to its fair share: ceil(4 / 2 members)
+    assert.equal("2", left)
+  end)
+
   it("refuses options above the fleet's figures, and an unknown fleet", function()
     local name = new_fleet("opts", { max_live = 4, max_idle = 2 })
     local function err_of(o)
