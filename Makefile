@@ -62,11 +62,11 @@ BASEFLAGS  = $(WARNFLAGS) -fPIC -Icsrc
 LIBS      := -lm
 
 CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c csrc/lfastpath.c csrc/fleet.c csrc/lfleet.c
-ENGINE_SRCS := csrc/engine.c csrc/clock.c
+ENGINE_SRCS := csrc/engine.c csrc/clock.c csrc/fleet.c
 CTEST_SRC   := spec/c/test_engine.c $(sort $(wildcard spec/c/test_engine_*.c))
 # The C tests link the engine through spec/c/whitebox.c: csrc/engine.c as
 # is, plus allocation-failure injection and internal views for the tests.
-CTEST_LINK  := spec/c/whitebox.c csrc/clock.c
+CTEST_LINK  := spec/c/whitebox.c csrc/clock.c csrc/fleet.c
 
 INTERPS := lua5.1 lua5.2 lua5.3 lua5.4 luajit
 INCDIR_lua5.1 := /usr/include/lua5.1
@@ -93,7 +93,7 @@ lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_2='$(LPATH);;' LUA_PATH_5_3='$(LP
 
 LINT_DIRS = $(wildcard lua spec examples bench)
 
-.PHONY: all module test deps check-memory demo demo-lua bench lint install clean cdef \
+.PHONY: all module test test-nginx-fleet deps check-memory demo demo-lua bench lint install clean cdef \
         test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind \
         test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
         test-busted-luajit-ffi test-nginx test-prometheus bench-nginx bench-http
@@ -171,7 +171,7 @@ deps:
 
 TEST_STEPS := all test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind fuzz-ci \
               $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
-              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.2 test-valgrind-lua5.1 test-nginx test-prometheus check-rockspec \
+              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.2 test-valgrind-lua5.1 test-nginx test-nginx-fleet test-prometheus check-rockspec \
               test-rocks soak-valgrind lint
 
 # Every step runs even after one fails; scripts/run-steps.sh prints one
@@ -212,6 +212,11 @@ test-busted-luajit-ffi: build/luajit/clientpool/core.so
 # private redis-server, both on 127.0.0.1 and always stopped: spec/nginx/run.sh.
 test-nginx: build/luajit/clientpool/core.so
 	@spec/nginx/run.sh
+
+# The fleet in real nginx (4 workers, one fleet, redis sampled under wrk,
+# kill -9 and HUP under load): spec/nginx/fleet/run.sh, about 30 s.
+test-nginx-fleet: build/luajit/clientpool/core.so
+	@spec/nginx/fleet/run.sh
 
 # A real Prometheus server (Debian's) scrapes clientpool.metrics from a
 # server in the test process and the values read back through its HTTP API
@@ -291,7 +296,7 @@ FUZZ_CI_TIME ?= 120
 FUZZ_CI_SEED ?= 1
 FUZZ_CI_RUNS ?= 8000
 FUZZ_BIN     := build/fuzz/fuzz_engine
-FUZZ_SRCS    := spec/c/fuzz_engine.c spec/c/model.c spec/c/whitebox.c csrc/clock.c
+FUZZ_SRCS    := spec/c/fuzz_engine.c spec/c/model.c spec/c/whitebox.c csrc/clock.c csrc/fleet.c
 
 # libFuzzer + ASan + UBSan; the engine comes in through spec/c/whitebox.c.
 $(FUZZ_BIN): $(FUZZ_SRCS) csrc/engine.c $(wildcard csrc/*.h spec/c/*.h)
@@ -363,9 +368,9 @@ build/bench/engine_pair: bench/c/engine_pair.c $(ENGINE_SRCS) $(wildcard csrc/*.
 	@mkdir -p $(@D)
 	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/engine_pair.c $(ENGINE_SRCS) $(LIBS)
 
-build/bench/fleet_pair: bench/c/fleet_pair.c $(ENGINE_SRCS) csrc/fleet.c $(wildcard csrc/*.h)
+build/bench/fleet_pair: bench/c/fleet_pair.c $(ENGINE_SRCS) $(wildcard csrc/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/fleet_pair.c $(ENGINE_SRCS) csrc/fleet.c $(LIBS)
+	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/fleet_pair.c $(ENGINE_SRCS) $(LIBS)
 
 bench: all build/bench/engine_pair build/bench/fleet_pair
 	@mkdir -p build/bench

@@ -5,6 +5,7 @@
  * contract and docs/decisions.md for the data-structure choices.
  */
 #include "engine.h"
+#include "fleet.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -22,11 +23,16 @@ enum { PROBE_NONE = 0, PROBE_READY, PROBE_OUT };
  * after it, one create at a time until one succeeds (its deadline: when the
  * failures are forgotten, unless a create is in flight). */
 enum { B_NONE = 0, B_WINDOW, B_PROBE };
+/* What the fleet refused (the fleet section): the pool's marks, a key's. */
+enum { FM_LIVE = CLIENTPOOL_BLOCKED_LIVE, FM_LEASE = CLIENTPOOL_BLOCKED_LEASE, FM_TURN = CLIENTPOOL_BLOCKED_TURN };
+enum { KM_LIVE = 1, KM_FLOOR = 2 };
 
 /* Admission gate of the pool or of a key: paused, or half-open (one probe
- * admitted, the rest held until its lease reports a continuing outcome). */
+ * admitted, the rest held until its lease reports a continuing outcome);
+ * fpaused: the fleet's gate, as the driver mirrors it (clientpool_gate_fleet). */
 typedef struct gate {
   int32_t paused;
+  int32_t fpaused;
   int32_t probe;
   int32_t probe_lease;
   uint32_t probe_gen;
@@ -50,6 +56,8 @@ typedef struct record {
   union {
     uint8_t refill;      /* R_CREATING: a warm-floor reservation (no lease) */
     uint8_t seen;        /* R_CLOSING: its EV_DESTROY has been read */
+    uint8_t fidle;       /* R_IDLE, R_CHECKING: it holds a fleet IDLE unit (always, outside
+                          * release(): see fl_keep_idle) */
   };
   double created;        /* strictly increasing, so it is also the creation order */
   union {
@@ -112,6 +120,8 @@ typedef struct key {
   int32_t lim_live;      /* > cap after a cap was lowered: what the key held then (0: none) */
   int32_t nchecking;     /* its records out for a keepalive validate (counted idle) */
   int32_t *oheap, olen, ocap;  /* open records (capacity > 1) by fewest leases */
+  int32_t fslot;         /* its fleet key slot (clientpool_key_fleet), or NONE */
+  int32_t fmark;         /* KM_* : what the fleet refused it (see the fleet section) */
   double retire_before;  /* records created earlier are retired */
   double retire_upto;    /* records created up to this instant are retired */
   gate_t gate;
@@ -165,6 +175,14 @@ struct clientpool {
 
   clientpool_event_t *ev; int32_t evcap, evhead, evlen;
   clientpool_stats_t st;
+
+  /* the fleet (clientpool_set_fleet), or NULL */
+  clientpool_fleet_t *fl;
+  int32_t fl_lease;             /* take LEASE units */
+  int32_t fl_mark;              /* FM_* : what the fleet refused the pool */
+  int32_t fl_kmarked;           /* keys with KM_LIVE */
+  int32_t fl_signalled;         /* EV_BLOCKED queued since the last retry */
+  uint64_t fl_gates;            /* the fleet's gates_gen last seen */
 };
 
 static void finish(clientpool_t *p, double now);
@@ -214,6 +232,102 @@ static void push_event(clientpool_t *p, int32_t type, int32_t a, int32_t b, int3
 }
 
 #define BOTH(p, k, field, delta) do { (p)->st.field += (delta); (p)->keys[k].st.field += (delta); } while (0)
+
+/* ---- the fleet (clientpool.h "the fleet", docs/fleet.md section 10) ----
+ * The fleet's units are taken and given where the engine counts its own,
+ * so the member's shares equal the engine's holdings after every call
+ * (clientpool_check).  These are the only calls into the shared segment:
+ * atomics, never a clock, a system call or a wait.  A refusal leaves a
+ * mark (FM_* on the pool, KM_* on a key) that stops the engine from trying
+ * the same thing again in this or a later call: until a give of its own
+ * (which clears the marks of what it gave), clientpool_retry, or the
+ * moment no waiter is left (finish, key_refresh).  Marks hold back only
+ * what was refused: with LIVE refused, idle grants go on; with a key's
+ * LIVE refused, other keys create. */
+
+static void km_set(clientpool_t *p, int32_t k, int32_t bit) {
+  key_t_ *key = &p->keys[k];
+  if (bit == KM_LIVE && !(key->fmark & KM_LIVE)) p->fl_kmarked++;
+  key->fmark |= bit;
+}
+
+static void km_clear(clientpool_t *p, int32_t k, int32_t bits) {
+  key_t_ *key = &p->keys[k];
+  if ((bits & KM_LIVE) && (key->fmark & KM_LIVE)) p->fl_kmarked--;
+  key->fmark &= ~bits;
+}
+
+/* Takes one unit of kind for key k (< 0: none) and returns 1, or marks
+ * the refusal and returns 0.  IDLE refusals leave no mark: the caller
+ * destroys the record instead (max_idle). */
+static int fl_take(clientpool_t *p, int32_t kind, int32_t k) {
+  int rc = clientpool_fleet_take(p->fl, kind, k >= 0 ? p->keys[k].fslot : NONE);
+  if (rc == CLIENTPOOL_FLEET_TAKEN) return 1;
+  if (kind == CLIENTPOOL_FLEET_IDLE) return 0;
+  if (kind == CLIENTPOOL_FLEET_FLOOR) km_set(p, k, KM_FLOOR);
+  else if (rc == CLIENTPOOL_FLEET_REFUSED_KEY && k >= 0) km_set(p, k, KM_LIVE);
+  else {
+    /* (an error, such as a handle that left, is a refusal too: the
+     * driver's poll joins again and retries) */
+    p->fl_mark |= kind == CLIENTPOOL_FLEET_LEASE ? FM_LEASE : FM_LIVE;
+    if (rc == CLIENTPOOL_FLEET_REFUSED_TURN) p->fl_mark |= FM_TURN;
+  }
+  return 0;
+}
+
+/* Gives one unit back; what it frees is tried again (the caller refreshes
+ * the key where that matters). */
+static void fl_give(clientpool_t *p, int32_t kind, int32_t k) {
+  clientpool_fleet_give(p->fl, kind, k >= 0 ? p->keys[k].fslot : NONE);
+  if (kind == CLIENTPOOL_FLEET_LIVE) {
+    p->fl_mark &= ~FM_LIVE;
+    if (k >= 0) km_clear(p, k, KM_LIVE);
+  } else if (kind == CLIENTPOOL_FLEET_LEASE) {
+    p->fl_mark &= ~FM_LEASE;
+  } else if (k >= 0) {
+    km_clear(p, k, KM_FLOOR);           /* fewer idle or refilling: the floor may be short */
+  }
+}
+
+/* A lease is admitted (the fleet's max_concurrency): 1, or 0 (marked). */
+static int fl_lease_take(clientpool_t *p, int32_t k) {
+  return !p->fl || !p->fl_lease || fl_take(p, CLIENTPOOL_FLEET_LEASE, k);
+}
+
+static void fl_lease_give(clientpool_t *p, int32_t k) {
+  if (p->fl && p->fl_lease) fl_give(p, CLIENTPOOL_FLEET_LEASE, k);
+}
+
+/* A record that stays idle takes its fleet IDLE unit: 1, or 0 when the
+ * fleet's max_idle (or the key's) is reached, and the caller destroys it. */
+static int fl_keep_idle(clientpool_t *p, int32_t r) {
+  if (!fl_take(p, CLIENTPOOL_FLEET_IDLE, p->rec[r].key)) return 0;
+  p->rec[r].fidle = 1;
+  return 1;
+}
+
+/* Whether a client released for reuse should go back to the fleet: other
+ * members post demand, and the fleet's shed says this member holds more
+ * than its fair share beyond what it is closing already (those units are
+ * on their way).  One load while nobody waits. */
+static int fl_shed_due(clientpool_t *p, int32_t k) {
+  int32_t n, slot = p->keys[k].fslot;
+  if (clientpool_fleet_waiting(p->fl) <= 0) return 0;
+  n = clientpool_fleet_shed(p->fl, NONE);
+  if (n > p->st.closing) return 1;
+  if (slot >= 0 && clientpool_fleet_shed(p->fl, slot) > p->keys[k].st.closing) return 1;
+  return 0;
+}
+
+/* The fleet's gates changed since the driver last mirrored them: tell it
+ * (one load per acquisition; a pause another member made is applied from
+ * the next acquisition after the driver read it). */
+static void fl_gates_check(clientpool_t *p) {
+  uint64_t g = clientpool_fleet_gates_gen(p->fl);
+  if (g == p->fl_gates) return;
+  p->fl_gates = g;
+  push_event(p, CLIENTPOOL_EV_GATES, 0, 0, 0, 0);
+}
 
 /* ---- deadline heap ---------------------------------------------------- */
 
@@ -353,12 +467,13 @@ static int key_room(const clientpool_t *p, int32_t k) {
   const key_t_ *key = &p->keys[k];
   int32_t cap = key_cap_live(p, key);
   if (key->bstate == B_WINDOW || (key->bstate == B_PROBE && key->st.creating > 0)) return 0;
+  if (key->fmark & KM_LIVE) return 0;  /* the fleet's per-key cap refused it: until a retry */
   return cap < 0 || key_held(key) < cap;
 }
 
 /* Which heap key k belongs in: RH_IDLE, RH_CREATE or NONE. */
 static int gate_blocked(const gate_t *g) {
-  return g->paused || g->probe == PROBE_OUT;
+  return g->paused || g->fpaused || g->probe == PROBE_OUT;
 }
 
 static int key_ready(const clientpool_t *p, int32_t k) {
@@ -385,7 +500,9 @@ static void rremove(clientpool_t *p, int32_t k) {
 /* Puts key k where it belongs after any change to it. */
 static void key_refresh(clientpool_t *p, int32_t k) {
   key_t_ *key = &p->keys[k];
-  int want = key_ready(p, k);
+  int want;
+  if ((key->fmark & KM_LIVE) && key->wlen == 0) km_clear(p, k, KM_LIVE);   /* (lapses: see the fleet section) */
+  want = key_ready(p, k);
   if (key->lim_live && key_held(key) <= key_cap_live(p, key)) key->lim_live = 0;
   if (key->rpos != NONE && key->rheap != want) rremove(p, k);
   if (want == NONE) return;
@@ -596,11 +713,13 @@ static void idle_unlink(clientpool_t *p, int32_t r) {
   gl_unlink(p, r);
   if (x->kpos != NONE) hremove(p, &p->ka, &x->kpos);
   BOTH(p, x->key, idle, -1);
+  if (x->fidle) { x->fidle = 0; fl_give(p, CLIENTPOOL_FLEET_IDLE, x->key); }
 }
 
 static void idle_push(clientpool_t *p, int32_t r, double now) {
   record_t *x = &p->rec[r];
   x->state = R_IDLE;
+  x->fidle = 0;                        /* (its IDLE unit: fl_keep_idle) */
   x->idle_since = now;
   x->gl_ahead = 0;
   stack_push(p, r);
@@ -735,14 +854,18 @@ static int32_t floor_deficit(clientpool_t *p, int32_t k) {
  * or, while max_idle had no room for one, any (an idle record of k just
  * went: there may be room now). */
 static void floor_check(clientpool_t *p, int32_t k) {
-  int32_t i;
+  int32_t i, found;
   if (!p->floor_on || p->refill_signalled || p->closed) return;
-  if (p->keys[k].pinned != 2 || floor_deficit(p, k) <= 0) {
+  /* (KM_FLOOR: the fleet's floor of the key is met: until a retry) */
+  if (p->keys[k].pinned != 2 || (p->keys[k].fmark & KM_FLOOR) || floor_deficit(p, k) <= 0) {
     if (!p->floor_held) return;
     p->floor_held = 0;
-    for (i = 0; i < p->nwarm && floor_deficit(p, p->warm[i]) <= 0; i++) continue;
-    if (i == p->nwarm) return;
-    k = p->warm[i];
+    /* every warm key is looked at: floor_deficit sets floor_held again
+     * for each that max_idle still has no room for */
+    for (i = 0, found = NONE; i < p->nwarm; i++)
+      if (!(p->keys[p->warm[i]].fmark & KM_FLOOR) && floor_deficit(p, p->warm[i]) > 0 && found == NONE) found = p->warm[i];
+    if (found == NONE) return;
+    k = found;
   }
   /* a key short with room: max_idle holds nothing short now (the refills'
    * own looks set it again once room runs out), whichever way k was found */
@@ -762,6 +885,7 @@ static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
   else if (x->state == R_CHECKING) {  /* (its keepalive was reported) */
     if (!(x->retire & IDLE_OVER)) gl_unlink(p, r);
     BOTH(p, k, idle, -1);
+    if (x->fidle) { x->fidle = 0; fl_give(p, CLIENTPOOL_FLEET_IDLE, k); }
   }
   oremove(p, r);
   hremove(p, &p->dl, &x->hpos);
@@ -791,7 +915,11 @@ static int lifetime_over(const clientpool_t *p, const record_t *x, double now) {
 
 /* Whether the warm floor needs this idle record: idle_timeout spares it. */
 static int floor_keeps(const clientpool_t *p, const record_t *x) {
-  return p->floor_on && p->keys[x->key].pinned == 2 && p->keys[x->key].st.idle <= p->cfg.min_idle;
+  const key_t_ *key = &p->keys[x->key];
+  if (!p->floor_on || key->pinned != 2) return 0;
+  /* with a fleet the floor is the fleet's: its idle clients of the key, every member's */
+  if (p->fl && key->fslot >= 0) return clientpool_fleet_count(p->fl, CLIENTPOOL_FLEET_IDLE, key->fslot) <= p->cfg.min_idle;
+  return key->st.idle <= p->cfg.min_idle;
 }
 
 static int idle_expired(const clientpool_t *p, const record_t *x, double now, int32_t *why) {
@@ -803,9 +931,10 @@ static int idle_expired(const clientpool_t *p, const record_t *x, double now, in
   return 0;
 }
 
-/* Whether max_live lets one more record be reserved: closing records count. */
+/* Whether max_live lets one more record be reserved: closing records count;
+ * and the fleet's cap, unless it refused a create (FM_LIVE: until a retry). */
 static int room(const clientpool_t *p) {
-  return p->st.live + p->st.creating + p->st.closing < p->cfg.max_live;
+  return p->st.live + p->st.creating + p->st.closing < p->cfg.max_live && !(p->fl_mark & FM_LIVE);
 }
 
 /* The least recently used idle record that is not out for a keepalive
@@ -861,6 +990,7 @@ static void lease_free(clientpool_t *p, int32_t l) {
   hremove(p, &p->dl, &x->hpos);
   r->nleases--;
   BOTH(p, r->key, leases, -1);
+  fl_lease_give(p, r->key);
   x->record = NONE;
   x->gen++;
   x->next_free = p->lea_free;
@@ -896,8 +1026,9 @@ static int take_idle(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
     if (r == NONE) return 0;
     x = &p->rec[r];
     if (idle_expired(p, x, now, &why)) { destroy(p, r, why); continue; }
+    if (!fl_lease_take(p, k)) return 0;
     l = lease_alloc(p, r, now);
-    if (l == NONE) return 0;
+    if (l == NONE) { fl_lease_give(p, k); return 0; }
     idle_unlink(p, r);
     x->nleases = 1;                   /* (shares storage with the keepalive entry) */
     x->state = R_LEASED;
@@ -924,8 +1055,9 @@ static int take_open(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
       key_refresh(p, k);              /* k may have nothing left to share */
       continue;
     }
+    if (!fl_lease_take(p, k)) return 0;
     l = lease_alloc(p, r, now);
-    if (l == NONE) return 0;
+    if (l == NONE) { fl_lease_give(p, k); return 0; }
     x->nleases++;
     orefresh(p, r);
     BOTH(p, k, reused, 1);
@@ -953,6 +1085,21 @@ static void rec_init(clientpool_t *p, int32_t r, int32_t k, double now) {
   x->created = now;                   /* (made strictly increasing at clientpool_created) */
 }
 
+/* The fleet's units of a reservation for k: LEASE (admission first), then
+ * LIVE.  1, or 0 with nothing taken (the refusal marked). */
+static int fl_reserve(clientpool_t *p, int32_t k) {
+  if (!fl_lease_take(p, k)) return 0;
+  if (fl_take(p, CLIENTPOOL_FLEET_LIVE, k)) return 1;
+  fl_lease_give(p, k);                 /* (the LEASE was there: only LIVE is refused) */
+  return 0;
+}
+
+static void fl_unreserve(clientpool_t *p, int32_t k) {
+  if (!p->fl) return;
+  fl_lease_give(p, k);
+  fl_give(p, CLIENTPOOL_FLEET_LIVE, k);
+}
+
 /* Reserves a record for k.  At max_live, with no destroy under way that
  * will make room, it starts the eviction of the least recently used idle
  * record (of another key: k has none, or take_idle would have taken it),
@@ -965,11 +1112,19 @@ static int reserve(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g
     if (evict_ok(p)) destroy(p, lru_idle(p), CLIENTPOOL_BY_EVICTED);
     return 0;
   }
+  if (p->fl && !fl_reserve(p, k)) {
+    /* the fleet's cap: as at max_live, an idle record of another key of
+     * ours makes room (its LIVE unit comes back when its destroy is
+     * reported); a key's cap: k's waiters wait */
+    if (!room(p) && evict_ok(p)) destroy(p, lru_idle(p), CLIENTPOOL_BY_EVICTED);
+    key_refresh(p, k);
+    return 0;
+  }
   r = rec_alloc(p);
-  if (r == NONE) return 0;
+  if (r == NONE) { fl_unreserve(p, k); return 0; }
   rec_init(p, r, k, now);
   l = lease_alloc(p, r, now);
-  if (l == NONE) { rec_free(p, r); return 0; }
+  if (l == NONE) { rec_free(p, r); fl_unreserve(p, k); return 0; }
   p->rec[r].nleases = 1;
   p->rec[r].res_lease = l;
   BOTH(p, k, creating, 1);
@@ -1160,7 +1315,7 @@ static int32_t next_ready(const clientpool_t *p, int32_t *held) {
 /* Serves queued waiters in arrival order while anything they can use is free. */
 static void dispatch(clientpool_t *p, double now) {
   if (p->kept != NONE) return;       /* the caller that kept its place comes first */
-  while (p->st.leases < p->cfg.max_concurrency) {
+  while (p->st.leases < p->cfg.max_concurrency && !(p->fl_mark & FM_LEASE)) {
     int32_t held, held2, k = next_ready(p, &held), w;
     clientpool_grant_t g;
     waiter_t *x;
@@ -1200,6 +1355,22 @@ double clientpool_next_deadline(const clientpool_t *p) {
   return d;
 }
 
+/* After dispatch: marks lapse once no waiter is left (a later acquisition
+ * tries the fleet again); waiters held back by a mark are announced once
+ * (EV_BLOCKED) until the driver's retry. */
+static void fl_finish(clientpool_t *p) {
+  if (p->st.waiting == 0) {
+    if (p->fl_mark) p->fl_mark = 0;
+    p->fl_signalled = 0;
+    return;
+  }
+  if (!p->fl_signalled && ((p->fl_mark & (FM_LIVE | FM_LEASE)) || p->fl_kmarked > 0)) {
+    p->fl_signalled = 1;
+    push_event(p, CLIENTPOOL_EV_BLOCKED, (p->fl_mark & (FM_LIVE | FM_LEASE | FM_TURN)) |
+               (p->fl_kmarked > 0 ? CLIENTPOOL_BLOCKED_KEY : 0), 0, 0, 0);
+  }
+}
+
 /* What was over a lowered cap (clientpool_configure) and is back under it. */
 static void lim_update(clientpool_t *p) {
   if (p->lim_live && p->st.live + p->st.creating + p->st.closing <= p->cfg.max_live) p->lim_live = 0;
@@ -1214,6 +1385,7 @@ static void lim_update(clientpool_t *p) {
 static void finish(clientpool_t *p, double now) {
   double d;
   dispatch(p, now);
+  if (p->fl) fl_finish(p);
   if (p->lim_any) lim_update(p);
   d = clientpool_next_deadline(p);
   if (d >= 0 && (p->armed < 0 || d < p->armed)) {
@@ -1407,9 +1579,28 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
   return CLIENTPOOL_OK;
 }
 
+/* The engine goes: every unit it still holds goes back to the fleet (its
+ * clients are gone with it), then its reference to the handle. */
+static void fl_release_all(clientpool_t *p) {
+  int32_t i;
+  for (i = 0; i < p->nrec; i++) {
+    record_t *x = &p->rec[i];
+    int32_t k = x->key;
+    if (x->state == R_FREE) continue;
+    if (x->state == R_CREATING && x->refill) fl_give(p, CLIENTPOOL_FLEET_FLOOR, k);
+    if ((x->state == R_IDLE || x->state == R_CHECKING) && x->fidle) fl_give(p, CLIENTPOOL_FLEET_IDLE, k);
+    fl_give(p, CLIENTPOOL_FLEET_LIVE, k);
+  }
+  for (i = 0; i < p->nlea; i++)
+    if (p->lea[i].record != NONE) fl_lease_give(p, p->rec[p->lea[i].record].key);
+  clientpool_fleet_close(p->fl);
+  p->fl = NULL;
+}
+
 void clientpool_free(clientpool_t *p) {
   int32_t k;
   if (!p) return;
+  if (p->fl) fl_release_all(p);
   for (k = 0; k < p->nkeys; k++) { free(p->keys[k].oheap); free(p->keys[k].wheap); }
   free(p->warm);
   free(p->rec); free(p->lea); free(p->wai); free(p->keys);
@@ -1579,6 +1770,7 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
    * call (and, on MUST_WAIT, until the driver queues or forgets) */
   p->hold_key = k;
   if (p->keys[k].bstate == B_WINDOW) backoff_check(p, k, now);
+  if (p->fl) fl_gates_check(p);
   if (!admits(p, k)) {
     if (p->cfg.pause_fail) {
       BOTH(p, k, rejected, 1);
@@ -1591,8 +1783,8 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
     }
   /* never barge past queued waiters of this key (unless it kept its place
    * ahead of them), nor past the concurrency cap */
-  } else if ((p->keys[k].wlen == 0 || kept) &&
-             p->st.leases < p->cfg.max_concurrency && grant(p, k, now, g)) {
+  } else if ((p->keys[k].wlen == 0 || kept) && p->st.leases < p->cfg.max_concurrency &&
+             !(p->fl_mark & FM_LEASE) && grant(p, k, now, g)) {
     gate_granted(p, g);
     if (kept) key_refresh(p, k);     /* (granted past k's waiters: re-sorted) */
   } else if (backoff_refuses(p, k)) {
@@ -1676,7 +1868,8 @@ static void close_past_max_idle(clientpool_t *p, int32_t r, uint32_t gen, int32_
   const record_t *x = &p->rec[r];      /* (dispatch may have grown the array) */
   if (x->state == R_IDLE && x->gen == gen &&
       (p->st.idle > p->cfg.max_idle ||
-       (key_cap_idle(p, &p->keys[k]) >= 0 && p->keys[k].st.idle > key_cap_idle(p, &p->keys[k]))))
+       (key_cap_idle(p, &p->keys[k]) >= 0 && p->keys[k].st.idle > key_cap_idle(p, &p->keys[k])) ||
+       (p->fl && !fl_keep_idle(p, r))))   /* (the fleet's max_idle: it stays idle with its IDLE unit, or goes) */
     destroy(p, r, CLIENTPOOL_BY_MAX_IDLE);
 }
 
@@ -1686,11 +1879,15 @@ static void forfeit(clientpool_t *p, int32_t r, int failed) {
   int32_t k = x->key;
   BOTH(p, k, creating, -1);
   if (failed) BOTH(p, k, create_failed, 1);
-  if (x->refill) { p->keys[k].refilling--; p->refilling--; }
-  else {
+  if (x->refill) {
+    p->keys[k].refilling--;
+    p->refilling--;
+    if (p->fl) fl_give(p, CLIENTPOOL_FLEET_FLOOR, k);
+  } else {
     gate_lease_ended(p, k, x->res_lease, p->lea[x->res_lease].gen);
     lease_free(p, x->res_lease);
   }
+  if (p->fl) fl_give(p, CLIENTPOOL_FLEET_LIVE, k);
   rec_free(p, r);
   key_refresh(p, k);
   key_maybe_free(p, k);
@@ -1730,6 +1927,7 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
     p->keys[k].refilling--;
     p->refilling--;
     x->refill = 0;
+    if (p->fl) fl_give(p, CLIENTPOOL_FLEET_FLOOR, k);
     x->state = R_LEASED;               /* (not idle yet: destroy needs no unlink) */
     x->opos = NONE;
     if (p->closed) destroy(p, r, CLIENTPOOL_BY_DRAIN);
@@ -1785,6 +1983,9 @@ static void release(clientpool_t *p, int32_t l, int32_t reason, double now) {
   }
   BOTH(p, k, active, -1);
   if (reason < 0) reason = closing_reason(p, x, now);
+  /* other members wait and this one holds more than its share: the client
+   * goes back to the fleet, even past a waiter of ours (no member starves) */
+  if (reason < 0 && p->fl && fl_shed_due(p, k)) reason = CLIENTPOOL_BY_SHED;
   if (reason >= 0) {
     destroy(p, r, reason);
     return;
@@ -1881,6 +2082,7 @@ int clientpool_destroyed(clientpool_t *p, int32_t r, double now) {
   x = &p->rec[r];
   k = x->key;
   BOTH(p, k, closing, -1);
+  if (p->fl) fl_give(p, CLIENTPOOL_FLEET_LIVE, k);   /* the cap is physical: only now */
   if (x->seen) rec_free(p, r);
   else rec_bury(p, r);               /* reused when its EV_DESTROY is read */
   key_refresh(p, k);                 /* its key's cap has room again */
@@ -2062,14 +2264,28 @@ int32_t clientpool_refill(clientpool_t *p, double now, int32_t *key) {
       int32_t k = p->warm[i], r;
       if (floor_deficit(p, k) <= 0) continue;
       if (!key_room(p, k)) continue;
+      if (p->fl) {
+        /* the floor is the fleet's: FLOOR refused, it is met elsewhere */
+        if ((p->keys[k].fmark & KM_FLOOR) || !fl_take(p, CLIENTPOOL_FLEET_FLOOR, k)) continue;
+        if (!fl_take(p, CLIENTPOOL_FLEET_LIVE, k)) {
+          fl_give(p, CLIENTPOOL_FLEET_FLOOR, k);
+          key_refresh(p, k);
+          if (!room(p)) break;
+          continue;
+        }
+      }
       r = rec_alloc(p);
-      if (r == NONE) break;
+      if (r == NONE) {
+        if (p->fl) { fl_give(p, CLIENTPOOL_FLEET_FLOOR, k); fl_give(p, CLIENTPOOL_FLEET_LIVE, k); }
+        break;
+      }
       rec_init(p, r, k, now);
       p->rec[r].refill = 1;
       p->keys[k].refilling++;
       p->refilling++;
       BOTH(p, k, creating, 1);
       key_refresh(p, k);              /* k may have reached its cap */
+      p->floor_held = 0;              /* (the next refill call looks at every warm key) */
       *key = k;
       finish(p, now);
       return r;
@@ -2187,6 +2403,126 @@ double clientpool_lease_age(const clientpool_t *p, int32_t l, uint32_t gen, doub
 
 int clientpool_is_closed(const clientpool_t *p) { return p->closed; }
 
+/* ---- the fleet, public ------------------------------------------------ */
+
+int clientpool_set_fleet(clientpool_t *p, clientpool_fleet_t *f, int32_t flags) {
+  if (!f || p->fl || p->keys_used > 0 || p->closed) return CLIENTPOOL_EINVAL;
+  clientpool_fleet_retain(f);
+  p->fl = f;
+  p->fl_lease = (flags & CLIENTPOOL_FLEET_USE_LEASES) != 0;
+  p->fl_gates = clientpool_fleet_gates_gen(f);
+  return 0;
+}
+
+int clientpool_key_fleet(clientpool_t *p, int32_t k, int32_t slot) {
+  const key_t_ *key;
+  if (!p->fl || !key_ok(p, k)) return CLIENTPOOL_EINVAL;
+  key = &p->keys[k];
+  if (key->st.live || key->st.creating || key->st.closing || key->st.leases || key->wrefs) return CLIENTPOOL_EINVAL;
+  p->keys[k].fslot = slot < 0 ? NONE : slot;
+  return 0;
+}
+
+/* Waiters of key k that would create if the pool had room (paused ones
+ * and those an idle record serves aside). */
+static int32_t would_create(const clientpool_t *p, int32_t k) {
+  const key_t_ *key = &p->keys[k];
+  if (!key->used || key->wlen == 0 || gate_blocked(&key->gate)) return 0;
+  if (key->idle_top != NONE || key->olen > 0 || !key_room(p, k)) return 0;
+  return key->wlen;
+}
+
+int32_t clientpool_blocked(const clientpool_t *p, int32_t kind, int32_t k) {
+  int64_t n = 0, room_left;
+  int32_t i;
+  if (!p->fl || p->closed || gate_blocked(&p->gate)) return 0;
+  if (k >= 0) {
+    const key_t_ *key;
+    if (kind != CLIENTPOOL_FLEET_LIVE || !key_ok(p, k)) return 0;
+    key = &p->keys[k];
+    if (!(key->fmark & KM_LIVE) || gate_blocked(&key->gate)) return 0;
+    n = key->wlen;
+    if (key_cap_live(p, key) >= 0) {
+      room_left = (int64_t)key_cap_live(p, key) - key_held(key);
+      if (n > room_left) n = room_left;
+    }
+  } else if (kind == CLIENTPOOL_FLEET_LIVE) {
+    if (!(p->fl_mark & FM_LIVE)) return 0;
+    for (i = 0; i < p->nkeys; i++) n += would_create(p, i);
+    room_left = (int64_t)p->cfg.max_live - (p->st.live + p->st.creating + p->st.closing);
+    if (n > room_left) n = room_left;
+  } else if (kind == CLIENTPOOL_FLEET_LEASE) {
+    if (!(p->fl_mark & FM_LEASE)) return 0;
+    n = p->st.waiting;
+    room_left = (int64_t)p->cfg.max_concurrency - p->st.leases;
+    if (n > room_left) n = room_left;
+  }
+  return n > 0 ? (int32_t)n : 0;
+}
+
+int32_t clientpool_retry(clientpool_t *p, double now) {
+  int32_t was, k;
+  now = clamp(p, now);
+  if (!p->fl) return 0;
+  was = p->fl_mark | (p->fl_kmarked > 0 ? CLIENTPOOL_BLOCKED_KEY : 0);
+  fl_gates_check(p);
+  p->fl_mark = 0;
+  p->fl_signalled = 0;
+  for (k = 0; k < p->nkeys; k++) {
+    if (!p->keys[k].used || !p->keys[k].fmark) continue;
+    km_clear(p, k, KM_LIVE | KM_FLOOR);
+    key_refresh(p, k);
+  }
+  p->refill_signalled = 0;
+  for (k = 0; k < p->nwarm; k++) floor_check(p, p->warm[k]);
+  finish(p, now);
+  return was;
+}
+
+/* Destroys up to n idle records of key k (k < 0: of any key), least
+ * recently used first, for the fleet.  Returns how many. */
+static int32_t shed_idle(clientpool_t *p, int32_t k, int32_t n) {
+  int32_t done = 0;
+  while (done < n) {
+    int32_t r = k < 0 ? lru_idle(p) : idle_bottom(p, k);
+    if (r == NONE) break;
+    destroy(p, r, CLIENTPOOL_BY_SHED);
+    done++;
+  }
+  return done;
+}
+
+int32_t clientpool_rebalance(clientpool_t *p, double now) {
+  int32_t n, k, done = 0;
+  now = clamp(p, now);
+  if (!p->fl || p->closed) return 0;
+  n = clientpool_fleet_shed(p->fl, NONE) - p->st.closing;
+  if (n > 0) done += shed_idle(p, NONE, n);
+  for (k = 0; k < p->nkeys; k++) {
+    key_t_ *key = &p->keys[k];
+    if (!key->used || key->fslot < 0) continue;   /* (each call renews the key's pledge) */
+    n = clientpool_fleet_shed(p->fl, key->fslot) - key->st.closing;
+    if (n > 0) {
+      p->hold_key = k;
+      done += shed_idle(p, k, n);
+      p->hold_key = NONE;
+      key_maybe_free(p, k);
+    }
+  }
+  finish(p, now);
+  return done;
+}
+
+int clientpool_gate_fleet(clientpool_t *p, int32_t k, int32_t paused, double now) {
+  gate_t *gt = gate_of(p, k);
+  now = clamp(p, now);
+  if (!gt || !p->fl) return CLIENTPOOL_EINVAL;
+  gt->fpaused = paused != 0;
+  if (k >= 0) key_refresh(p, k);
+  finish(p, now);
+  return 0;
+}
+
 /* ---- invariants (tests and fuzzing) ----------------------------------- */
 
 #define CHECK(cond, ...) do { if (!(cond)) { snprintf(buf, n, __VA_ARGS__); return -1; } } while (0)
@@ -2201,6 +2537,46 @@ static int check_counts(const clientpool_stats_t *a, const clientpool_stats_t *b
   CHECK(a->waiting == b->waiting, "%s: waiting %d, counted %d", what, a->waiting, b->waiting);
   CHECK(a->closing == b->closing, "%s: closing %d, counted %d", what, a->closing, b->closing);
   CHECK(a->opened - a->closed == a->live, "%s: opened - closed != live", what);
+  return 0;
+}
+
+/* The fleet's side: the member holds at least what this engine holds
+ * (exactly, when it is the handle's only engine: the tests compare), every
+ * idle record its IDLE unit, and marks only while waiters wait. */
+static int fl_check(const clientpool_t *p, char *buf, size_t n) {
+  int32_t i, k, kmarked = 0, refilling = 0;
+  const clientpool_fleet_t *f = p->fl;
+  for (i = 0; i < p->nrec; i++) {
+    const record_t *x = &p->rec[i];
+    CHECK(!((x->state == R_IDLE || x->state == R_CHECKING) && !x->fidle), "idle record %d holds no fleet IDLE unit", i);
+  }
+  for (k = 0; k < p->nkeys; k++) {
+    const key_t_ *key = &p->keys[k];
+    if (!key->used) continue;
+    refilling += key->refilling;
+    if (key->fmark & KM_LIVE) kmarked++;
+    CHECK(!(key->fmark & KM_LIVE) || key->wlen > 0, "key %d marked refused by the fleet without waiters", k);
+    if (key->fslot < 0) continue;
+    CHECK(clientpool_fleet_held(f, CLIENTPOOL_FLEET_LIVE, key->fslot) >= key_held(key),
+          "key %d: the fleet share LIVE %d < held %d", k, clientpool_fleet_held(f, CLIENTPOOL_FLEET_LIVE, key->fslot),
+          key_held(key));
+    CHECK(clientpool_fleet_held(f, CLIENTPOOL_FLEET_IDLE, key->fslot) >= key->st.idle,
+          "key %d: the fleet share IDLE %d < idle %d", k, clientpool_fleet_held(f, CLIENTPOOL_FLEET_IDLE, key->fslot),
+          key->st.idle);
+    CHECK(clientpool_fleet_held(f, CLIENTPOOL_FLEET_FLOOR, key->fslot) >= key->refilling,
+          "key %d: the fleet share FLOOR < refilling %d", k, key->refilling);
+    CHECK(!p->fl_lease || clientpool_fleet_held(f, CLIENTPOOL_FLEET_LEASE, key->fslot) >= key->st.leases,
+          "key %d: the fleet share LEASE < leases %d", k, key->st.leases);
+  }
+  CHECK(kmarked == p->fl_kmarked, "keys marked %d, counted %d", p->fl_kmarked, kmarked);
+  CHECK(p->st.waiting > 0 || (p->fl_mark == 0 && kmarked == 0), "fleet marks %d without waiters", p->fl_mark);
+  CHECK(clientpool_fleet_held(f, CLIENTPOOL_FLEET_LIVE, NONE) >= p->st.live + p->st.creating + p->st.closing,
+        "the fleet share LIVE %d < held %d", clientpool_fleet_held(f, CLIENTPOOL_FLEET_LIVE, NONE),
+        p->st.live + p->st.creating + p->st.closing);
+  CHECK(clientpool_fleet_held(f, CLIENTPOOL_FLEET_IDLE, NONE) >= p->st.idle, "the fleet share IDLE < idle %d", p->st.idle);
+  CHECK(clientpool_fleet_held(f, CLIENTPOOL_FLEET_FLOOR, NONE) >= refilling, "the fleet share FLOOR < refilling %d", refilling);
+  CHECK(!p->fl_lease || clientpool_fleet_held(f, CLIENTPOOL_FLEET_LEASE, NONE) >= p->st.leases,
+        "the fleet share LEASE < leases %d", p->st.leases);
   return 0;
 }
 
@@ -2342,9 +2718,10 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   /* after dispatch nothing queued could have been served */
   {
     int32_t held;
-    CHECK(p->closed || p->kept != NONE || p->st.leases >= c->max_concurrency ||
+    CHECK(p->closed || p->kept != NONE || p->st.leases >= c->max_concurrency || (p->fl_mark & FM_LEASE) ||
           next_ready(p, &held) == NONE,
           "a servable waiter is left queued");
   }
+  if (p->fl) return fl_check(p, buf, n);
   return 0;
 }

@@ -191,6 +191,8 @@ struct clientpool_fleet {
   void *on_reclaim_ud;
   uint32_t name_len;
   char name[CLIENTPOOL_FLEET_NAME_MAX + 8];
+  int32_t refs;                      /* clientpool_fleet_retain: closed when the last goes */
+  int32_t detached;                  /* clientpool_fleet_detach: holdings stay until the process dies */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -866,10 +868,19 @@ int clientpool_fleet_remove(const char *name, size_t len, char *err, size_t errl
   return CLIENTPOOL_FLEET_ESYS;
 }
 
+void clientpool_fleet_detach(clientpool_fleet_t *f) {
+  if (f) f->detached = 1;
+}
+
+void clientpool_fleet_retain(clientpool_fleet_t *f) {
+  if (f) f->refs++;
+}
+
 void clientpool_fleet_close(clientpool_fleet_t *f) {
   if (!f) return;
+  if (f->refs > 0) { f->refs--; return; }   /* an engine still uses it (clientpool_set_fleet) */
   if (f->base) {
-    if (f->row >= 0 && f->pid == (int32_t)getpid()) clientpool_fleet_leave(f);
+    if (f->row >= 0 && f->pid == (int32_t)getpid() && !f->detached) clientpool_fleet_leave(f);
     munmap(f->base, f->size);
   }
   free(f);
@@ -1118,6 +1129,11 @@ int clientpool_fleet_key_close(clientpool_fleet_t *f, int32_t key) {
   for (kind = 0; kind < KINDS; kind++)
     if (LDR(c->share[kind]) || LDR(c->demand[kind])) return CLIENTPOOL_FLEET_EINVAL;
   op_begin(f->me);
+  {
+    /* a pledge to shed on this key lapses with the member's use of it */
+    int32_t pl = LDR(c->pledged);
+    if (pl) { ST(c->pledged, 0); SUB(f->keys[key].pledged, pl); }
+  }
   ST(c->ref, 0);
   SUB(f->keys[key].refs, 1);
   ST(f->me->nrefs, dec32(LDR(f->me->nrefs)));
@@ -1155,7 +1171,11 @@ static int turn_ok(clientpool_fleet_t *f, int32_t kind, int32_t cap) {
   uint64_t mine, now;
   if (room <= 0) return 1;             /* the cap check refuses anyway */
   mine = LDR(f->me->ticket[kind]);
-  now = mono_ns();
+  /* "now" is the taker's own last heartbeat (poll, demand, scan), not a
+   * clock read: the engine calls take, and reads no clock.  An old one
+   * only makes stale waiters look fresh (the taker defers, posts its
+   * demand, which refreshes it, and retries) */
+  now = LDR(f->me->heartbeat);
   hi = hiwater(f);
   for (r = 0; r < hi; r++) {
     const fl_row *row = &f->rows[r];
@@ -1180,6 +1200,7 @@ int clientpool_fleet_take(clientpool_fleet_t *f, int32_t kind, int32_t key) {
   int kl;
   if (!f || !(me = f->me)) return CLIENTPOOL_FLEET_ENOTMEMBER;
   if ((uint32_t)kind >= KINDS) return CLIENTPOOL_FLEET_EINVAL;
+  if (f->detached) return CLIENTPOOL_FLEET_REFUSED;   /* nothing new: this process is on its way out */
   h = f->h;
   if (key >= 0) {
     if (key >= f->keys_cap) return CLIENTPOOL_FLEET_EINVAL;
@@ -1243,6 +1264,7 @@ int clientpool_fleet_give(clientpool_fleet_t *f, int32_t kind, int32_t key) {
   fl_cell *c = NULL;
   if (!f || !(me = f->me)) return CLIENTPOOL_FLEET_ENOTMEMBER;
   if ((uint32_t)kind >= KINDS) return CLIENTPOOL_FLEET_EINVAL;
+  if (f->detached) return 0;           /* held until the process is dead and reclaimed */
   h = f->h;
   if (key >= 0) {
     if (key >= f->keys_cap) return CLIENTPOOL_FLEET_EINVAL;
@@ -1299,6 +1321,13 @@ uint64_t clientpool_fleet_demand(clientpool_fleet_t *f, int32_t kind, int32_t ke
 }
 
 uint64_t clientpool_fleet_seq(const clientpool_fleet_t *f) { return LD(f->h->seq); }
+
+int32_t clientpool_fleet_held(const clientpool_fleet_t *f, int32_t kind, int32_t key) {
+  if (!f || !f->me) return CLIENTPOOL_FLEET_ENOTMEMBER;
+  if ((uint32_t)kind >= KINDS || key >= f->keys_cap) return CLIENTPOOL_FLEET_EINVAL;
+  if (key < 0) return LDR(f->me->share[kind]);
+  return LDR(f->mycells[key].share[kind]);
+}
 
 int32_t clientpool_fleet_waiting(const clientpool_fleet_t *f) { return LD(f->h->demand_all); }
 

@@ -179,8 +179,22 @@ int clientpool_fleet_open(const char *name, size_t len, const clientpool_fleet_l
                           clientpool_fleet_t **out, char *err, size_t errlen);
 
 /* Leaves (if joined: every unit still held is given back) and unmaps.
- * NULL is accepted. */
+ * NULL is accepted.  A handle retained n times is closed by the (n+1)-th
+ * call: an engine that takes its budget from the handle retains it
+ * (clientpool_set_fleet) and closes it when it is freed, so the handle
+ * outlives every engine that uses it, whatever order their owners go in. */
 void clientpool_fleet_close(clientpool_fleet_t *f);
+
+/* One more owner of the handle: see clientpool_fleet_close. */
+void clientpool_fleet_retain(clientpool_fleet_t *f);
+
+/* For a process about to exit whose clients the kernel will close (an
+ * nginx worker that exits after a reload): the member keeps its row and
+ * every unit it holds until the process is dead, when the others reclaim
+ * them (so the budget never comes back while a socket may still be open).
+ * From now on takes are refused, gives do nothing, and close unmaps
+ * without leaving.  No system call. */
+void clientpool_fleet_detach(clientpool_fleet_t *f);
 
 /* Unlinks the named segment.  Processes attached keep their mapping until
  * they close it; the next open creates a new one.  0, ENOENT, or an error
@@ -244,6 +258,10 @@ uint64_t clientpool_fleet_demand(clientpool_fleet_t *f, int32_t kind, int32_t ke
  * load.  A releasing member reads it to decide whether to shed (and a give
  * bumps the sequence only when it is > 0). */
 int32_t clientpool_fleet_waiting(const clientpool_fleet_t *f);
+
+/* The units of `kind` this member holds: its whole share (key < 0) or its
+ * share on a key slot.  One load.  ENOTMEMBER, EINVAL. */
+int32_t clientpool_fleet_held(const clientpool_fleet_t *f, int32_t kind, int32_t key);
 
 /* The sequence number: a plain atomic load, no system call. */
 uint64_t clientpool_fleet_seq(const clientpool_fleet_t *f);

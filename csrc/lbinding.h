@@ -47,5 +47,8 @@ LCP_INTERNAL int lcp_fastpath(lua_State *L);
 /* Sets field "fleet" of the module table on the top of the stack: the
  * machine-local fleet's binding (lfleet.c). */
 LCP_INTERNAL int lcp_fleet_register(lua_State *L);
+/* The open fleet handle of the clientpool.Fleet userdata at idx (lfleet.c),
+ * or NULL (not one, or closed): for the engine's set_fleet. */
+LCP_INTERNAL struct clientpool_fleet *lcp_fleet_to(lua_State *L, int idx);
 
 #endif

@@ -435,6 +435,52 @@ static int lcp_retire_before(lua_State *L) {
                                              opt_now(L, 4)), p);
 }
 
+/* ---- the fleet (clientpool.h "the fleet", docs/fleet.md) ---- */
+
+/* E:set_fleet(fleet_handle, use_leases) -> ok, pending: the engine takes its
+ * budget from the (joined) handle and retains it until it is freed */
+static int lcp_set_fleet(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  struct clientpool_fleet *f = lcp_fleet_to(L, 2);
+  luaL_argcheck(L, f != NULL, 2, "open clientpool.Fleet expected");
+  return push_rc(L, clientpool_set_fleet(p, f, lua_toboolean(L, 3) ? CLIENTPOOL_FLEET_USE_LEASES : 0), p);
+}
+
+/* E:key_fleet(key, slot) -> ok, pending */
+static int lcp_key_fleet(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_key_fleet(p, (int32_t)lua_tointeger(L, 2), (int32_t)lua_tointeger(L, 3)), p);
+}
+
+/* E:blocked(kind, key) -> n */
+static int lcp_blocked(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  lua_pushinteger(L, clientpool_blocked(p, (int32_t)lua_tointeger(L, 2), (int32_t)luaL_optinteger(L, 3, -1)));
+  return 1;
+}
+
+/* E:retry([now]) -> marks, pending */
+static int lcp_retry(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  lua_pushinteger(L, clientpool_retry(p, opt_now(L, 2)));
+  lua_pushinteger(L, clientpool_pending(p));
+  return 2;
+}
+
+/* E:rebalance([now]) -> shed, pending */
+static int lcp_rebalance(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  lua_pushinteger(L, clientpool_rebalance(p, opt_now(L, 2)));
+  lua_pushinteger(L, clientpool_pending(p));
+  return 2;
+}
+
+/* E:gate_fleet(key, paused [, now]) -> ok, pending */
+static int lcp_gate_fleet(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  return push_rc(L, clientpool_gate_fleet(p, (int32_t)lua_tointeger(L, 2), lua_toboolean(L, 3), opt_now(L, 4)), p);
+}
+
 /* E:pause(key [, now]) -> ok, pending */
 static int lcp_pause(lua_State *L) {
   clientpool_t *p = lcp_self(L);
@@ -569,7 +615,8 @@ static int lcp_lease_age(lua_State *L) {
 }
 
 static const char *const by_names[CLIENTPOOL_BY_COUNT] = {
-  "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted", "resized"
+  "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted", "resized",
+  "shed"
 };
 
 static void set_num(lua_State *L, const char *k, double v) {
@@ -673,6 +720,8 @@ static const luaL_Reg pool_methods[] = {
   {"set_notify", lcp_set_notify}, {"retire_before", lcp_retire_before},
   {"retire_upto", lcp_retire_upto}, {"regrant", lcp_regrant},
   {"release_closes", lcp_release_closes},
+  {"set_fleet", lcp_set_fleet}, {"key_fleet", lcp_key_fleet}, {"blocked", lcp_blocked},
+  {"retry", lcp_retry}, {"rebalance", lcp_rebalance}, {"gate_fleet", lcp_gate_fleet},
   {"pause", lcp_pause}, {"resume", lcp_resume}, {"probe_ok", lcp_probe_ok},
   {"gate", lcp_gate}, {"record_created", lcp_record_created}, {"floor", lcp_floor}, {"refill", lcp_refill},
   {NULL, NULL}
@@ -737,6 +786,12 @@ int luaopen_clientpool_core(lua_State *L) {
   lua_pushinteger(L, CLIENTPOOL_EV_KEEPALIVE); lua_setfield(L, -2, "EV_KEEPALIVE");
   lua_pushinteger(L, CLIENTPOOL_KEEPALIVE_MAX); lua_setfield(L, -2, "KEEPALIVE_MAX");
   lua_pushinteger(L, CLIENTPOOL_PRIORITY_STEP); lua_setfield(L, -2, "PRIORITY_STEP");
+  lua_pushinteger(L, CLIENTPOOL_EV_BLOCKED); lua_setfield(L, -2, "EV_BLOCKED");
+  lua_pushinteger(L, CLIENTPOOL_EV_GATES); lua_setfield(L, -2, "EV_GATES");
+  lua_pushinteger(L, CLIENTPOOL_BLOCKED_LIVE); lua_setfield(L, -2, "BLOCKED_LIVE");
+  lua_pushinteger(L, CLIENTPOOL_BLOCKED_LEASE); lua_setfield(L, -2, "BLOCKED_LEASE");
+  lua_pushinteger(L, CLIENTPOOL_BLOCKED_TURN); lua_setfield(L, -2, "BLOCKED_TURN");
+  lua_pushinteger(L, CLIENTPOOL_BLOCKED_KEY); lua_setfield(L, -2, "BLOCKED_KEY");
   {
     int i;
     lua_newtable(L);

@@ -174,6 +174,7 @@ static int lcp_fleet__tostring(lua_State *L) {
 }
 
 static int lcp_fleet_join(lua_State *L) { return push_status(L, clientpool_fleet_join(check_fleet(L))); }
+static int lcp_fleet_detach(lua_State *L) { clientpool_fleet_detach(check_fleet(L)); return 0; }
 static int lcp_fleet_leave(lua_State *L) { return push_status(L, clientpool_fleet_leave(check_fleet(L))); }
 
 static int lcp_fleet_row(lua_State *L) {
@@ -395,9 +396,19 @@ static int lcp_fleet_member_stats(lua_State *L) {
   return 1;
 }
 
+clientpool_fleet_t *lcp_fleet_to(lua_State *L, int idx) {
+  lcp_fleet_box *b = (lcp_fleet_box *)lua_touserdata(L, idx);
+  int ok;
+  if (!b || !lua_getmetatable(L, idx)) return NULL;
+  luaL_getmetatable(L, FLEET_MT);       /* (no luaL_testudata on 5.1) */
+  ok = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return ok ? b->f : NULL;
+}
+
 int lcp_fleet_register(lua_State *L) {
   static const luaL_Reg methods[] = {
-    {"join", lcp_fleet_join}, {"leave", lcp_fleet_leave}, {"row", lcp_fleet_row},
+    {"join", lcp_fleet_join}, {"leave", lcp_fleet_leave}, {"detach", lcp_fleet_detach}, {"row", lcp_fleet_row},
     {"key_open", lcp_fleet_key_open}, {"key_find", lcp_fleet_key_find}, {"key_close", lcp_fleet_key_close},
     {"take", lcp_fleet_take}, {"give", lcp_fleet_give}, {"demand", lcp_fleet_demand},
     {"seq", lcp_fleet_seq}, {"poll", lcp_fleet_poll}, {"shed", lcp_fleet_shed}, {"scan", lcp_fleet_scan},

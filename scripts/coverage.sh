@@ -33,7 +33,8 @@ for src in lclientpool lfastpath fleet lfleet; do
   "$cc" "${flags[@]}" -I/usr/include/lua5.4 -c "$root/csrc/$src.c" -o "$out/obj/$src.o"
   binding+=("$out/obj/$src.o")
 done
-"$cc" "${flags[@]}" "$root"/spec/c/test_engine.c "$root"/spec/c/test_engine_*.c "$out/obj/whitebox.o" "$out/obj/clock.o" -lm -o "$out/test_engine"
+"$cc" "${flags[@]}" "$root"/spec/c/test_engine.c "$root"/spec/c/test_engine_*.c "$out/obj/whitebox.o" "$out/obj/clock.o" \
+  "$out/obj/fleet.o" -lm -o "$out/test_engine"
 "$cc" -shared --coverage -o "$out/lua5.4/clientpool/core.so" \
   "$out/obj/whitebox.o" "$out/obj/clock.o" "${binding[@]}" -lm
 set +e

@@ -149,8 +149,12 @@ function Pool:_apply(d, lease)
     if type(d.pause) ~= "string" then
       error("clientpool: policy directive 'pause' must be a reason string, got " .. type(d.pause), 3)
     end
-    if d.scope ~= nil and d.scope ~= "key" and d.scope ~= "pool" then
-      error("clientpool: policy directive 'scope' must be \"key\" or \"pool\", got " .. tostring(d.scope), 3)
+    if d.scope ~= nil and d.scope ~= "key" and d.scope ~= "pool" and d.scope ~= "fleet" then
+      error("clientpool: policy directive 'scope' must be \"key\", \"pool\" or \"fleet\", got " ..
+            tostring(d.scope), 3)
+    end
+    if d.scope == "fleet" and not self._fleet then
+      error("clientpool: policy directive scope \"fleet\" needs a pool on a fleet (option 'fleet')", 3)
     end
     local ra = d.resume_after
     if ra ~= nil and (type(ra) ~= "number" or ra ~= ra or ra < 0 or ra == math_huge) then
@@ -161,7 +165,12 @@ function Pool:_apply(d, lease)
     -- default key's pause was the pool's: other keys were paused with it,
     -- issue 18.)
     local key = d.scope == "key" and lease._key or nil
-    self:_pause(d.pause, key, ra, "observe")
+    if d.scope == "fleet" then
+      -- every member of the fleet (fleetlink: the fleet's gate, its deadline)
+      self._fleet.pause_fleet(self, d.pause, ra)
+    else
+      self:_pause(d.pause, key, ra, "observe")
+    end
   else
     -- an outcome that continues: a probe lease opens its gate
     probe_passed(self, lease._l, lease._g, lease._key)

@@ -33,6 +33,10 @@ return [[
 
 typedef struct clientpool clientpool_t;
 
+/* A fleet handle (csrc/fleet.h): one process's mapping of a shared budget.
+ * Only its tag here, so this header needs no other. */
+struct clientpool_fleet;
+
 /* Counts are int32; durations are seconds, < 0 = none. */
 typedef struct clientpool_config {
   int32_t min_idle;            /* warm floor per warm key */
@@ -95,7 +99,8 @@ enum {
   CLIENTPOOL_BY_RETIRED = 7,   /* retired by the driver */
   CLIENTPOOL_BY_EVICTED = 8,   /* idle, destroyed to make room for another key */
   CLIENTPOOL_BY_RESIZED = 9,   /* over a cap lowered by clientpool_configure / key_caps */
-  CLIENTPOOL_BY_COUNT = 10
+  CLIENTPOOL_BY_SHED = 10,     /* given back to the fleet for another member's waiters */
+  CLIENTPOOL_BY_COUNT = 11
 };
 
 /* Event types returned by clientpool_next_event.  The id of a forgotten key
@@ -124,8 +129,13 @@ enum {
   CLIENTPOOL_EV_REFILL = 7,    /* a warm key is below min_idle: call clientpool_refill */
   CLIENTPOOL_EV_LOST = 8,      /* a = record slot, c = key: lost while shared; its
                                 * other leases end with it */
-  CLIENTPOOL_EV_KEEPALIVE = 9  /* a = record slot, c = key, t = seconds idle: validate its
+  CLIENTPOOL_EV_KEEPALIVE = 9, /* a = record slot, c = key, t = seconds idle: validate its
                                 * client in the background, then clientpool_keepalive_done */
+  CLIENTPOOL_EV_BLOCKED = 10,  /* fleet: waiters wait for the fleet's budget; a = what was
+                                * refused (CLIENTPOOL_BLOCKED_* bits): post the demand
+                                * (clientpool_blocked), then clientpool_retry */
+  CLIENTPOOL_EV_GATES = 11     /* fleet: its pause gates changed (gates_gen moved): read them
+                                * and set them with clientpool_gate_fleet */
 };
 
 /* The answer of acquire, claim and cancel. */
@@ -164,7 +174,7 @@ typedef struct clientpool_stats {
   double wait_time;            /* seconds spent in those waits */
   double keepalive;            /* background validates started (EV_KEEPALIVE) */
   double keepalive_failed;     /* of those, reported not ok (the record destroyed, invalid) */
-  double closed_by[10];        /* indexed by CLIENTPOOL_BY_* */
+  double closed_by[11];        /* indexed by CLIENTPOOL_BY_* */
   int32_t live;                /* records open (opened - closed): idle or active */
   int32_t idle;                /* records idle (those out for a keepalive validate too) */
   int32_t active;              /* records carrying leases */
@@ -432,6 +442,88 @@ double clientpool_lease_age(const clientpool_t *p, int32_t lease, uint32_t gen, 
 
 /* Whether the pool is closed (1) or not (0). */
 int clientpool_is_closed(const clientpool_t *p);
+
+/* ---- the fleet (docs/fleet.md) ----------------------------------------
+ *
+ * With a fleet the pool takes its budget from a shared segment (csrc/
+ * fleet.h) as well as from its own config: the engine takes and gives the
+ * fleet's units at the points where it counts its own, in the same call,
+ * so the member's shares always equal what the engine holds:
+ *   LIVE   a record, from its reservation until its destroy is reported
+ *          (clientpool_destroyed) or the reservation is forfeited;
+ *   IDLE   an idle record (one out for a keepalive too), taken when a
+ *          released record stays idle, refused: it is destroyed (max_idle);
+ *   LEASE  a lease, only with CLIENTPOOL_FLEET_USE_LEASES (the fleet has a
+ *          max_concurrency);
+ *   FLOOR  a warm-floor refill in flight (the floor is kept once across
+ *          the fleet: a refused FLOOR means the fleet's floor of the key is
+ *          met).
+ * The config's caps still apply: they bound this process's share.  These
+ * calls are atomics on the shared segment, nothing else: no I/O, no clock
+ * read, no blocking.  A refusal is never retried inside a call: the engine
+ * marks what was refused (LIVE fleet-wide or for a key, LEASE) and stops
+ * trying it; waiters stay queued (acquire says MUST_WAIT as at max_live),
+ * EV_BLOCKED tells the driver, which posts the demand (clientpool_blocked
+ * gives the numbers), polls the fleet and calls clientpool_retry.  A give
+ * of the pool's own clears the marks of what it gave.  The marks lapse when
+ * no waiter is left.  max_waiting, deadlines, idle_timeout and max_lifetime
+ * stay this engine's own.
+ *
+ * Rebalance: a release for reuse while other members wait asks the fleet
+ * how much this member should shed (clientpool_fleet_shed) and destroys
+ * the record (BY_SHED) instead of keeping it; clientpool_rebalance does
+ * the same for idle records (the driver's periodic tick).  The fleet's
+ * pause gates are mirrored by the driver (clientpool_gate_fleet), apart
+ * from the pool's own. */
+
+/* Flags of clientpool_set_fleet. */
+enum { CLIENTPOOL_FLEET_USE_LEASES = 1 };
+
+/* Bits of EV_BLOCKED's a and of clientpool_retry's result. */
+enum {
+  CLIENTPOOL_BLOCKED_LIVE = 1,     /* a create was refused by the fleet-wide cap */
+  CLIENTPOOL_BLOCKED_LEASE = 2,    /* a lease was refused by the fleet's max_concurrency */
+  CLIENTPOOL_BLOCKED_TURN = 4,     /* a refusal was a turn (members that waited longer come
+                                    * first): retry at every poll */
+  CLIENTPOOL_BLOCKED_KEY = 8       /* a key's create was refused by the fleet's per-key cap */
+};
+
+/* Makes the engine take its budget from fleet f (a joined handle; the
+ * engine retains it and closes it at clientpool_free, after giving back
+ * whatever it still holds).  flags: CLIENTPOOL_FLEET_USE_LEASES.  Only before
+ * any key is opened.  Returns 0 or EINVAL. */
+int clientpool_set_fleet(clientpool_t *p, struct clientpool_fleet *f, int32_t flags);
+
+/* The fleet key slot of key (clientpool_fleet_key_open), set right after
+ * clientpool_key_open, before the key is used (< 0: the key has no per-key
+ * accounting in the fleet).  Returns 0 or EINVAL (no fleet, unknown key, or
+ * a key that holds something already). */
+int clientpool_key_fleet(clientpool_t *p, int32_t key, int32_t slot);
+
+/* The demand to post (clientpool_fleet_demand): how many waiters wait for
+ * the fleet's `kind` (CLIENTPOOL_FLEET_LIVE = 0 or CLIENTPOOL_FLEET_LEASE = 2 of fleet.h) at the fleet level
+ * (key < 0) or for key's fleet cap (LIVE only), bounded by what this
+ * engine's own caps would let it use.  0 when nothing is refused there. */
+int32_t clientpool_blocked(const clientpool_t *p, int32_t kind, int32_t key);
+
+/* Clears the refusal marks and serves waiters from whatever the fleet has
+ * now; re-signals the warm floor.  Also reads the fleet's gates_gen (one
+ * load) and queues EV_GATES if it moved.  Returns the marks it cleared
+ * (CLIENTPOOL_BLOCKED_* bits).  For the driver's poll. */
+int32_t clientpool_retry(clientpool_t *p, double now);
+
+/* Rebalance (the driver's periodic tick): asks the fleet how many clients
+ * this member should give back, fleet-wide and for each of its keys
+ * (clientpool_fleet_shed, less what is closing already), and destroys that
+ * many idle records, least recently used first (BY_SHED).  Returns how many
+ * it destroyed. */
+int32_t clientpool_rebalance(clientpool_t *p, double now);
+
+/* Sets the fleet's gate of the pool (key < 0) or of a key as the driver
+ * read it from the fleet: paused = 1 holds admission like clientpool_pause
+ * (pause_fail fails with PAUSED), 0 opens it.  Separate from the pool's own
+ * gates: clientpool_resume does not open it.  Returns 0 or EINVAL. */
+int clientpool_gate_fleet(clientpool_t *p, int32_t key, int32_t paused, double now);
 
 /* CLOCK_MONOTONIC in seconds: a convenience for drivers, not used by the
  * engine itself. */

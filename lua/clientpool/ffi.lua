@@ -46,10 +46,13 @@ for name, v in pairs {
   EV_TIMER = C.CLIENTPOOL_EV_TIMER, EV_KEY_FREE = C.CLIENTPOOL_EV_KEY_FREE, EV_LEAK = C.CLIENTPOOL_EV_LEAK,
   EV_CREATED = C.CLIENTPOOL_EV_CREATED, EV_KEEPALIVE = C.CLIENTPOOL_EV_KEEPALIVE,
   KEEPALIVE_MAX = C.CLIENTPOOL_KEEPALIVE_MAX, PRIORITY_STEP = C.CLIENTPOOL_PRIORITY_STEP,
+  EV_BLOCKED = C.CLIENTPOOL_EV_BLOCKED, EV_GATES = C.CLIENTPOOL_EV_GATES,
+  BLOCKED_LIVE = C.CLIENTPOOL_BLOCKED_LIVE, BLOCKED_LEASE = C.CLIENTPOOL_BLOCKED_LEASE,
+  BLOCKED_TURN = C.CLIENTPOOL_BLOCKED_TURN, BLOCKED_KEY = C.CLIENTPOOL_BLOCKED_KEY,
 } do _M[name] = v end
 
 local BY_NAMES = { "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted",
-                   "resized" }
+                   "resized", "shed" }
 assert(#BY_NAMES == C.CLIENTPOOL_BY_COUNT, "clientpool.ffi: BY names out of date with clientpool.h")
 _M.BY = {}
 for i, name in ipairs(BY_NAMES) do _M.BY[name] = i - 1 end
@@ -406,6 +409,48 @@ end
 function Engine:retire_upto(record, now)
   local p = self.p
   return done(p, C.clientpool_retire_upto(p, record, now or monotime()))
+end
+
+-- ---- the fleet (clientpool.h "the fleet", docs/fleet.md)
+
+--- E:set_fleet(fleet_handle, use_leases) -> ok, pending: fleet_handle is a
+-- clientpool.fleet_ffi handle (its p, a joined clientpool_fleet_t *); the
+-- engine retains it until it is freed.
+function Engine:set_fleet(fh, use_leases)
+  local p = self.p
+  if type(fh) ~= "table" or fh.p == nil then
+    error("bad argument #1 to 'set_fleet' (open clientpool.Fleet expected)", 2)
+  end
+  return done(p, C.clientpool_set_fleet(p, fh.p, use_leases and C.CLIENTPOOL_FLEET_USE_LEASES or 0))
+end
+
+--- E:key_fleet(key, slot) -> ok, pending
+function Engine:key_fleet(key, slot)
+  local p = self.p
+  return done(p, C.clientpool_key_fleet(p, key, slot))
+end
+
+--- E:blocked(kind, key) -> n
+function Engine:blocked(kind, key)
+  return C.clientpool_blocked(self.p, kind, key or -1)
+end
+
+--- E:retry([now]) -> marks, pending
+function Engine:retry(now)
+  local p = self.p
+  return C.clientpool_retry(p, now or monotime()), C.clientpool_pending(p)
+end
+
+--- E:rebalance([now]) -> shed, pending
+function Engine:rebalance(now)
+  local p = self.p
+  return C.clientpool_rebalance(p, now or monotime()), C.clientpool_pending(p)
+end
+
+--- E:gate_fleet(key, paused [, now]) -> ok, pending
+function Engine:gate_fleet(key, paused, now)
+  local p = self.p
+  return done(p, C.clientpool_gate_fleet(p, key, paused and 1 or 0, now or monotime()))
 end
 
 --- E:pause(key [, now]) -> ok, pending

@@ -165,6 +165,7 @@ end
 
 function Fleet:join() return status(C.clientpool_fleet_join(self.p)) end
 function Fleet:leave() return status(C.clientpool_fleet_leave(self.p)) end
+function Fleet:detach() C.clientpool_fleet_detach(self.p) end
 function Fleet:row() return C.clientpool_fleet_row(self.p) end
 
 local function slot(s)

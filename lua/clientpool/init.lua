@@ -22,6 +22,7 @@
 --   acquire    acquire, try_acquire, with, waiting, grants
 --   checkout   checkout/checkin and the C fast path's installation
 --   configure  pool:configure(), a running pool's options changed
+--   fleetlink  option fleet: the budget taken from a machine-wide fleet
 -- @module clientpool
 
 local base = require "clientpool.base"
@@ -40,6 +41,7 @@ require "clientpool.drain"
 require "clientpool.acquire"
 local checkout = require "clientpool.checkout"
 require "clientpool.configure"
+local fleetlink = require "clientpool.fleetlink"
 base.own_source()
 
 local type, error, pcall, setmetatable, tostring, ipairs, getmetatable = type, error, pcall, setmetatable,
@@ -72,6 +74,12 @@ _M.token = token.new
 
 --- Creates a pool. Performs no I/O.
 function _M.new(opts)
+  if type(opts) == "table" and opts.fleet ~= nil then
+    -- the fleet's limits are the defaults and the bounds (docs/fleet.md)
+    local fok, o = pcall(fleetlink.options, opts)
+    if not fok then error(o, 2) end
+    opts = o
+  end
   local ok, c = pcall(options.validate, opts)
   if not ok then error(c, 2) end
   local sched = options.scheduler(opts.scheduler)
@@ -113,6 +121,10 @@ function _M.new(opts)
   -- a collected lease is reported at the pool's clock: a grant it makes is
   -- dated then (its wait, its client's idle time), not at the last call
   e:set_notify(function() kick(self) end, self._mono and base.monotime or sched.now)
+  if c.fleet then
+    local fok, err = pcall(fleetlink.attach, self)
+    if not fok then e:close(); error(err, 2) end
+  end
   checkout.install_fastpath(self, mod)
   -- The warm keys are opened and pinned now. Without `keys` the default key
   -- is the warm key, but only a floor (min_idle > 0) needs it open before
@@ -126,6 +138,7 @@ function _M.new(opts)
     e:key_pin(k, 2)   -- pinned and warm
     self._kids[name] = k
     self._knames[k] = name
+    if self._fleet then self._fleet.on_key(self, k, name) end
   end
   return self
 end

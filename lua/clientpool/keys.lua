@@ -19,6 +19,7 @@ local M = {}
 
 events.on[base.core.EV_KEY_FREE] = function(self, _, a)
   local name = self._knames[a]
+  if self._fleet then self._fleet.on_key_free(self, a) end
   if name ~= nil then
     self._knames[a] = nil
     self._kids[name] = nil
@@ -47,6 +48,7 @@ local function key_id(self, key, fname)
   if not k then return nil, name, err end
   self._kids[name] = k
   self._knames[k] = name
+  if self._fleet then self._fleet.on_key(self, k, name) end
   return k, name
 end
 

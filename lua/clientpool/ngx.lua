@@ -365,6 +365,12 @@ local function new_manager(o, what, own, make_adapter)
   -- smaller, nginx closed the oldest under load and the pool counted them
   -- lost; the pool's own max_idle still bounds what stays idle.
   local pool_size = (type(o.per_key) == "table" and o.per_key.max_live) or o.max_live
+  if pool_size == nil and type(o.fleet) == "string" then
+    -- a pool on a fleet: max_live defaults to the fleet's (docs/fleet.md)
+    local h = require("clientpool.fleet")._handle(o.fleet)
+    local lim = h and h:limits()
+    pool_size = lim and (lim.key_max_live >= 0 and lim.key_max_live or lim.max_live)
+  end
   if type(pool_size) ~= "number" or pool_size < 1 then pool_size = 1 end
   pool_size = math_floor(pool_size)
 

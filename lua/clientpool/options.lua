@@ -46,6 +46,7 @@ local KNOWN = {
   leak_threshold = true, policy = true, pause_mode = true, probe = true,
   restarts = true, scheduler = true, seed = true, backend = true,
   create_backoff = true, create_backoff_max = true, keepalive = true, keepalive_check = true,
+  fleet = true,
 }
 
 -- Create backoff defaults (docs/decisions.md): after failed creates in a
@@ -224,6 +225,7 @@ function M.validate(o)
     if err then fail("option 'backend' %s (got %s)", err, tostring(o.backend)) end
     c.backend = o.backend
   end
+  c.fleet = o.fleet      -- (checked, and its defaults filled in, by fleetlink.options)
   return c
 end
 

@@ -88,7 +88,8 @@ function M.refused(self, st, name)
   if st == FULL then
     return full(self, name, "full")
   elseif st == PAUSED then
-    return nil, "paused", self._kpaused[name] or self._paused or "probe"
+    return nil, "paused", self._kpaused[name] or self._paused or (self._fleet and self._fleet.reason_of(self, name))
+      or "probe"
   elseif st == BACKOFF then     -- creates of the key fail: fail fast with the last error
     return nil, "create", self._create_err[name] or "create backing off"
   end
@@ -121,6 +122,7 @@ local function stats_once(self)
     end
   end
   s.keys = keys
+  if self._fleet then s.fleet = self._fleet.stats(self) end
   return s
 end
 

@@ -1202,6 +1202,7 @@ int model_refill(model_t *m, double now, int *key) {
   rec_init(m, r, k, now);
   m->rec[r].refill = 1;
   m->keys[k].refilling++;
+  m->floor_held = 0;
   *key = k;
   finish(m, now);
   return r;

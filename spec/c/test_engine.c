@@ -53,6 +53,7 @@
  *   test_engine_faults.c     21 out of memory, 22 clientpool_check catches corruption
  *   test_engine_cap.c        24 the physical cap (closing records), 25 create backoff
  *   test_engine_live.c       26 configure and per-key caps, 27 priorities, 28 keepalive
+ *   test_engine_fleet.c      30 engines on a fleet
  *
  * The model-based fuzzer (spec/c/fuzz_engine.c against spec/c/model.c, `make
  * fuzz`) covers what this suite's randomized test predates: capacity > 1,
@@ -513,6 +514,7 @@ static const test_t *const suites[] = {
   tests_faults,
   tests_cap,
   tests_live,
+  tests_fleet,
 };
 
 /* runs one test; a failed CHECK longjmps back here.  Returns 1 if it failed. */

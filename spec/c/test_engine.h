@@ -31,6 +31,7 @@ extern const test_t tests_regress[];   /* test_engine_regress.c */
 extern const test_t tests_faults[];   /* test_engine_faults.c */
 extern const test_t tests_cap[];   /* test_engine_cap.c */
 extern const test_t tests_live[];   /* test_engine_live.c */
+extern const test_t tests_fleet[];   /* test_engine_fleet.c */
 
 /* ---- checks, events, wrappers, helpers -------------------------------- */
 

@@ -1466,7 +1466,9 @@ static int hammer_child(hammer_t *H, int me) {
   CCHECK(clientpool_fleet_open(H->name, strlen(H->name), NULL, &f, NULL, 0) == 0);
   f->on_reclaim = hammer_on_reclaim;
   f->on_reclaim_ud = H;
-  for (i = 0; (r = clientpool_fleet_join(f)) == CLIENTPOOL_FLEET_EBUSY && i < 100; i++) sleep_us(1000);
+  /* (EBUSY: the admin lock is held, possibly by a child killed inside it until a
+   * scan steals it; on a loaded machine that took longer than 100 ms once) */
+  for (i = 0; (r = clientpool_fleet_join(f)) == CLIENTPOOL_FLEET_EBUSY && i < 2000; i++) sleep_us(1000);
   CCHECK(r == 0);
   memset(hold, 0, sizeof hold);
   for (k = 0; k < HK; k++) slot[k] = -1;
