@@ -25,6 +25,7 @@
 #                             writes $run/nginx.conf: one server on
 #                             127.0.0.1:PORT with /ping and the location
 #                             lines read from stdin, Lua modules from LUA_DIR,
+#                             $NGINX_HTTP_EXTRA (if set) at the http level,
 #                             lua/ and build/luajit ($root: the repository)
 
 lua_conf() {
@@ -144,6 +145,7 @@ $(nginx_temp_paths "$run")
 
   lua_package_path "$luadir/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
   lua_package_cpath "$root/build/luajit/?.so;;";
+${NGINX_HTTP_EXTRA:+  $NGINX_HTTP_EXTRA}
 
   server {
     listen 127.0.0.1:$port;

@@ -2,6 +2,7 @@
 -- Each request reads one key from redis through lua-resty-redis:
 --   /cp        clientpool: cpngx.driver's pool (redis_pool.lua), lease.client
 --              is the resty.redis object
+--   /fleet     clientpool on a fleet: one budget for all workers
 --   /size      bare lua-resty-redis: connect with pool_size, set_keepalive
 --   /backlog   the same with backlog (connect waits when pool_size
 --              connections of the pool are open in this worker)
@@ -18,14 +19,17 @@ local function fail(status, what, err)
   ngx.say(what, ": ", tostring(err))
 end
 
-function M.cp()
-  local lease, code, detail = P.pool:acquire()
+local function pooled(pool)
+  local lease, code, detail = pool:acquire()
   if not lease then return fail(503, "acquire", tostring(code) .. " " .. tostring(detail)) end
   local v, err = lease.client:get(KEY)
   lease:release(v ~= nil)                  -- a failed command retires the connection
   if not v then return fail(502, "get", err) end
   ngx.say(v)
 end
+
+function M.cp() return pooled(P.pool) end
+function M.fleet() return pooled(P.fleet_pool()) end
 
 local SIZE = { pool = "demo-size", pool_size = P.per_worker }
 local BACKLOG = { pool = "demo-backlog", pool_size = P.per_worker, backlog = P.backlog }

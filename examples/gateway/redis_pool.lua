@@ -1,14 +1,13 @@
--- examples/gateway/redis_pool.lua: the gateway's Redis pool, configured in
--- this one place (make demo). One pool per nginx worker, made at the first
--- require in that worker (no I/O until the first acquire).
+-- examples/gateway/redis_pool.lua: the gateway's Redis pools, configured in
+-- this one place (make demo). Each pool is made per nginx worker, at the
+-- first require in that worker (no I/O until the first acquire).
 --
--- Budget: per worker for now, so 4 workers x max_live 8 = at most 32
--- connections to redis. When the fleet budget lands (DESIGN section 5),
--- this file names the fleet instead (fleet.new in init_by_lua, `fleet =
--- "redis-main"` below, max_live fleet-wide) and nothing else in the demo
--- changes. The bare lua-resty-redis handlers the demo compares against take
--- their pool_size and backlog from here too, so every row has the same
--- per-worker number.
+-- Budgets: `pool` caps each worker (4 workers x max_live 8 = at most 32
+-- connections to redis); `fleet_pool()` takes the budget of the fleet
+-- "demo_conf.fleet", made in init_by_lua (fleet.new, max_live for the whole
+-- machine, never multiplied by the workers). The bare lua-resty-redis
+-- handlers the demo compares against take their pool_size and backlog from
+-- here too, so those rows have the same per-worker number.
 local conf = require "demo_conf"           -- written by examples/gateway/run.sh
 local clientpool = require "clientpool"
 local cpngx = require "clientpool.ngx"
@@ -28,5 +27,24 @@ M.pool = clientpool.new(cpngx.driver {
   max_live = M.per_worker,
   acquire_timeout = 2, max_waiting = 4096,
 })
+
+-- The fleet's pool: made at its first use in each worker, so the rows
+-- that do not use it never join the fleet.
+function M.fleet_pool()
+  if not M.fpool then
+    M.fpool = clientpool.new(cpngx.driver {
+      preset = "redis", host = M.host, port = M.port,
+      connect_timeout = 1, read_timeout = M.timeout_ms / 1000,
+      fleet = conf.fleet,                  -- max_live: the fleet's, for all workers
+      acquire_timeout = 2, max_waiting = 4096,
+    })
+  end
+  return M.fpool
+end
+
+-- init_by_lua (the master, before it forks): the fleet every worker joins.
+function M.init_fleet()
+  require("clientpool.fleet").new(conf.fleet, { max_live = conf.fleet_max_live })
+end
 
 return M

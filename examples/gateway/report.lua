@@ -5,16 +5,20 @@
 -- Markdown table and writes an SVG of the upstream connections over time.
 -- Plain Lua (5.1-5.4), no dependency.
 --
--- usage: lua report.lua RUN_DIR SVG_PATH WORKERS PER_WORKER BACKLOG SECS CONNECTIONS
+-- usage: lua report.lua RUN_DIR SVG_PATH WORKERS PER_WORKER BACKLOG SECS CONNECTIONS [FLEET]
 local run, svg_path = arg[1], arg[2]
 local workers, per_worker, backlog = tonumber(arg[3]), tonumber(arg[4]), tonumber(arg[5])
 local secs, conns = tonumber(arg[6]), tonumber(arg[7])
+local fleet = tonumber(arg[8]) or 0        -- the fleet's max_live, all workers together
 assert(run and svg_path and workers and per_worker and backlog and secs and conns,
        "usage: report.lua RUN_DIR SVG_PATH WORKERS PER_WORKER BACKLOG SECS CONNECTIONS")
 local cap = workers * per_worker
 
 local CONFIGS = {
-  { id = "cp", name = "clientpool: cpngx.driver, max_live " .. per_worker, color = "#1b9e77" },
+  { id = "cp", name = "clientpool: cpngx.driver, max_live " .. per_worker .. " per worker", color = "#1b9e77",
+    cap = cap },
+  { id = "fleet", name = "clientpool on a fleet, max_live " .. fleet .. " for all workers", color = "#e7298a",
+    cap = fleet },
   { id = "size", name = "lua-resty-redis keepalive, pool_size " .. per_worker, color = "#d95f02" },
   { id = "backlog", name = "lua-resty-redis pool_size " .. per_worker .. " + backlog " .. backlog,
     color = "#7570b3" },
@@ -84,7 +88,7 @@ end
 -- the table
 ---------------------------------------------------------------------------
 
-local header = { "gateway (per nginx worker)", "most upstream connections", "new connections / request",
+local header = { "gateway", "most upstream connections", "new connections / request",
                  "p50", "p99", "errors", "req/s" }
 local out = {}
 for _, r in ipairs(rows) do
@@ -92,7 +96,8 @@ for _, r in ipairs(rows) do
     and string.format("%.2f%% (%d / %d)", 100 * r.opened / r.requests, r.opened, r.requests) or "?"
   out[#out + 1] = {
     r.cfg.name,
-    r.max and (tostring(r.max) .. (r.max <= cap and "" or (" (> " .. cap .. ")"))) or "?",
+    r.max and (tostring(r.max) .. ((not r.cfg.cap or r.max <= r.cfg.cap) and "" or (" (> " .. r.cfg.cap .. ")")))
+      or "?",
     newc, ms(r.p50), ms(r.p99), tostring(r.errors or "?"),
     r.rps and string.format("%.0f", r.rps) or "?",
   }
@@ -113,8 +118,9 @@ local function line(cells, right)
   end
   return "| " .. table.concat(t, " | ") .. " |"
 end
-print(string.format("%d nginx workers, per-worker budget %d (at most %d connections to redis with clientpool); " ..
-                    "wrk %d connections, %d s per row; one GET per request", workers, per_worker, cap, conns, secs))
+print(string.format("%d nginx workers, per-worker budget %d (at most %d connections to redis with clientpool), " ..
+                    "fleet budget %d in total; wrk %d connections, %d s per row; one GET per request",
+                    workers, per_worker, cap, fleet, conns, secs))
 print()
 print(line(header))
 local sep = {}
@@ -128,8 +134,8 @@ for _, o in ipairs(out) do print(line(o, true)) end
 -- the picture: upstream connections over time, one line per configuration
 ---------------------------------------------------------------------------
 
-local W, H = 900, 420
-local L, R, T, B = 70, 30, 50, 110          -- margins (legend below the plot)
+local W, H = 900, 440
+local L, R, T, B = 70, 30, 50, 130          -- margins (legend below the plot)
 local pw, ph = W - L - R, H - T - B
 local ymax = cap
 for _, r in ipairs(rows) do
@@ -172,6 +178,12 @@ add(string.format('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#555555" st
     L, Y(cap), L + pw, Y(cap)))
 add(string.format('<text x="%d" y="%.1f" text-anchor="end" fill="#555555">cap %d = %d workers x %d</text>',
     L + pw - 4, Y(cap) - 6, cap, workers, per_worker))
+if fleet > 0 then
+  add(string.format('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e7298a" stroke-dasharray="6,4"/>',
+      L, Y(fleet), L + pw, Y(fleet)))
+  add(string.format('<text x="%d" y="%.1f" text-anchor="end" fill="#e7298a">fleet cap %d, all workers</text>',
+      L + pw - 4, Y(fleet) - 6, fleet))
+end
 -- the lines
 for _, r in ipairs(rows) do
   local pts = {}

@@ -8,6 +8,7 @@
 # a side process (bench/nginx/sample.lua) reads redis's INFO clients every
 # ~10 ms. Every request reads one key through the real lua-resty-redis:
 #   cp       clientpool: cpngx.driver{ preset = "redis" }, max_live per worker
+#   fleet    the same on a fleet: one max_live for all workers (init_by_lua)
 #   size     bare lua-resty-redis: connect(pool_size) + set_keepalive
 #   backlog  the same with backlog
 # Then it prints a table (most upstream connections, new connections per
@@ -16,7 +17,8 @@
 # Everything it started is stopped by pid, also on error or Ctrl-C.
 #
 # environment: DEMO_SECS (6), DEMO_CONNECTIONS (wrk -c, 100), DEMO_PER_WORKER
-# (8: max_live / pool_size per worker), DEMO_BACKLOG (64), NGINX, REDIS_SERVER,
+# (8: max_live / pool_size per worker), DEMO_FLEET (8: the fleet's max_live for
+# all workers together), DEMO_BACKLOG (64), NGINX, REDIS_SERVER,
 # NGINX_MODULES (default /usr/lib/nginx/modules).
 set -uo pipefail
 
@@ -29,6 +31,7 @@ SECS=${DEMO_SECS:-6}
 CONNS=${DEMO_CONNECTIONS:-100}
 PER_WORKER=${DEMO_PER_WORKER:-8}
 BACKLOG=${DEMO_BACKLOG:-64}
+FLEET=${DEMO_FLEET:-8}
 WORKERS=4
 SAMPLE_EVERY=0.01
 
@@ -53,6 +56,7 @@ cleanup() {
   for p in $wrk_pid $sampler; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
   nginx_stop
   redis_stop
+  [ -n "${fleet_shm:-}" ] && rm -f "/dev/shm/$fleet_shm"   # the fleet's segment
   return $rc
 }
 trap cleanup EXIT
@@ -62,10 +66,16 @@ trap 'echo; note "interrupted: stopping what it started"; exit 130' INT TERM
 redis_start "$redis_port"
 redis-cli -p "$redis_port" set demo:greeting "hello from redis" >/dev/null
 
-lua_conf demo_conf redis_port="$redis_port" per_worker="$PER_WORKER" backlog="$BACKLOG"
+fleet="clientpool-demo-$port-$$"
+fleet_shm=$(luajit -e "package.cpath='$root/build/luajit/?.so;'..package.cpath
+  print(require('clientpool.core').fleet.shm_name('$fleet'):sub(2))" 2>/dev/null)
+lua_conf demo_conf redis_port="$redis_port" per_worker="$PER_WORKER" backlog="$BACKLOG" \
+  fleet="\"$fleet\"" fleet_max_live="$FLEET"
+export NGINX_HTTP_EXTRA='init_by_lua_block { require("redis_pool").init_fleet() }'
 
 nginx_conf $WORKERS "$port" "$here" <<'EOF'
 location = /cp { content_by_lua_block { require("gateway").cp() } }
+location = /fleet { content_by_lua_block { require("gateway").fleet() } }
 location = /size { content_by_lua_block { require("gateway").size() } }
 location = /backlog { content_by_lua_block { require("gateway").backlog() } }
 EOF
@@ -95,7 +105,7 @@ progress() {
   [ -t 1 ] && echo
 }
 
-for cfg in ${DEMO_CONFIGS:-cp size backlog}; do
+for cfg in ${DEMO_CONFIGS:-cp fleet size backlog}; do
   redis_quiet "$redis_port"
   nginx_start "$port"
   lua5.1 "$root/bench/nginx/sample.lua" "$redis_port" "$(awk -v s="$SECS" 'BEGIN { print s + 0.8 }')" \
@@ -114,7 +124,7 @@ done
 
 echo
 svg=$root/build/demo/connections.svg
-lua5.1 "$here/report.lua" "$run" "$svg" "$WORKERS" "$PER_WORKER" "$BACKLOG" "$SECS" "$CONNS" ||
+lua5.1 "$here/report.lua" "$run" "$svg" "$WORKERS" "$PER_WORKER" "$BACKLOG" "$SECS" "$CONNS" "$FLEET" ||
   die "report failed"
 echo
 echo "picture of the upstream connections over time: $svg"
