@@ -270,10 +270,6 @@ CHECKS["metrics-quick"] = function()
   assert.is_true(ok, promtool_out)
 end
 
-CHECKS["quickstart-game"] = function()
-  assert.equal("2\t8\nrc=0\n", run_fresh("quickstart-game"))
-end
-
 CHECKS["hosts-game"] = function()
   assert.equal("2\t8\nrc=0\n", run_fresh("hosts-game"))
 end
