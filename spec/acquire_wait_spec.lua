@@ -1363,7 +1363,12 @@ describe("clientpool waiting on " .. S.name, function()
                                                           create_backoff = T(0.05), create_backoff_max = T(2) })
           local w1 = waiter(sched, pool, "k")
           local w2 = waiter(sched, pool, "k")
-          sched.sleep(0)
+          -- both have started (in nginx a spawned task may start a turn
+          -- after this one resumes: look again for a few turns)
+          for _ = 1, 20 do
+            if pool:stats().waiting == 1 then break end
+            sched.sleep(0)
+          end
           local s = H.check(pool)
           assert.equal(1, s.creating)
           assert.equal(1, s.waiting)
