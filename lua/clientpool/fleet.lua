@@ -37,6 +37,7 @@ local math_floor, math_huge, string_format = math.floor, math.huge, string.forma
 local unpack = table.unpack or unpack
 
 local monotime = require("clientpool.core").monotime
+local perkey = require "clientpool.perkey"
 
 local _M = { _VERSION = "0.1", backend = BACKEND }
 
@@ -111,38 +112,8 @@ local function validate(o)
   end
   l.key_max_live, l.key_max_idle = -1, -1
   if o.per_key ~= nil then
-    local pk = o.per_key
-    if type(pk) ~= "table" then fail("fleet option 'per_key' must be a table, got %s", type(pk)) end
-    for k in pairs(pk) do
-      if k ~= "max_live" and k ~= "max_idle" then fail("unknown fleet option 'per_key.%s'", tostring(k)) end
-    end
-    if pk.max_live ~= nil then
-      if not is_int(pk.max_live) or pk.max_live < 1 then
-        fail("fleet option 'per_key.max_live' must be an integer >= 1, got %s", tostring(pk.max_live))
-      end
-      if pk.max_live > l.max_live then
-        fail("fleet option 'per_key.max_live' (%d) must be <= max_live (%d)", pk.max_live, l.max_live)
-      end
-      if l.min_idle > pk.max_live then
-        fail("fleet option 'min_idle' (%d) must be <= per_key.max_live (%d)", l.min_idle, pk.max_live)
-      end
-      l.key_max_live = pk.max_live
-    end
-    if pk.max_idle ~= nil then
-      if not is_int(pk.max_idle) or pk.max_idle < 0 then
-        fail("fleet option 'per_key.max_idle' must be an integer >= 0, got %s", tostring(pk.max_idle))
-      end
-      if pk.max_idle > l.max_idle then
-        fail("fleet option 'per_key.max_idle' (%d) must be <= max_idle (%d)", pk.max_idle, l.max_idle)
-      end
-      if l.key_max_live >= 0 and pk.max_idle > l.key_max_live then
-        fail("fleet option 'per_key.max_idle' (%d) must be <= per_key.max_live (%d)", pk.max_idle, l.key_max_live)
-      end
-      if l.min_idle > pk.max_idle then
-        fail("fleet option 'min_idle' (%d) must be <= per_key.max_idle (%d)", l.min_idle, pk.max_idle)
-      end
-      l.key_max_idle = pk.max_idle
-    end
+    local kl, ki = perkey.check(o.per_key, l, fail, "fleet option")
+    l.key_max_live, l.key_max_idle = kl or -1, ki or -1
   end
   return l
 end

@@ -6,27 +6,20 @@ local http_tls, openssl_ctx = lib.http_tls, lib.openssl_ctx
 
 local type, error, pairs, tostring, tonumber, pcall =
       type, error, pairs, tostring, tonumber, pcall
-local string_format, string_gsub, string_find, string_sub, string_lower, string_match =
-      string.format, string.gsub, string.find, string.sub, string.lower, string.match
+local string_gsub, string_find, string_sub, string_lower, string_match =
+      string.gsub, string.find, string.sub, string.lower, string.match
 local table_concat = table.concat
+
+local keyparts = require "clientpool.keyparts"
 
 local _M = {}
 
--- Raised without a position; public functions re-raise at their caller.
-local function fail(fmt, ...)
-  error("clientpool.http: " .. string_format(fmt, ...), 0)
-end
+local fail = keyparts.failer("clientpool.http")   -- raised without a position
 _M.fail = fail
 
 local DEFAULT_PORT = { http = 80, https = 443 }
 
--- '%' and '|' are escaped in every part, so the encoding is injective.
-local function esc(s)
-  return (string_gsub(s, "[%%|]", function(c) return c == "%" and "%25" or "%7C" end))
-end
-local function unesc(s)
-  return (string_gsub(s, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
-end
+local esc, unesc = keyparts.esc, keyparts.unesc
 
 -- Splits an absolute URL: scheme, host, port, target (path?query, "/" if
 -- empty), or nil and why.

@@ -4,26 +4,18 @@
 local ngx = ngx
 local type, error, pairs, ipairs, tostring, tonumber, pcall =
       type, error, pairs, ipairs, tostring, tonumber, pcall
-local string_format, string_gsub, string_find, string_sub = string.format, string.gsub, string.find, string.sub
+local string_find, string_sub = string.find, string.sub
 local math_floor, math_huge = math.floor, math.huge
 local table_concat = table.concat
 
+local keyparts = require "clientpool.keyparts"
+
 local _M = {}
 
--- Raised without a position; the public functions re-raise at their caller.
-local function fail(fmt, ...)
-  error("clientpool.ngx: " .. string_format(fmt, ...), 0)
-end
+local fail = keyparts.failer("clientpool.ngx")   -- raised without a position
 _M.fail = fail
 
--- '%' and '|' are escaped in every part, so the encoding is injective.
-local function esc(s)
-  return (string_gsub(s, "[%%|]", function(c) return c == "%" and "%25" or "%7C" end))
-end
-
-local function unesc(s)
-  return (string_gsub(s, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
-end
+local esc, unesc = keyparts.esc, keyparts.unesc
 
 -- Client certificates by id: a key holds the id, the registry the objects.
 local certs = {}
