@@ -33,7 +33,7 @@ if not B then error("clientpool: CLIENTPOOL_BACKEND=" .. BACKEND .. ": " .. back
 
 local error, pairs, type, tostring, select = error, pairs, type, tostring, select
 local pcall, setmetatable = pcall, setmetatable
-local math_floor, math_huge, string_format = math.floor, math.huge, string.format
+local math_huge, string_format = math.huge, string.format
 local unpack = table.unpack or unpack
 
 local monotime = require("clientpool.core").monotime
@@ -53,9 +53,7 @@ local function fail(fmt, ...)
   error("clientpool: " .. string_format((fmt:gsub("%%d", "%%s")), unpack(args, 1, args.n)), 0)
 end
 
-local function is_int(v)
-  return type(v) == "number" and v == v and v ~= math_huge and v ~= -math_huge and math_floor(v) == v
-end
+local is_int = perkey.is_int
 
 local function check_name(name, fn)
   if type(name) ~= "string" or #name == 0 or #name > B.NAME_MAX or name:find("\0", 1, true) then

@@ -34,9 +34,7 @@ local function fail(fmt, ...)
   error("clientpool: " .. string_format((fmt:gsub("%%d", "%%s")), unpack(args, 1, args.n)), 0)
 end
 
-local function is_int(v)
-  return type(v) == "number" and v == v and v ~= math_huge and v ~= -math_huge and math_floor(v) == v
-end
+local is_int = perkey.is_int
 
 local KNOWN = {
   create = true, destroy = true, validate = true, park = true, unpark = true,

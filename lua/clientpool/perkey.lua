@@ -7,9 +7,12 @@ local math_floor, math_huge = math.floor, math.huge
 
 local _M = {}
 
+-- An integer count (no NaN, no infinity): the test of every count option,
+-- per_key's and the others' (options.lua and fleet.lua use it too).
 local function is_int(v)
   return type(v) == "number" and v == v and v ~= math_huge and v ~= -math_huge and math_floor(v) == v
 end
+_M.is_int = is_int
 
 -- per_key.<name>: an integer >= min, no larger than the pool's own cap c[name].
 local function check_cap(pk, name, min, c, fail, what)
