@@ -37,7 +37,7 @@ local math_huge, string_format = math.huge, string.format
 local unpack = table.unpack or unpack
 
 local monotime = require("clientpool.core").monotime
-local perkey = require "clientpool.perkey"
+local caps = require "clientpool.caps"
 
 local _M = { _VERSION = "0.1", backend = BACKEND }
 
@@ -53,7 +53,7 @@ local function fail(fmt, ...)
   error("clientpool: " .. string_format((fmt:gsub("%%d", "%%s")), unpack(args, 1, args.n)), 0)
 end
 
-local is_int = perkey.is_int
+local is_int = caps.is_int
 
 local function check_name(name, fn)
   if type(name) ~= "string" or #name == 0 or #name > B.NAME_MAX or name:find("\0", 1, true) then
@@ -98,19 +98,14 @@ local function validate(o)
   l.max_keys = check_count(o, "max_keys", 1, 256, 65536)
   l.members = check_count(o, "members", 1, 64, 4096)
   l.attempts = check_count(o, "attempts", 1, 3)
-  if l.max_idle > l.max_live then
-    fail("fleet option 'max_idle' (%d) must be <= max_live (%d)", l.max_idle, l.max_live)
-  end
-  if l.min_idle > l.max_idle then
-    fail("fleet option 'min_idle' (%d) must be <= max_idle (%d)", l.min_idle, l.max_idle)
-  end
+  caps.check_order(l, fail, "fleet option")
   if l.members * l.max_keys > 2097152 then
     fail("fleet options 'members' x 'max_keys' (%d x %d) must be <= 2097152 " ..
          "(the segment holds a cell per member and key)", l.members, l.max_keys)
   end
   l.key_max_live, l.key_max_idle = -1, -1
   if o.per_key ~= nil then
-    local kl, ki = perkey.check(o.per_key, l, fail, "fleet option")
+    local kl, ki = caps.check(o.per_key, l, fail, "fleet option")
     l.key_max_live, l.key_max_idle = kl or -1, ki or -1
   end
   return l

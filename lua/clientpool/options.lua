@@ -6,7 +6,7 @@
 -- options as a plain table; new() (init.lua) builds the pool from it.
 
 local base = require "clientpool.base"
-local perkey = require "clientpool.perkey"
+local caps = require "clientpool.caps"
 base.own_source()
 
 local type, error, pcall, tostring, require = type, error, pcall, tostring, require
@@ -34,7 +34,7 @@ local function fail(fmt, ...)
   error("clientpool: " .. string_format((fmt:gsub("%%d", "%%s")), unpack(args, 1, args.n)), 0)
 end
 
-local is_int = perkey.is_int
+local is_int = caps.is_int
 
 local KNOWN = {
   create = true, destroy = true, validate = true, park = true, unpark = true,
@@ -114,14 +114,9 @@ function M.validate(o)
   c.max_waiting = check_count(o, "max_waiting", 0, 1024)
   c.max_keys = check_count(o, "max_keys", 1)
   c.restarts = check_count(o, "restarts", 0, 3)
-  if c.max_idle > c.max_live then
-    fail("option 'max_idle' (%d) must be <= max_live (%d)", c.max_idle, c.max_live)
-  end
-  if c.min_idle > c.max_idle then
-    fail("option 'min_idle' (%d) must be <= max_idle (%d)", c.min_idle, c.max_idle)
-  end
+  caps.check_order(c, fail, "option")
   if o.per_key ~= nil then
-    c.key_max_live, c.key_max_idle = perkey.check(o.per_key, c, fail, "option")
+    c.key_max_live, c.key_max_idle = caps.check(o.per_key, c, fail, "option")
   end
   if o.keys ~= nil then
     if type(o.keys) ~= "table" then fail("option 'keys' must be a list of strings, got %s", type(o.keys)) end

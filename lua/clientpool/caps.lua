@@ -1,6 +1,7 @@
--- clientpool.perkey (internal): the rules of the per_key option, one set
--- for clientpool.new (options.lua) and fleet.new (fleet.lua). Each caller
--- passes its own fail (its error form) and the word its messages use
+-- clientpool.caps (internal): the rules of the capacity options, one set
+-- for clientpool.new (options.lua) and fleet.new (fleet.lua): an integer
+-- count, max_idle <= max_live, min_idle <= max_idle, and per_key. Each
+-- caller passes its own fail (its error form) and the word its messages use
 -- ("option", "fleet option"). Requires nothing.
 local type, pairs, tostring = type, pairs, tostring
 local math_floor, math_huge = math.floor, math.huge
@@ -22,6 +23,16 @@ local function check_cap(pk, name, min, c, fail, what)
   end
   if v > c[name] then
     fail("%s 'per_key.%s' (%d) must be <= %s (%d)", what, name, v, name, c[name])
+  end
+end
+
+-- max_idle <= max_live and min_idle <= max_idle, for the checked counts c.
+function _M.check_order(c, fail, what)
+  if c.max_idle > c.max_live then
+    fail("%s 'max_idle' (%d) must be <= max_live (%d)", what, c.max_idle, c.max_live)
+  end
+  if c.min_idle > c.max_idle then
+    fail("%s 'min_idle' (%d) must be <= max_idle (%d)", what, c.min_idle, c.max_idle)
   end
 end
 
