@@ -13,3 +13,4 @@ files["bench/nginx"] = { std = "+ngx_lua" }
 files["examples/gateway"] = { std = "+ngx_lua" }
 files["lua/clientpool/sched/ngx.lua"] = { std = "+ngx_lua" }
 files["lua/clientpool/ngx.lua"] = { std = "+ngx_lua" }
+files["lua/clientpool/ngx"] = { std = "+ngx_lua" }

@@ -33,10 +33,11 @@ if not B then error("clientpool: CLIENTPOOL_BACKEND=" .. BACKEND .. ": " .. back
 
 local error, pairs, type, tostring, select = error, pairs, type, tostring, select
 local pcall, setmetatable = pcall, setmetatable
-local math_floor, math_huge, string_format = math.floor, math.huge, string.format
+local math_huge, string_format = math.huge, string.format
 local unpack = table.unpack or unpack
 
 local monotime = require("clientpool.core").monotime
+local caps = require "clientpool.caps"
 
 local _M = { _VERSION = "0.1", backend = BACKEND }
 
@@ -52,9 +53,7 @@ local function fail(fmt, ...)
   error("clientpool: " .. string_format((fmt:gsub("%%d", "%%s")), unpack(args, 1, args.n)), 0)
 end
 
-local function is_int(v)
-  return type(v) == "number" and v == v and v ~= math_huge and v ~= -math_huge and math_floor(v) == v
-end
+local is_int = caps.is_int
 
 local function check_name(name, fn)
   if type(name) ~= "string" or #name == 0 or #name > B.NAME_MAX or name:find("\0", 1, true) then
@@ -99,50 +98,15 @@ local function validate(o)
   l.max_keys = check_count(o, "max_keys", 1, 256, 65536)
   l.members = check_count(o, "members", 1, 64, 4096)
   l.attempts = check_count(o, "attempts", 1, 3)
-  if l.max_idle > l.max_live then
-    fail("fleet option 'max_idle' (%d) must be <= max_live (%d)", l.max_idle, l.max_live)
-  end
-  if l.min_idle > l.max_idle then
-    fail("fleet option 'min_idle' (%d) must be <= max_idle (%d)", l.min_idle, l.max_idle)
-  end
+  caps.check_order(l, fail, "fleet option")
   if l.members * l.max_keys > 2097152 then
     fail("fleet options 'members' x 'max_keys' (%d x %d) must be <= 2097152 " ..
          "(the segment holds a cell per member and key)", l.members, l.max_keys)
   end
   l.key_max_live, l.key_max_idle = -1, -1
   if o.per_key ~= nil then
-    local pk = o.per_key
-    if type(pk) ~= "table" then fail("fleet option 'per_key' must be a table, got %s", type(pk)) end
-    for k in pairs(pk) do
-      if k ~= "max_live" and k ~= "max_idle" then fail("unknown fleet option 'per_key.%s'", tostring(k)) end
-    end
-    if pk.max_live ~= nil then
-      if not is_int(pk.max_live) or pk.max_live < 1 then
-        fail("fleet option 'per_key.max_live' must be an integer >= 1, got %s", tostring(pk.max_live))
-      end
-      if pk.max_live > l.max_live then
-        fail("fleet option 'per_key.max_live' (%d) must be <= max_live (%d)", pk.max_live, l.max_live)
-      end
-      if l.min_idle > pk.max_live then
-        fail("fleet option 'min_idle' (%d) must be <= per_key.max_live (%d)", l.min_idle, pk.max_live)
-      end
-      l.key_max_live = pk.max_live
-    end
-    if pk.max_idle ~= nil then
-      if not is_int(pk.max_idle) or pk.max_idle < 0 then
-        fail("fleet option 'per_key.max_idle' must be an integer >= 0, got %s", tostring(pk.max_idle))
-      end
-      if pk.max_idle > l.max_idle then
-        fail("fleet option 'per_key.max_idle' (%d) must be <= max_idle (%d)", pk.max_idle, l.max_idle)
-      end
-      if l.key_max_live >= 0 and pk.max_idle > l.key_max_live then
-        fail("fleet option 'per_key.max_idle' (%d) must be <= per_key.max_live (%d)", pk.max_idle, l.key_max_live)
-      end
-      if l.min_idle > pk.max_idle then
-        fail("fleet option 'min_idle' (%d) must be <= per_key.max_idle (%d)", l.min_idle, pk.max_idle)
-      end
-      l.key_max_idle = pk.max_idle
-    end
+    local kl, ki = caps.check(o.per_key, l, fail, "fleet option")
+    l.key_max_live, l.key_max_idle = kl or -1, ki or -1
   end
   return l
 end

@@ -6,6 +6,7 @@
 -- options as a plain table; new() (init.lua) builds the pool from it.
 
 local base = require "clientpool.base"
+local caps = require "clientpool.caps"
 base.own_source()
 
 local type, error, pcall, tostring, require = type, error, pcall, tostring, require
@@ -33,9 +34,7 @@ local function fail(fmt, ...)
   error("clientpool: " .. string_format((fmt:gsub("%%d", "%%s")), unpack(args, 1, args.n)), 0)
 end
 
-local function is_int(v)
-  return type(v) == "number" and v == v and v ~= math_huge and v ~= -math_huge and math_floor(v) == v
-end
+local is_int = caps.is_int
 
 local KNOWN = {
   create = true, destroy = true, validate = true, park = true, unpark = true,
@@ -85,17 +84,6 @@ local function check_fn(o, name, required)
   return v
 end
 
--- per_key.<name>: an integer >= min, no larger than the pool's own cap c[name].
-local function check_per_key(pk, name, min, c)
-  local v = pk[name]
-  if not is_int(v) or v < min then
-    fail("option 'per_key.%s' must be an integer >= %d, got %s", name, min, tostring(v))
-  end
-  if v > c[name] then
-    fail("option 'per_key.%s' (%d) must be <= %s (%d)", name, v, name, c[name])
-  end
-end
-
 function M.validate(o)
   if type(o) ~= "table" then fail("new() expects an options table, got %s", type(o)) end
   for k in pairs(o) do
@@ -126,35 +114,9 @@ function M.validate(o)
   c.max_waiting = check_count(o, "max_waiting", 0, 1024)
   c.max_keys = check_count(o, "max_keys", 1)
   c.restarts = check_count(o, "restarts", 0, 3)
-  if c.max_idle > c.max_live then
-    fail("option 'max_idle' (%d) must be <= max_live (%d)", c.max_idle, c.max_live)
-  end
-  if c.min_idle > c.max_idle then
-    fail("option 'min_idle' (%d) must be <= max_idle (%d)", c.min_idle, c.max_idle)
-  end
+  caps.check_order(c, fail, "option")
   if o.per_key ~= nil then
-    local pk = o.per_key
-    if type(pk) ~= "table" then fail("option 'per_key' must be a table, got %s", type(pk)) end
-    for k in pairs(pk) do
-      if k ~= "max_live" and k ~= "max_idle" then fail("unknown option 'per_key.%s'", tostring(k)) end
-    end
-    if pk.max_live ~= nil then
-      check_per_key(pk, "max_live", 1, c)
-      if c.min_idle > pk.max_live then  -- the floor of a key could never be met
-        fail("option 'min_idle' (%d) must be <= per_key.max_live (%d)", c.min_idle, pk.max_live)
-      end
-      c.key_max_live = pk.max_live
-    end
-    if pk.max_idle ~= nil then
-      check_per_key(pk, "max_idle", 0, c)
-      if c.key_max_live and pk.max_idle > c.key_max_live then
-        fail("option 'per_key.max_idle' (%d) must be <= per_key.max_live (%d)", pk.max_idle, c.key_max_live)
-      end
-      if c.min_idle > pk.max_idle then
-        fail("option 'min_idle' (%d) must be <= per_key.max_idle (%d)", c.min_idle, pk.max_idle)
-      end
-      c.key_max_idle = pk.max_idle
-    end
+    c.key_max_live, c.key_max_idle = caps.check(o.per_key, c, fail, "option")
   end
   if o.keys ~= nil then
     if type(o.keys) ~= "table" then fail("option 'keys' must be a list of strings, got %s", type(o.keys)) end
