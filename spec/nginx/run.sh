@@ -621,15 +621,21 @@ demo_smoke() {
   local row max errs
   DEMO_SECS=1 "$root/examples/gateway/run.sh" >"$run/logs/demo.log" 2>&1 ||
     { tail -20 "$run/logs/demo.log" | sed 's/^/    /'; return 1; }
-  row=$(grep '^| clientpool' "$run/logs/demo.log")
+  local frow fmax ferrs
+  row=$(grep '^| clientpool: cpngx.driver' "$run/logs/demo.log")
+  frow=$(grep '^| clientpool on a fleet' "$run/logs/demo.log")
   echo "    $row"
+  echo "    $frow"
   max=$(echo "$row" | awk -F'|' '{ gsub(/ /, "", $3); print $3 }')
   errs=$(echo "$row" | awk -F'|' '{ gsub(/ /, "", $7); print $7 }')
+  fmax=$(echo "$frow" | awk -F'|' '{ gsub(/ /, "", $3); print $3 }')
+  ferrs=$(echo "$frow" | awk -F'|' '{ gsub(/ /, "", $7); print $7 }')
   [ -n "$max" ] && [ "$max" -ge 1 ] && [ "$max" -le 32 ] && [ "$errs" = 0 ] &&
+    [ -n "$fmax" ] && [ "$fmax" -ge 1 ] && [ "$fmax" -le 8 ] && [ "$ferrs" = 0 ] &&
     grep -q '</svg>' "$root/build/demo/connections.svg"
 }
 if [ $# -eq 0 ]; then
-  check "make demo's gateway (1 s per configuration): clientpool within 32 connections, no errors, the SVG written" \
+  check "make demo's gateway (1 s per configuration): clientpool within 32 connections, on the fleet within 8, no errors, the SVG written" \
     demo_smoke
 fi
 
