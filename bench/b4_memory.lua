@@ -76,6 +76,7 @@ return function(U)
   local p = clientpool.new { max_live = 4, create = function() return {} end }
   local lease_pairs = U.loop("pool", "local lease = pool:acquire(); lease:release()", p)
   local checkout_pairs = U.loop("pool", "local _, h = pool:checkout(); pool:checkin(h)", p)
+  local try_pairs = U.loop("pool", "local lease = pool:try_acquire(); lease:release()", p)
   local function per_pair(fn)
     fn(20000)             -- warm up (LuaJIT: traces recorded)
     collectgarbage("collect")
@@ -88,6 +89,7 @@ return function(U)
     return bytes
   end
   U.row("B4.alloc_lease", "Lua bytes allocated per acquire/release pair", per_pair(lease_pairs), "B")
+  U.row("B4.alloc_try", "Lua bytes allocated per try_acquire/release pair", per_pair(try_pairs), "B")
   U.row("B4.alloc_checkout", "Lua bytes allocated per checkout/checkin pair", per_pair(checkout_pairs), "B")
   p:close()
 end

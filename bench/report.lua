@@ -2,6 +2,12 @@
 -- wrote (one per interpreter): a row per figure, a column per interpreter.
 --
 -- usage: lua bench/report.lua FILE.tsv...
+--
+-- After the table, every target of issue 17 is printed met or MISSED with
+-- its figure, one line per target and interpreter column it applies to
+-- ("PUC" targets: lua5.1, lua5.3, lua5.4; "JIT" targets: luajit with the
+-- JIT on; "all": every column). Targets in nginx (B2 there, B5) are printed
+-- by bench/nginx/run.sh.
 local ORDER = { "lua5.1", "lua5.3", "lua5.4", "luajit -joff", "luajit" }
 
 local interps, seen = {}, {}
@@ -45,3 +51,33 @@ for _, r in ipairs(rows) do
   for _, i in ipairs(interps) do cells[#cells + 1] = fmt(r.values[i], r.unit) end
   print("| " .. table.concat(cells, " | ") .. " |")
 end
+
+-- The targets (issue 17): figure id, limit, which columns, unit.
+local PUC = { ["lua5.1"] = true, ["lua5.3"] = true, ["lua5.4"] = true }
+local JIT = { luajit = true }
+local TARGETS = {
+  { "B1.checkout", 1.5, PUC }, { "B1.checkout", 3, JIT },
+  { "B1.lease", 3, PUC }, { "B1.lease", 6, JIT },
+  { "B1.try", 3, PUC }, { "B1.try", 6, JIT },
+  { "B2.lease", 5 }, { "B2.checkout", 5 },
+  { "B3.idle.flat", 1.2 }, { "B3.keys.flat", 1.2 }, { "B3.keyscyc.flat", 1.2 }, { "B3.wait.flat", 1.2 },
+  { "B4.c_idle", 64 }, { "B4.alloc_checkout", 0 }, { "B4.alloc_lease", 128 }, { "B4.alloc_try", 128 },
+}
+print()
+print("targets (issue 17):")
+local met, missed = 0, 0
+for _, t in ipairs(TARGETS) do
+  local r = row_of[t[1]]
+  if r then
+    for _, i in ipairs(interps) do
+      local v = r.values[i]
+      if v ~= nil and (t[3] == nil or t[3][i]) then
+        local ok = v <= t[2] + 1e-9
+        if ok then met = met + 1 else missed = missed + 1 end
+        print(string.format("  %-7s %-18s %-13s %9s <= %-6s %s", ok and "met" or "MISSED", t[1], i,
+                            fmt(v, r.unit), fmt(t[2], r.unit), r.unit == "x" and string.format("(%.2f times the limit)", v / t[2]) or ""))
+      end
+    end
+  end
+end
+print(string.format("targets: %d met, %d missed", met, missed))

@@ -8,7 +8,7 @@
 #     tcp() + connect(pool=), release = setkeepalive, plus the pool's own
 #     work) over the bare tcp() + connect(pool=) + setkeepalive, in one
 #     content handler, several rounds of N operations each, medians of the
-#     per-round ratios. Target <= 1.1x. A second run adds a PING to every
+#     per-round ratios. Target <= 1.3x (issue 17). A second run adds a PING to every
 #     operation (a reference: what a request sees).
 # B6  wrk (2 threads, 50 connections) against 2 nginx workers, every request
 #     a PING to redis, through clientpool.ngx (max_live POOL_SIZE per worker),
@@ -21,7 +21,7 @@
 #
 # B2  (in nginx) contended handoff: 100 light threads of one request share
 #     one client (max_live = 1) through the ngx scheduler, per handoff over
-#     the same ring sharing one unit of an ngx.semaphore. Target <= 1.5x.
+#     the same ring sharing one unit of an ngx.semaphore. Target <= 3x (issue 17).
 #
 # environment: B2_N (20000), B2_ROUNDS (15), B5_N (20000), B5_ROUNDS (15), B6_SECS (3), B6_ROUNDS (2),
 # POOL_SIZE (10, per worker: max_live and pool_size), BACKLOG (100), NGINX,
@@ -203,8 +203,8 @@ awk -F'\t' -v ps="$POOL_SIZE" -v w="$WORKERS" '
   $1 == "B5.lease" { l = $2 } $1 == "B5.checkout" { co = $2 }
   $1 == "B6.cp" { if ($3 > m) m = $3; o += $4; q += $5 }
   END {
-    printf "targets: B2 in nginx <= 1.50x: lease %.2fx %s, checkout %.2fx %s; ", b2l, b2l <= 1.5 ? "met" : "MISSED", b2c, b2c <= 1.5 ? "met" : "MISSED"
-    printf "B5 <= 1.10x: lease %.2fx %s, checkout %.2fx %s; ", l, l <= 1.10 ? "met" : "MISSED", co, co <= 1.10 ? "met" : "MISSED"
+    printf "targets: B2 in nginx <= 3.00x: lease %.2fx %s, checkout %.2fx %s; ", b2l, b2l <= 3 ? "met" : "MISSED", b2c, b2c <= 3 ? "met" : "MISSED"
+    printf "B5 <= 1.30x: lease %.2fx %s, checkout %.2fx %s; ", l, l <= 1.30 ? "met" : "MISSED", co, co <= 1.30 ? "met" : "MISSED"
     printf "B6 <= %d connections: %d %s; <= 0.1%% new per request: %.3f%% %s\n", ps * w, m, m <= ps * w ? "met" : "MISSED",
       100 * o / q, o / q <= 0.001 ? "met" : "MISSED"
   }' "$tsv"
