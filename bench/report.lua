@@ -74,8 +74,9 @@ for _, t in ipairs(TARGETS) do
       if v ~= nil and (t[3] == nil or t[3][i]) then
         local ok = v <= t[2] + 1e-9
         if ok then met = met + 1 else missed = missed + 1 end
+        local times = r.unit == "x" and string.format("(%.2f times the limit)", v / t[2]) or ""
         print(string.format("  %-7s %-18s %-13s %9s <= %-6s %s", ok and "met" or "MISSED", t[1], i,
-                            fmt(v, r.unit), fmt(t[2], r.unit), r.unit == "x" and string.format("(%.2f times the limit)", v / t[2]) or ""))
+                            fmt(v, r.unit), fmt(t[2], r.unit), times))
       end
     end
   end
