@@ -375,9 +375,9 @@ end
 -- common case in C (init.lua's install_fastpath). The same random script
 -- runs on such a pool and on one with the fast path removed (the Lua path
 -- alone); every result, listener call and count must agree.
-describe("checkout/checkin and acquire/release: the C fast path agrees with the Lua path", function()
+describe("checkout/checkin, acquire/release and try_acquire: the C fast path agrees with the Lua path", function()
   -- One script on a real-clock loop of its own: checkouts and acquires
-  -- (some of them waiting, in tasks), checkins and releases for reuse or
+  -- (some of them waiting, in tasks), try_acquires, checkins and releases for reuse or
   -- not, stale checkins, repeated releases, failing validates (odd seeds),
   -- listeners added halfway.
   local function script(seed, fast)
@@ -399,7 +399,10 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
       end or nil,
     }
     assert(rawget(pool, "checkout") ~= nil and rawget(pool, "acquire") ~= nil, "fast path installed")
-    if not fast then pool.checkout, pool.checkin, pool.acquire, pool._frel, pool._fp = nil, nil, nil, nil, nil end
+    assert(rawget(pool, "try_acquire") ~= nil, "fast path's try_acquire installed")
+    if not fast then
+      pool.checkout, pool.checkin, pool.acquire, pool.try_acquire, pool._frel, pool._fp = nil, nil, nil, nil, nil, nil
+    end
     local cap = 3   -- max_live, changed by configure() on the way
     local rnd = seed
     local function r(n)
@@ -426,9 +429,18 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
         say(step, "acquire", tostring(key), "->", code, type(detail))
       end
     end
+    local function try_acquire(step, key)
+      local lease, code, detail = pool:try_acquire(key)
+      if lease then
+        leases[#leases + 1] = lease
+        say(step, "try_acquire", tostring(key), lease.client.id, tostring(lease.client.key))
+      else
+        say(step, "try_acquire", tostring(key), "->", code, type(detail))
+      end
+    end
     loop.spawn(function()
       for step = 1, 300 do
-        local op = r(17)
+        local op = r(19)
         local now = pool:stats()
         if op <= 3 and now.leases < cap and now.waiting == 0 then
           checkout(step, keys[r(3)])             -- does not wait
@@ -461,6 +473,8 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
         elseif op == 17 and #released > 0 then
           released[r(#released)]:release()     -- again: a no-op
           say(step, "release again")
+        elseif op >= 18 then
+          try_acquire(step, keys[r(3)])          -- never waits: may time out
         end
         -- configure() on the way: a lower cap and queue, then a higher cap with
         -- leak_threshold (the lease form leaves the fast path), then without
@@ -470,7 +484,8 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
         elseif step == 200 then
           cap = 3
           say("configure", tostring(pool:configure { max_live = 3, max_waiting = 4, leak_threshold = 1000 }))
-          assert(rawget(pool, "acquire") == nil, "leak_threshold: acquire in Lua")
+          assert(rawget(pool, "acquire") == nil and rawget(pool, "try_acquire") == nil,
+                 "leak_threshold: acquire and try_acquire in Lua")
         elseif step == 250 then
           say("configure", tostring(pool:configure { leak_threshold = false, validate_after_idle = 1000 }))
           assert((rawget(pool, "acquire") ~= nil) == fast, "the fast path's acquire again (fast run only)")
@@ -520,6 +535,8 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
     assert.is_true(fast {})
     assert.is_true(fast({}, "acquire"))
     assert.is_false(fast({ leak_threshold = 10 }, "acquire"))   -- a traceback per lease: Lua
+    assert.is_true(fast({}, "try_acquire"))
+    assert.is_false(fast({ leak_threshold = 10 }, "try_acquire"))
     assert.is_true(fast { leak_threshold = 10 })
     assert.is_false(fast { capacity = 2 })
     assert.is_false(fast { probe = true })
@@ -539,6 +556,10 @@ describe("checkout/checkin and acquire/release: the C fast path agrees with the 
     ok, err = pcall(function() pool:checkin(-1) end)
     assert.is_false(ok)
     assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #1 to 'checkin'"), err)
+    ok, err = pcall(function() pool:try_acquire(123) end)
+    assert.is_false(ok)
+    assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #1 to 'try_acquire' " ..
+                           "%(key must be a string"), err)
     ok, err = pcall(function() pool:checkout(123) end)
     assert.is_false(ok)
     assert.truthy(err:find("checkout_spec.lua:%d+: clientpool: bad argument #1 to 'checkout' " ..

@@ -3,7 +3,7 @@
 -- hot loop of one form on the FFI backend with jit.v on and prints what
 -- jit.v reported, one line per trace, abort or NYI.
 --
--- usage: luajit spec/jit_check.lua checkout|lease|burst
+-- usage: luajit spec/jit_check.lua checkout|lease|try|burst
 --   burst: checkout/checkin after a spell of contention (every checkout
 --   waits) and a burst of creates, the slow paths a busy upstream or a
 --   cold start take: aborts recorded there must not get checkout
@@ -11,7 +11,8 @@
 --   penalties are randomized, so this is a smoke test: it catches a path
 --   that aborts every time, not one that aborts now and then.
 local form = arg[1]
-assert(form == "checkout" or form == "lease" or form == "burst", "usage: jit_check.lua checkout|lease|burst")
+assert(form == "checkout" or form == "lease" or form == "try" or form == "burst",
+       "usage: jit_check.lua checkout|lease|try|burst")
 local clientpool = require "clientpool"
 local loop = require("clientpool.loop").new()   -- real clock: the production path
 local N = 20000
@@ -49,6 +50,8 @@ loop.spawn(function()
   v.on(path)
   if form == "checkout" then
     for _ = 1, 200000 do local _, hh = pool:checkout("k"); pool:checkin(hh) end -- LOOP checkout
+  elseif form == "try" then
+    for _ = 1, 200000 do local lease = pool:try_acquire("k"); lease:release() end -- LOOP try
   else
     for _ = 1, 200000 do local lease = pool:acquire("k"); lease:release() end -- LOOP lease
   end

@@ -1,6 +1,6 @@
--- LuaJIT only: the hot path on the FFI backend compiles, in both forms:
--- checkout/checkin (zero-allocation) and acquire/release (a lease object
--- with a reused leak sentinel). spec/jit_check.lua runs the loop in a fresh
+-- LuaJIT only: the hot path on the FFI backend compiles, in every form:
+-- checkout/checkin (zero-allocation), acquire/release and
+-- try_acquire/release (a lease object with a reused leak sentinel). spec/jit_check.lua runs the loop in a fresh
 -- LuaJIT with jit.v on; the loop must close a looping trace and nothing may
 -- abort, hit NYI or stitch around a C function. Not a timing test.
 
@@ -64,6 +64,10 @@ describe("the hot path under the JIT (FFI backend)", function()
 
   jit_it("acquire/release compiles too", function()
     assert_compiled("lease")
+  end)
+
+  jit_it("try_acquire/release compiles too", function()
+    assert_compiled("try")
   end)
 
   jit_it("checkout/checkin still compiles after a burst of creates and a spell of contention", function()

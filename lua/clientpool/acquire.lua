@@ -622,52 +622,67 @@ local function try_grant(self, name, gr)
   return lease, code, err
 end
 
+local try_from
+
 --- Never waits or yields: an idle client, or a new one if create need not
 -- yield; else nil, "timeout".
 function Pool:try_acquire(key)
   if getmetatable(self) ~= Pool then not_a_pool(self, "try_acquire") end
-  local e = self._e
-  while true do
-    local k, name, kerr = key_id(self, key, "try_acquire")
-    if not k then return no_key(self, kerr, name) end
-    if self._nwaiters > 0 then reap_if_full(self) end
-    local st, rec, l, g, validate, idle, pending, sentinel = e:acquire(k, now_of(self), true)
-    if pending > 0 then pump(self) end
-    if st == MUST_WAIT or st == FULL then
-      -- nothing free now: "timeout", also when max_waiting acquisitions
-      -- wait (the engine refuses it as full: try_acquire never queues, so
-      -- the queue's length is not its answer; issue 18)
-      if st == MUST_WAIT then e:key_forget(k) end
-      pump(self)
-      return nil, "timeout", snapshot(self, "timeout", name, 0)
-    elseif REFUSED[st] then
-      return refused(self, st, name)
-    elseif st == STALE then
-      stale_key(self, k, name)
-      return self:try_acquire(key)
-    end
-    local gr = grant(st, rec, l, g, validate, idle, 0, sentinel)
-    -- where the host cannot yield at all (OpenResty's log, set, filter and
-    -- init_worker phases, which also refuse its coroutine API), no hook can
-    -- yield either: the grant runs right here
-    local yieldable = self._sched.yieldable
-    if yieldable and not yieldable() then
-      local lease, code, err = on_grant(self, name, gr)
-      if lease or code then return lease, code, err end
-    else
-      -- run the grant in a coroutine of its own: if a hook yields, the work
-      -- finishes in the background and this caller does not wait for it
-      local co = co_create(try_grant)
-      local ok, lease, code, err = co_resume(co, self, name, gr)
-      if co_status(co) == "suspended" then
-        self._adopted[co] = true
-        self:_adopt(co, lease, code, err)
-        return nil, "timeout", snapshot(self, "timeout", name, 0)
-      end
-      if not ok then error(lease, 0) end
-      if lease or code then return lease, code, err end
-    end
+  local k, name, kerr = key_id(self, key, "try_acquire")
+  if not k then return no_key(self, kerr, name) end
+  if self._nwaiters > 0 then reap_if_full(self) end
+  return try_from(self, key, k, name, self._e:acquire(k, now_of(self), true))
+end
+
+-- try_acquire from the engine's answer. Shared by Pool:try_acquire and the
+-- C fast path (checkout.lua's install_fastpath), which hands over whatever
+-- it does not finish. An idle client usable as it is becomes the lease
+-- here, as in acquire_from: no grant record and no coroutine (the path
+-- below, where a hook may yield, needs both: bench B1.try, B4.alloc_try).
+-- No loop: a retry is a tail call (see lease_of).
+function try_from(self, key, k, name, st, rec, l, g, validate, idle, pending, sentinel)
+  if pending > 0 then pump(self) end
+  if st == MUST_WAIT or st == FULL then
+    -- nothing free now: "timeout", also when max_waiting acquisitions
+    -- wait (the engine refuses it as full: try_acquire never queues, so
+    -- the queue's length is not its answer; issue 18)
+    if st == MUST_WAIT then self._e:key_forget(k) end
+    pump(self)
+    return nil, "timeout", snapshot(self, "timeout", name, 0)
+  elseif REFUSED[st] then
+    return refused(self, st, name)
+  elseif st == STALE then
+    stale_key(self, k, name)
+    return self:try_acquire(key)
   end
+  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) and
+     not (self._lost and self._lost[rec]) then   -- (lost_share, inline: the hot path)
+    local lease = new_lease(self, name, rec, l, g, self._clients[rec], sentinel, nil)
+    if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, 0) end
+    return lease
+  end
+  local gr = grant(st, rec, l, g, validate, idle, 0, sentinel)
+  -- where the host cannot yield at all (OpenResty's log, set, filter and
+  -- init_worker phases, which also refuse its coroutine API), no hook can
+  -- yield either: the grant runs right here
+  local yieldable = self._sched.yieldable
+  if yieldable and not yieldable() then
+    local lease, code, err = on_grant(self, name, gr)
+    if lease or code then return lease, code, err end
+  else
+    -- run the grant in a coroutine of its own: if a hook yields, the work
+    -- finishes in the background and this caller does not wait for it
+    local co = co_create(try_grant)
+    local ok, lease, code, err = co_resume(co, self, name, gr)
+    if co_status(co) == "suspended" then
+      self._adopted[co] = true
+      self:_adopt(co, lease, code, err)
+      return nil, "timeout", snapshot(self, "timeout", name, 0)
+    end
+    if not ok then error(lease, 0) end
+    if lease or code then return lease, code, err end
+  end
+  return self:try_acquire(key)   -- nothing granted (out of memory): anew
 end
 
 -- A grant started by try_acquire yielded in a hook: the scheduler resumes it
@@ -697,6 +712,6 @@ function Pool:with(key, fn, ...)
   error(r[2], 0)
 end
 
-M.wait_for, M.acquire_opts, M.acquire_from = wait_for, acquire_opts, acquire_from
+M.wait_for, M.acquire_opts, M.acquire_from, M.try_from = wait_for, acquire_opts, acquire_from, try_from
 
 return M

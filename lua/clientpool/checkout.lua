@@ -35,7 +35,7 @@ local report_early = require("clientpool.leak").report_early
 local acquire = require "clientpool.acquire"
 local grant, wait_for, ready_idle, create_client = acquire.grant, acquire.wait_for, acquire.ready_idle,
                                                    acquire.create_client
-local acquire_from, acquire_opts = acquire.acquire_from, acquire.acquire_opts
+local acquire_from, acquire_opts, try_from = acquire.acquire_from, acquire.acquire_opts, acquire.try_from
 local retry_opts = acquire.retry_opts
 local bound_of, bounded, hand_over = acquire.bound_of, acquire.bounded, acquire.hand_over
 local lost_share, regrant = acquire.lost_share, acquire.regrant
@@ -305,9 +305,9 @@ function M.fastpath_leases(self)
   if not fp then return end
   -- (and where leases have owners: owners.lua records one on each lease)
   if self._c.leak_threshold or self._owner then
-    self.acquire, self._frel = nil, nil
+    self.acquire, self.try_acquire, self._frel = nil, nil, nil
   else
-    self.acquire, self._frel = fp.acquire, fp.release
+    self.acquire, self.try_acquire, self._frel = fp.acquire, fp.try_acquire, fp.release
   end
 end
 
@@ -325,7 +325,7 @@ end
 function M.install_fastpath(self, mod)
   local c = self._c
   if not mod.fastpath or not self._mono or c.capacity > 1 or c.probe or self._park then return end
-  local checkout, checkin, lua_acquire = Pool.checkout, Pool.checkin, Pool.acquire
+  local checkout, checkin, lua_acquire, lua_try = Pool.checkout, Pool.checkin, Pool.acquire, Pool.try_acquire
   local fp = mod.fastpath(self._e, self, {
     kids = self._kids, clients = self._clients, parked = self._parked, co_rec = self._co_rec,
     co_key = self._co_key, on = self._on, default = DEFAULT, hbase = self._hbase, hslots = HSLOTS,
@@ -359,6 +359,21 @@ function M.install_fastpath(self, mod)
         error("clientpool: bad argument #1 to 'acquire' (key must be a string or nil, got " .. type(key) .. ")", 2)
       end
       return lua_acquire(s, key, opts)
+    end
+    -- try_acquire: the same C closure (opts nil); a grant it did not
+    -- finish goes on in try_from, as Pool.try_acquire's would
+    self._fp.try_acquire = function(s, key)
+      local lease, got, k, st, rec, l, g, validate, idle, pending, sentinel = ac(s, key)
+      if lease then return lease end
+      if got == false then
+        return try_from(s, key, k, key == nil and DEFAULT or key, st, rec, l, g, validate, idle, pending, sentinel)
+      end
+      if getmetatable(s) ~= Pool then not_a_pool(s, "try_acquire") end
+      if key ~= nil and type(key) ~= "string" then
+        error("clientpool: bad argument #1 to 'try_acquire' (key must be a string or nil, got " .. type(key) ..
+              ")", 2)
+      end
+      return lua_try(s, key)
     end
   end
   M.fastpath_leases(self)
