@@ -183,6 +183,8 @@ struct clientpool {
   int32_t fl_kmarked;           /* keys with KM_LIVE */
   int32_t fl_signalled;         /* EV_BLOCKED queued since the last retry */
   uint64_t fl_gates;            /* the fleet's gates_gen last seen */
+
+  int32_t fast_off;             /* tests only (whitebox.c): the fast path off */
 };
 
 static void finish(clientpool_t *p, double now);
@@ -1382,16 +1384,20 @@ static void lim_update(clientpool_t *p) {
 
 /* Ends every public mutating call: serves waiters and tells the driver about
  * a deadline earlier than its timer. */
-static void finish(clientpool_t *p, double now) {
-  double d;
-  dispatch(p, now);
-  if (p->fl) fl_finish(p);
-  if (p->lim_any) lim_update(p);
-  d = clientpool_next_deadline(p);
+/* Tells the driver about a deadline earlier than its timer (finish's end). */
+static void arm(clientpool_t *p) {
+  double d = clientpool_next_deadline(p);
   if (d >= 0 && (p->armed < 0 || d < p->armed)) {
     p->armed = d;
     push_event(p, CLIENTPOOL_EV_TIMER, 0, 0, 0, d);
   }
+}
+
+static void finish(clientpool_t *p, double now) {
+  dispatch(p, now);
+  if (p->fl) fl_finish(p);
+  if (p->lim_any) lim_update(p);
+  arm(p);
 }
 
 static double clamp(clientpool_t *p, double now) {
@@ -1759,11 +1765,82 @@ int clientpool_key_caps(clientpool_t *p, int32_t k, int32_t max_live, int32_t ma
   return 0;
 }
 
+/* ---- the fast path (issue 17) ------------------------------------------
+ * The common pair: an idle record granted when nothing waits, and released
+ * back to idle.  Each is taken only where the general path (clientpool_acquire,
+ * release) would do exactly its steps and nothing else: no waiter anywhere
+ * (no key in a ready heap: dispatch serves nobody), no place kept, no fleet,
+ * no gate paused or probing, no backoff window, no lowered cap pending, no
+ * leak_threshold (a lease's deadline), capacity 1, the record not expired
+ * (acquire) nor to be closed (release: closing_reason, max_idle).  The
+ * helpers are the general path's; what is skipped are the checks those
+ * conditions make no-ops (key_refresh, dispatch, gate_*, close_past_max_idle).
+ * The fuzz harness checks both paths against its model (spec/c/fuzz_engine.c:
+ * the fast path on for odd seeds, off for even ones, wb_fast_path). */
+
+/* Whether nothing in the pool is unusual for the fast path. */
+static int fast_ok(const clientpool_t *p, const key_t_ *key) {
+  return p->kept == NONE && !p->closed && !p->fl && !p->fl_mark && !p->lim_any && p->cfg.capacity == 1 &&
+         !has(p->cfg.leak_threshold) && p->rlen[RH_IDLE] == 0 && p->rlen[RH_CREATE] == 0 &&
+         !(p->gate.paused | p->gate.fpaused | p->gate.probe) &&
+         !(key->gate.paused | key->gate.fpaused | key->gate.probe) && !key->fmark && !key->lim_live &&
+         key->wlen == 0 && key->rpos == NONE && !p->fast_off;
+}
+
+/* clientpool_acquire's idle grant: 1 with *g filled (and the call done), or
+ * 0 with nothing changed. */
+static int fast_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
+  key_t_ *key;
+  record_t *x;
+  int32_t r, l, why;
+  if (!key_ok(p, k)) return 0;
+  key = &p->keys[k];
+  r = key->idle_top;
+  if (r == NONE || !fast_ok(p, key) || key->bstate == B_WINDOW || p->st.leases >= p->cfg.max_concurrency) return 0;
+  x = &p->rec[r];
+  if (idle_expired(p, x, now, &why)) return 0;
+  l = lease_alloc(p, r, now);
+  if (l == NONE) return 0;
+  /* (as take_idle) */
+  idle_unlink(p, r);
+  x->nleases = 1;
+  x->state = R_LEASED;
+  BOTH(p, k, active, 1);
+  BOTH(p, k, reused, 1);
+  fill_idle(p, r, l, now, g);
+  x->opos = NONE;
+  floor_check(p, k);
+  arm(p);                              /* (finish: nothing to dispatch) */
+  return 1;
+}
+
+/* clientpool_release's release to idle (lease l valid, reason < 0): 1 when
+ * done, or 0 with nothing changed. */
+static int fast_release(clientpool_t *p, int32_t l, double now) {
+  int32_t r = p->lea[l].record, k, cap;
+  record_t *x = &p->rec[r];
+  key_t_ *key;
+  k = x->key;
+  key = &p->keys[k];
+  if (x->nleases != 1 || !fast_ok(p, key) || closing_reason(p, x, now) >= 0) return 0;
+  cap = key_cap_idle(p, key);
+  if (p->st.idle >= p->cfg.max_idle || (cap >= 0 && key->st.idle >= cap)) return 0;   /* (close_past_max_idle) */
+  /* (as release) */
+  lease_free(p, l);
+  BOTH(p, k, active, -1);
+  oremove(p, r);
+  idle_push(p, r, now);
+  arm(p);                              /* (finish: nothing to dispatch) */
+  return 1;
+}
+
 int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
-  int kept = take_kept(p, k);
+  int kept;
   memset(g, 0, sizeof *g);
   g->key = k;
   now = clamp(p, now);
+  if (fast_acquire(p, k, now, g)) return g->status;
+  kept = take_kept(p, k);
   if (p->closed) { g->status = CLIENTPOOL_CLOSED; return g->status; }
   if (!key_ok(p, k)) { g->status = CLIENTPOOL_STALE; return g->status; }
   /* expired records destroyed on the way may empty k: it must survive this
@@ -2004,6 +2081,7 @@ int clientpool_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason,
   x = lease_get(p, l, gen);
   if (!x || p->rec[x->record].state != R_LEASED) return CLIENTPOOL_STALE;
   if (reason >= CLIENTPOOL_BY_COUNT) reason = CLIENTPOOL_BY_ERROR;
+  if (reason < 0 && fast_release(p, l, now)) return 0;
   release(p, l, reason, now);
   finish(p, now);
   return 0;

@@ -35,6 +35,7 @@ static void *wb_realloc(void *p, size_t n) { return wb_fails() ? NULL : realloc(
 void wb_alloc_fail(long n) { wb_fail_n = n > 0 ? n : 0; }
 void wb_alloc_fail_all(int on) { wb_fail_every = on; }
 long wb_allocs(void) { return wb_count; }
+void wb_fast_path(clientpool_t *p, int on) { p->fast_off = !on; }
 
 /* ---- reading ---------------------------------------------------------- */
 

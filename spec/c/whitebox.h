@@ -19,6 +19,11 @@ void wb_alloc_fail(long n);
 void wb_alloc_fail_all(int on);
 long wb_allocs(void);
 
+/* ---- the engine's fast path (csrc/engine.c, "the fast path") -----------
+ * wb_fast_path(p, 0): every call takes the general path (the fast path
+ * is on by default); the fuzz harness runs half its inputs each way. */
+void wb_fast_path(clientpool_t *p, int on);
+
 /* ---- reading ---------------------------------------------------------- */
 enum { WB_FREE = 0, WB_CREATING, WB_IDLE, WB_LEASED, WB_CLOSING, WB_CHECKING };   /* record states */
 int wb_rec_state(const clientpool_t *p, int32_t r);
