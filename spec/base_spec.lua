@@ -81,3 +81,130 @@ describe("clientpool.base", function()
     assert.same({ true, 3, "two" }, { ok, a, b })
   end)
 end)
+
+-- Time per turn (base.turn_of, the scheduler core's turn_clock;
+-- docs/performance.md "Time per turn"): inside a turn of its scheduler an
+-- acquisition's first engine call and a release take the time the turn
+-- began with, so a turn of many pairs reads the clock once; outside any
+-- turn every call reads it. A clock function here counts the reads and
+-- moves only when the spec moves it (no timers: nothing waits on it).
+describe("clientpool.base: time per turn", function()
+  local function counted()
+    local c = { t = 0, reads = 0 }
+    c.loop = Loop.new { clock = function() c.reads = c.reads + 1; return c.t end }
+    return c
+  end
+
+  it("reads the clock once per turn, not once per call, inside the loop", function()
+    local c = counted()
+    local pool = clientpool.new { max_live = 2, create = function() return {} end, scheduler = c.loop }
+    local during
+    c.loop.spawn(function()
+      assert(pool:acquire()):release()          -- the client exists
+      local before = c.reads
+      for _ = 1, 50 do
+        assert(pool:acquire()):release()
+        assert(pool:try_acquire()):release()
+        local _, h = pool:checkout()
+        pool:checkin(h)
+      end
+      during = c.reads - before
+    end)
+    c.loop.run()
+    assert.equal(0, during)
+    pool:close()
+  end)
+
+  it("the hosted form (luv, copas) publishes its turn's time too", function()
+    local hosted = require "clientpool.sched.hosted"
+    local c = { t = 0, reads = 0 }
+    local function now() c.reads = c.reads + 1; return c.t end
+    local q = hosted.new { now = now }
+    local A = hosted.adapt({ name = "hosted test", now = now }, q)
+    assert.equal(q.turn_clock, A.turn_clock)
+    local pool = clientpool.new { max_live = 2, create = function() return {} end, scheduler = A }
+    local during
+    A.spawn(function()
+      assert(pool:acquire()):release()
+      local before = c.reads
+      for _ = 1, 20 do assert(pool:acquire()):release() end
+      during = c.reads - before
+    end)
+    while q.busy() do
+      local err = q.turn()
+      if err ~= nil then error(err, 0) end
+    end
+    assert.equal(0, during)
+    assert.is_false(A.turn_clock.now)      -- between turns
+    pool:close()
+  end)
+
+  it("reads the clock for each call outside any turn (a plain script)", function()
+    local c = counted()
+    local pool = clientpool.new { max_live = 2, create = function() return {} end, scheduler = c.loop }
+    assert(pool:acquire()):release()
+    local before = c.reads
+    for _ = 1, 10 do assert(pool:acquire()):release() end
+    assert.is_true(c.reads - before >= 20, "reads: " .. (c.reads - before))
+    pool:close()
+  end)
+
+  it("never skips a validate because of it (validate_after_idle)", function()
+    local c = counted()
+    local validated = 0
+    local pool = clientpool.new { max_live = 1, create = function() return {} end, scheduler = c.loop,
+                                  validate = function() validated = validated + 1; return true end,
+                                  validate_after_idle = 1 }
+    c.loop.spawn(function()
+      assert(pool:acquire()):release()
+      c.t = 5                  -- within the same turn: the client sat idle 5 s
+      assert(pool:acquire()):release()
+    end)
+    c.loop.run()
+    assert.equal(1, validated)
+    pool:close()
+  end)
+
+  it("is not used with leak_threshold, nor with validate_after_idle and a validate hook", function()
+    local c = counted()
+    local function pool_with(o)
+      o.create, o.scheduler, o.max_live = function() return {} end, c.loop, 1
+      return clientpool.new(o)
+    end
+    local p = pool_with {}
+    assert.equal(c.loop.turn_clock, rawget(p, "_turn"))
+    p:configure { leak_threshold = 10 }
+    assert.is_nil(rawget(p, "_turn"))
+    p:configure { leak_threshold = false }
+    assert.equal(c.loop.turn_clock, rawget(p, "_turn"))
+    p:close()
+    p = pool_with { validate = function() return true end, validate_after_idle = 1 }
+    assert.is_nil(rawget(p, "_turn"))
+    p:close()
+    p = pool_with { validate_after_idle = 1 }     -- no validate hook: nothing to skip
+    assert.equal(c.loop.turn_clock, rawget(p, "_turn"))
+    p:close()
+  end)
+
+  it("keeps no idle client past idle_timeout: a later turn's time expires it", function()
+    local c = counted()
+    local made = 0
+    local pool = clientpool.new { max_live = 1, idle_timeout = 1, scheduler = c.loop,
+                                  create = function() made = made + 1; return { id = made } end }
+    local first, second
+    c.loop.spawn(function()
+      local l = assert(pool:acquire())
+      first = l.client.id
+      l:release()
+      c.t = 2                  -- the next turn begins past the idle timeout
+      c.loop.sleep(0)
+      l = assert(pool:acquire())
+      second = l.client.id
+      l:release()
+    end)
+    c.loop.run()
+    assert.equal(1, first)
+    assert.equal(2, second)
+    pool:close()
+  end)
+end)

@@ -29,6 +29,7 @@ local GRANT_IDLE, GRANT_CREATE, MUST_WAIT, PENDING = core.GRANT_IDLE, core.GRANT
 local FULL, CLOSED, STALE, TIMEOUT, CANCELLED = core.FULL, core.CLOSED, core.STALE, core.TIMEOUT, core.CANCELLED
 local pack, unpack, ycall, log, emit = base.pack, base.unpack, base.ycall, base.log, base.emit
 local hook_key, now_of, clock, outside_level = base.hook_key, base.now_of, base.clock, base.outside_level
+local turn_of = base.turn_of
 local not_a_pool, check_key_arg = base.not_a_pool, base.check_key_arg
 local events = require "clientpool.events"
 local pump, reap_if_full = events.pump, events.reap_if_full
@@ -525,7 +526,7 @@ function Pool:acquire(key, opts)
   local k, name, kerr = key_id(self, key, "acquire")
   if not k then return no_key(self, kerr, name) end
   if self._nwaiters > 0 then reap_if_full(self) end
-  return acquire_from(self, key, opts, drain, k, name, e:acquire(k, now_of(self), true))
+  return acquire_from(self, key, opts, drain, k, name, e:acquire(k, turn_of(self), true))
 end
 
 -- acquire from the engine's answer. Shared by Pool:acquire and the C fast
@@ -631,7 +632,7 @@ function Pool:try_acquire(key)
   local k, name, kerr = key_id(self, key, "try_acquire")
   if not k then return no_key(self, kerr, name) end
   if self._nwaiters > 0 then reap_if_full(self) end
-  return try_from(self, key, k, name, self._e:acquire(k, now_of(self), true))
+  return try_from(self, key, k, name, self._e:acquire(k, turn_of(self), true))
 end
 
 -- try_acquire from the engine's answer. Shared by Pool:try_acquire and the

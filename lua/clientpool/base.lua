@@ -110,6 +110,32 @@ function B.now_of(self)
   return self._sched.now()
 end
 
+-- The engine's time argument on the hot path (an acquisition's first
+-- call, a release; docs/performance.md "Time per turn"): the scheduler's
+-- time for the turn running (self._turn: its turn_clock), so that a turn
+-- of many calls reads the clock once; outside a turn, as now_of.
+function B.turn_of(self)
+  local c = self._turn
+  if c then
+    local t = c.now
+    if t then return t end
+  end
+  if self._mono then return nil end
+  return self._sched.now()
+end
+
+-- Whether the pool takes the turn's time (self._turn): where the scheduler
+-- has one, and no promise would be broken by a time up to a turn old: not
+-- with leak_threshold (a lease stamped early would be reported early) nor
+-- with a validate hook and validate_after_idle (a client idle long enough
+-- must not skip its validate because the turn's time says it was not).
+-- new() and configure() call it.
+function B.turn_setup(self)
+  local c, t = self._c, self._sched.turn_clock
+  if type(t) ~= "table" or c.leak_threshold or (self._validate and c.validate_after_idle) then t = nil end
+  self._turn = t
+end
+
 function B.clock(self)
   if self._mono then return monotime() end
   return self._sched.now()

@@ -22,6 +22,7 @@ local GRANT_IDLE, GRANT_CREATE, MUST_WAIT, CLOSED, STALE = core.GRANT_IDLE, core
                                                            core.CLOSED, core.STALE
 local emit, hook_key, now_of, not_a_pool, DEFAULT, BY = base.emit, base.hook_key, base.now_of, base.not_a_pool,
                                                         base.DEFAULT, base.BY
+local turn_of = base.turn_of
 local events = require "clientpool.events"
 local pump, reap_if_full, wake_drainers = events.pump, events.reap_if_full, events.wake_drainers
 local keys = require "clientpool.keys"
@@ -233,8 +234,7 @@ function Pool:checkout(key)
   if name == nil then name = DEFAULT end
   local k = self._kids[name]      -- only strings are keys: anything else takes the slow path
   if k ~= nil then
-    local now
-    if not self._mono then now = self._sched.now() end
+    local now = turn_of(self)
     if self._nwaiters > 0 then reap_if_full(self) end
     return checkout_from(self, key, k, name, self._e:acquire(k, now, false))
   end
@@ -275,8 +275,7 @@ function Pool:checkin(h, reuse)
   -- a checkout has no observe: its checkin for reuse is the outcome that
   -- lets a probe pass (checkin(h, false) lets the next acquisition probe)
   if reuse ~= false and self._c.probe then probe_passed(self, l, g, self._co_key[l + 1]) end
-  local now
-  if not self._mono then now = self._sched.now() end
+  local now = turn_of(self)
   local reason = reuse == false and BY_ERROR or -1
   if reason == -1 and self._park then
     -- parked before the release (see park_first)

@@ -85,6 +85,7 @@ function Pool:configure(opts)
   if pending > 0 then pump(self) end
   if warm then make_warm_default(self) end
   checkout.fastpath_leases(self)
+  base.turn_setup(self)
   if e:pending() > 0 then pump(self) end
   -- a higher min_idle or restarts: the floor looks again (the engine's
   -- EV_REFILL says when a key is short; waking it costs one turn)

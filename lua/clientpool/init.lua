@@ -118,6 +118,7 @@ function _M.new(opts)
     _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and sched.owner or nil,
     _owner_watch = false,
   }, Pool)
+  base.turn_setup(self)
   -- a collected lease is reported at the pool's clock: a grant it makes is
   -- dated then (its wait, its client's idle time), not at the last call
   e:set_notify(function() kick(self) end, self._mono and base.monotime or sched.now)

@@ -175,6 +175,11 @@ function M.new(opts)
   -- B4.lua_waiter, +40 B per waiter).
   local Y1, Y2
   local in_turn = false
+  -- The turn's time (S.turn_clock, docs/performance.md "Time per turn"):
+  -- now() read as a turn begins, false between turns. The driver hands it
+  -- to the engine on its hot path instead of reading the clock per call.
+  local turn_clock = { now = false }
+  S.turn_clock = turn_clock
   local resuming -- the coroutine a turn is resuming
 
   ---------------------------------------------------------------- entries
@@ -581,6 +586,7 @@ function M.new(opts)
   -- traceback), the rest of the turn staying queued, or nil.
   local function run_ready()
     in_turn = true
+    turn_clock.now = now()
     local l_co, l_gen, l_fg, n = rq_co, rq_gen, rq_fg, rqn
     rq_co, rq_gen, rq_fg, rqn = sp_co, sp_gen, sp_fg, 0
     sp_co, sp_gen, sp_fg = l_co, l_gen, l_fg
@@ -633,6 +639,7 @@ function M.new(opts)
             sp_co, sp_gen, sp_fg = rq_co, rq_gen, rq_fg
             rq_co, rq_gen, rq_fg, rqn = l_co, l_gen, l_fg, m
             in_turn = false
+            turn_clock.now = false
             return err
           end
         elseif co_status(target) == "dead" then
@@ -642,6 +649,7 @@ function M.new(opts)
       end
     end
     in_turn = false
+    turn_clock.now = false
     return nil
   end
 

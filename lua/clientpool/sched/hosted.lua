@@ -52,6 +52,7 @@ local ADAPTER = { "current", "wait", "wake", "spawn", "background", "sleep", "st
 -- on as they are, and the stderr log.
 function M.adapt(A, q)
   for i = 1, #ADAPTER do A[ADAPTER[i]] = q[ADAPTER[i]] end
+  A.turn_clock = q.turn_clock   -- (set while q's turn runs: docs/performance.md "Time per turn")
   A.log = core.log
   return A
 end
