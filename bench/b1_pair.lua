@@ -6,6 +6,7 @@
 -- host: every engine call reads CLOCK_MONOTONIC.
 local clientpool = require "clientpool"
 local lifo = require "baseline_lifo"
+local Loop = require "clientpool.loop"
 
 return function(U)
   local function new_client() return {} end
@@ -28,4 +29,24 @@ return function(U)
   U.row("B1.checkout", "checkout+checkin pair / bare LIFO pair", r2, "x")
   U.row("B1.base", "(baseline: bare LIFO pair, ns)", math.min(b, bt, b2), "ns")
   pool:close()
+
+  -- (reference) the same pairs inside a task of the built-in loop, where a
+  -- turn's calls share the time the turn began with (docs/performance.md
+  -- "Time per turn"): n pairs in one task, the spawn and run counted
+  local loop = Loop.new()
+  local tpool = clientpool.new { max_live = 16, create = new_client, scheduler = loop }
+  assert(tpool:acquire()):release()
+  local function in_task(fn)
+    return function(n)
+      loop.spawn(fn, n)
+      loop.run()
+    end
+  end
+  local t_lease = in_task(U.loop("pool", "local lease = pool:acquire(); lease:release()", tpool))
+  local t_checkout = in_task(U.loop("pool", "local _, h = pool:checkout(); pool:checkin(h)", tpool))
+  U.row("B1.lease.turn", "(reference) acquire+release pair in a loop task / bare pair",
+        U.ratio(t_lease, bare_pairs), "x")
+  U.row("B1.checkout.turn", "(reference) checkout+checkin pair in a loop task / bare pair",
+        U.ratio(t_checkout, bare_pairs), "x")
+  tpool:close()
 end

@@ -118,6 +118,8 @@ function _M.new(opts)
     _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and sched.owner or nil,
     _owner_watch = false,
   }, Pool)
+  -- (base.turn_of: the FFI backend's clock, read in Lua)
+  if (c.backend or base.BACKEND) == "ffi" then self._mclock = mod.monotime end
   base.turn_setup(self)
   -- a collected lease is reported at the pool's clock: a grant it makes is
   -- dated then (its wait, its client's idle time), not at the last call
