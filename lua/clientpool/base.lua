@@ -122,8 +122,8 @@ function B.turn_of(self)
   end
   if self._mono then
     -- (the FFI backend: the clock read here, not in the binding, so that
-    -- the time is a number in and out of turns alike and the JIT keeps one
-    -- trace for both: a nil here made B1's pair in a task 3-4x slower)
+    -- the time is a number in and out of turns alike: one type less for
+    -- the JIT's traces to split on)
     local m = self._mclock
     if m then return m() end
     return nil
