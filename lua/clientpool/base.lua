@@ -111,9 +111,11 @@ function B.now_of(self)
 end
 
 -- The engine's time argument on the hot path (an acquisition's first
--- call, a release; docs/performance.md "Time per turn"): the scheduler's
--- time for the turn running (self._turn: its turn_clock), so that a turn
--- of many calls reads the clock once; outside a turn, as now_of.
+-- call; docs/performance.md "Time per turn"): the scheduler's time for the
+-- turn running (self._turn: its turn_clock), so that a turn of many
+-- acquisitions reads the clock once; outside a turn, as now_of. (Not for
+-- a release: it starts the client's idle time, from which idle_timeout and
+-- keepalive count, and stamped up to a turn early they would fire early.)
 function B.turn_of(self)
   local c = self._turn
   if c then

@@ -275,7 +275,8 @@ function Pool:checkin(h, reuse)
   -- a checkout has no observe: its checkin for reuse is the outcome that
   -- lets a probe pass (checkin(h, false) lets the next acquisition probe)
   if reuse ~= false and self._c.probe then probe_passed(self, l, g, self._co_key[l + 1]) end
-  local now = turn_of(self)
+  local now
+  if not self._mono then now = self._sched.now() end
   local reason = reuse == false and BY_ERROR or -1
   if reason == -1 and self._park then
     -- parked before the release (see park_first)

@@ -22,7 +22,6 @@ local type, error, pcall, pairs, setmetatable, getmetatable, tostring = type, er
 local string_format = string.format
 local log, emit, hook_key, now_of, outside_level = base.log, base.emit, base.hook_key, base.now_of,
                                                    base.outside_level
-local turn_of = base.turn_of
 local WEAK_KEYS, BY = base.WEAK_KEYS, base.BY
 local pump, wake_drainers = events.pump, events.wake_drainers
 local report_early = leak.report_early
@@ -128,7 +127,7 @@ local function finish_lease(self, lease, reason)
   if self._held[l] == lease then self._held[l] = nil end
   local rl = self._rec_leases
   if rl and rl[lease._r] then rl[lease._r][lease] = nil end
-  local ok, pending = self._e:release(l, g, reason or -1, turn_of(self))
+  local ok, pending = self._e:release(l, g, reason or -1, now_of(self))
   if lease._s then lease._s = nil end
   if pending > 0 then pump(self) end
   if self._drain_hs then wake_drainers(self) end
