@@ -27,7 +27,7 @@
 #
 # Single steps of `make test`: all test-c test-c-asan test-fleet test-fleet-asan
 # test-fleet-valgrind fuzz-ci test-busted-<interp>
-# test-busted-luajit-ffi test-busted-asan test-valgrind-<interp> test-nginx
+# test-busted-luajit-ffi test-busted-asan test-valgrind-<interp> test-nginx test-fleet-redis
 # test-prometheus check-rockspec test-rocks soak-valgrind lint.
 #
 # check-memory preloads clang-14's ASan runtime (libclang_rt.asan-<arch>.so)
@@ -93,7 +93,7 @@ lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_2='$(LPATH);;' LUA_PATH_5_3='$(LP
 
 LINT_DIRS = $(wildcard lua spec examples bench)
 
-.PHONY: all module test test-nginx-fleet deps check-memory demo demo-lua bench lint install clean cdef \
+.PHONY: all module test test-nginx-fleet test-fleet-redis deps check-memory demo demo-lua bench lint install clean cdef \
         test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind \
         test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
         test-busted-luajit-ffi test-nginx test-prometheus bench-nginx bench-http
@@ -171,7 +171,7 @@ deps:
 
 TEST_STEPS := all test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind fuzz-ci \
               $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
-              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.2 test-valgrind-lua5.1 test-nginx test-nginx-fleet test-prometheus check-rockspec \
+              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.2 test-valgrind-lua5.1 test-nginx test-nginx-fleet test-fleet-redis test-prometheus check-rockspec \
               test-rocks soak-valgrind lint
 
 # Every step runs even after one fails; scripts/run-steps.sh prints one
@@ -217,6 +217,14 @@ test-nginx: build/luajit/clientpool/core.so
 # kill -9 and HUP under load): spec/nginx/fleet/run.sh, about 30 s.
 test-nginx-fleet: build/luajit/clientpool/core.so
 	@spec/nginx/fleet/run.sh
+
+# The fleet across machines on Redis (docs/fleet.md section 14): its scripts
+# against a real redis-server, and member processes standing in for
+# machines (spec/redisfleet/*_redis.lua, not in the busted steps: one
+# interpreter, about a minute).
+test-fleet-redis: build/lua5.4/clientpool/core.so
+	@CLIENTPOOL_BACKEND=core scripts/busted-run.sh lua5.4 '--lpath=./?.lua;$(LPATH)' '--cpath=./build/lua5.4/?.so' \
+	  --pattern=_redis spec/redisfleet
 
 # A real Prometheus server (Debian's) scrapes clientpool.metrics from a
 # server in the test process and the values read back through its HTTP API

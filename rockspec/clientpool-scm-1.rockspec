@@ -82,6 +82,8 @@ build = {
     ["clientpool.fleet_ffi"] = "lua/clientpool/fleet_ffi.lua",
     ["clientpool.fleet_cdef"] = "lua/clientpool/fleet_cdef.lua",
     ["clientpool.fleetlink"] = "lua/clientpool/fleetlink.lua",
+    ["clientpool.redisfleet.scripts"] = "lua/clientpool/redisfleet/scripts.lua",
+    ["clientpool.redisfleet.resp"] = "lua/clientpool/redisfleet/resp.lua",
     ["clientpool.owners"] = "lua/clientpool/owners.lua",
   },
 }
