@@ -33,7 +33,7 @@ describe("the Redis fleet's scripts", function()
                             { ttl, member, want, need, demand or 0, max_live, mode or "lease" })
     assert(v, err)
     return { n = v[1], sum = v[2], max_live = v[3], quiet = v[4], pause = v[5], pause_ms = v[6],
-             others = v[7], members = v[8] }
+             others = v[7], members = v[8], stored = v[9] }
   end
   local function stats(name, ttl)
     local v = assert(c:script("stats", scripts.stats, scripts.keys("clientpool:fleet:", name), { ttl or 0 }))
@@ -59,12 +59,12 @@ describe("the Redis fleet's scripts", function()
     assert.equal(3, a.n); assert.equal(3, a.sum)
     local b = lease(name, 60000, "b", 5, 0, 5)
     assert.equal(2, b.n); assert.equal(5, b.sum)        -- the last 2, not 5
-    -- a member holding 2 physically is accounted even with no room
+    -- a member holding 2 physically is accounted even with no room, never granted them
     local cc = lease(name, 60000, "c", 2, 2, 5)
-    assert.equal(2, cc.n); assert.equal(7, cc.sum)
-    -- then nothing is granted: b renews and keeps only what it holds
+    assert.equal(0, cc.n); assert.equal(2, cc.stored); assert.equal(7, cc.sum)
+    -- then nothing is granted: b renews and its lease is what it holds
     b = lease(name, 60000, "b", 5, 1, 5, nil, 4)
-    assert.equal(1, b.n); assert.equal(6, b.sum)
+    assert.equal(0, b.n); assert.equal(1, b.stored); assert.equal(6, b.sum)
     -- a returns units (want below its lease)
     a = lease(name, 60000, "a", 1, 1, 5)
     assert.equal(1, a.n); assert.equal(4, a.sum)
@@ -175,5 +175,39 @@ describe("the Redis fleet's scripts", function()
     assert.equal(nproc * rounds, replies)
     assert.is_true(peak <= max_live)
     assert.is_true(at_cap > 0)                        -- (they did contend)
+  end)
+
+  it("fleet.new refuses bad Redis options with a clientpool: message naming the option", function()
+    local fleet = require "clientpool.fleet"
+    local R = { port = 6379 }
+    local cases = {
+      { { max_live = 4 }, "fleet option 'redis' must be a table" },
+      { { max_live = 4, redis = R, per_key = { max_live = 2 } }, "fleet option 'per_key' is not supported" },
+      { { max_live = 4, redis = R, max_concurrency = 8 }, "fleet option 'max_concurrency' is not supported" },
+      { { max_live = 4, redis = R, min_idle = 1 }, "fleet option 'min_idle' is not supported" },
+      { { max_live = 4, redis = R, max_idle = 2 }, "fleet option 'max_idle' is not supported" },
+      { { max_live = 0, redis = R }, "fleet option 'max_live' must be an integer in [1," },
+      { { redis = R }, "fleet option 'max_live' is required" },
+      { { max_live = 4, redis = { port = 0 } }, "fleet option 'redis.port' must be an integer in [1, 65535]" },
+      { { max_live = 4, redis = { host = 5 } }, "fleet option 'redis.host' must be a non-empty string" },
+      { { max_live = 4, redis = { db = -1 } }, "fleet option 'redis.db' must be an integer >= 0" },
+      { { max_live = 4, redis = { timeout = 0 } }, "fleet option 'redis.timeout' must be a finite number" },
+      { { max_live = 4, redis = { username = "u" } }, "fleet option 'redis.username' needs 'redis.password'" },
+      { { max_live = 4, redis = { hots = "x" } }, "unknown fleet option 'redis.hots'" },
+      { { max_live = 4, redis = R, ttl = 0.1 }, "fleet option 'ttl' must be a number of seconds in [0.2, 3600]" },
+      { { max_live = 4, redis = R, machine = "a b" }, "fleet option 'machine' must be 1 to 64 bytes" },
+      { { max_live = 4, redis = R, block = 5 }, "fleet option 'block' must be an integer in [1, max_live (4)]" },
+      { { max_live = 4, redis = R, tll = 1 }, "unknown fleet option 'tll'" },
+    }
+    for _, case in ipairs(cases) do
+      local o = case[1]
+      o.backend = "redis"
+      local ok, err = pcall(fleet.new, "spec-bad-redis", o)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("clientpool: " .. case[2], 1, true), tostring(err))
+    end
+    local ok, err = pcall(fleet.new, "spec-bad-redis", { max_live = 4, backend = "etcd" })
+    assert.is_false(ok)
+    assert.truthy(err:find("must be \"shm\" (one machine) or \"redis\" (across machines), got etcd", 1, true), err)
   end)
 end)

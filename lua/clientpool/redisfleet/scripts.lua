@@ -17,20 +17,23 @@
 --   5 demand  hash member -> callers waiting on that member
 --   6 pause   string: the fleet-wide pause reason (PX: resume_after)
 --
--- lease(ttl_ms, member, want, need, demand, max_live, mode): sets the
--- member's lease to n units and returns
---   { n, sum, max_live, quiet_ms, pause, pause_ms, others_demand, members }
--- where n = max(need, min(want, free)) and free = max_live - (what the
--- other members hold). `need` (what the member physically holds) is
--- always accounted, even above the cap, so units are granted only while
--- the sum stays within max_live; `want` above that is refused, never
--- granted. Take, renew and return are this one call (a member asks for
--- the holding it wants); mode "leave" drops the member's lease.
+-- lease(ttl_ms, member, want, need, demand, max_live, mode): grants the
+-- member n units (the cap it may use until its next call) and returns
+--   { n, sum, max_live, quiet_ms, pause, pause_ms, others_demand, members,
+--     stored }
+-- where n = min(want, free), free = max_live - (what the other members
+-- hold). What is stored for the member is max(n, need): `need` (what it
+-- may physically hold) is always accounted, even above the cap, so the
+-- others are granted nothing while it holds it, but it is never granted:
+-- a member whose lease lapsed (its units went to others) gets back only
+-- what is free, and closes its clients down to that (its idle cap is n).
+-- Take, renew and return are this one call (a member asks for the
+-- holding it wants); mode "leave" drops the member's lease.
 -- While quiet (for one ttl after Redis is first seen by a fleet, after it
 -- restarted, lost its data or failed over: its run_id changed) nothing
--- is granted beyond what members claim to hold, so a member whose lease
--- was lost with the data, and which may still be admitting within its
--- own validity, is never overbooked.
+-- is granted beyond what members claim to hold (n = max(min(cur, want),
+-- need): their leases were valid, the server lost them), so a member that
+-- may still be admitting within its own validity is never overbooked.
 local M = {}
 
 -- The keys of fleet `name` under `prefix`.
@@ -70,16 +73,17 @@ M.lease = HEAD .. [[
 local member, want, need = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local demand, max_live, mode = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local cur = tonumber(redis.call('HGET', KEYS[2], member) or '0')
-local n = 0
+local n, stored = 0, 0
 if mode ~= 'leave' then
   if quiet > 0 then
     n = math.max(math.min(cur, want), need)
   else
-    n = math.max(math.min(want, max_live - (sum - cur)), need)
+    n = math.max(0, math.min(want, max_live - (sum - cur)))
   end
+  stored = math.max(n, need)
 end
-if n > 0 then
-  redis.call('HSET', KEYS[2], member, n)
+if stored > 0 then
+  redis.call('HSET', KEYS[2], member, stored)
   redis.call('ZADD', KEYS[3], now + ttl, member)
   redis.call('HSET', KEYS[4], member, need)
   redis.call('HSET', KEYS[5], member, demand)
@@ -87,7 +91,7 @@ else
   redis.call('HDEL', KEYS[2], member); redis.call('HDEL', KEYS[4], member)
   redis.call('HDEL', KEYS[5], member); redis.call('ZREM', KEYS[3], member)
 end
-sum = sum - cur + n
+sum = sum - cur + stored
 redis.call('HSET', KEYS[1], 'max_live', max_live)
 -- an abandoned fleet's keys go away by themselves
 local keep = math.max(ttl * 20, 60000)
@@ -95,7 +99,7 @@ for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], keep) end
 local others = 0
 local ds = redis.call('HGETALL', KEYS[5])
 for i = 1, #ds, 2 do if ds[i] ~= member then others = others + tonumber(ds[i + 1]) end end
-return { n, sum, max_live, quiet, pause, pause_ms, others, redis.call('ZCARD', KEYS[3]) }
+return { n, sum, max_live, quiet, pause, pause_ms, others, redis.call('ZCARD', KEYS[3]), stored }
 ]]
 
 -- stats(ttl_ms): { sum, max_live, quiet_ms, pause, pause_ms, now_ms,
