@@ -124,14 +124,14 @@ local fleet_mt = { __index = Fleet, __tostring = function(self) return "clientpo
 local function redis_new(name, opts)
   local rf = require "clientpool.redisfleet"
   local ok, h, R = pcall(rf.new, name, opts, B)
-  if not ok then error(h, 3) end
+  if not ok then error(h, 0) end
   local f = registry[name]
   if f and f._redis then
     h:close(); R.h:close(); R.eh:close()
     f._redis.cfg = R.cfg                  -- attach again: the new figures apply at the next lease
     return f
   end
-  if f then error("clientpool: fleet.new('" .. name .. "'): this process has it as a one-machine fleet", 3) end
+  if f then error("clientpool: fleet.new('" .. name .. "'): this process has it as a one-machine fleet", 0) end
   f = setmetatable({ name = name, created = false, _h = h, _redis = R }, fleet_mt)
   registry[name] = f
   return f
