@@ -2,7 +2,7 @@
 -- (spec/redisfleet/members_redis.lua): its own `machine` name, so its own
 -- machine-local fleet and its own lease in Redis.
 --
---   <interp> member.lua lpath cpath name machine out coord_port target_port max_live ttl tasks secs
+--   <interp> member.lua lpath cpath name machine out coord_port target_port max_live ttl tasks secs [block [burst]]
 --
 -- `tasks` coroutines acquire and release for `secs` seconds (held 0-3 ms,
 -- one release in 8 destroys the client). A client is a real TCP
@@ -10,7 +10,10 @@
 -- the destroy waits for the server's close);
 -- the hooks log "c <t>" when a create starts (after the fence) and "d <t>"
 -- when a destroy has closed it, "g <t>" per grant, on CLOCK_MONOTONIC (one
--- clock for every process here). At the end: "stats <grants> <failures>
+-- clock for every process here). `burst`: that many more tasks start at
+-- once when the process finds it was stopped (its clock jumped by more
+-- than 0.5 s between two 20 ms sleeps), so it wants new clients the moment
+-- it resumes. At the end: "stats <grants> <failures>
 -- <asks> <commands>", then "done".
 local lpath, cpath, name, machine, out = arg[1], arg[2], arg[3], arg[4], arg[5]
 local coord_port, target_port = tonumber(arg[6]), tonumber(arg[7])
@@ -36,7 +39,7 @@ local function flush()
   lines = {}
 end
 
-fleet.new(name, { backend = "redis", max_live = max_live, ttl = ttl, machine = machine,
+fleet.new(name, { backend = "redis", max_live = max_live, ttl = ttl, machine = machine, block = tonumber(arg[12]),
                   redis = { port = coord_port, timeout = 0.2 } })
 local pid = assert(io.open("/proc/self/stat")):read("*l"):match("^(%d+)")
 say("pid", pid)
@@ -69,8 +72,7 @@ local function random(n)
   return rnd % n
 end
 local t_end = monotime() + secs
-for _ = 1, tasks do
-  loop.spawn(function()
+local function worker()
     while monotime() < t_end do
       local l, err = pool:acquire()
       if l then
@@ -82,6 +84,21 @@ for _ = 1, tasks do
         failures = failures + 1
         log("f", string.format("%.6f", monotime()), tostring(err))
       end
+    end
+end
+for _ = 1, tasks do loop.spawn(worker) end
+local burst = tonumber(arg[13])
+if burst then
+  loop.spawn(function()
+    local last = monotime()
+    while monotime() < t_end do
+      loop.sleep(0.02)
+      local now = monotime()
+      if now - last > 0.5 then
+        log("resumed", string.format("%.6f", now))
+        for _ = 1, burst do loop.spawn(worker) end
+      end
+      last = now
     end
   end)
 end

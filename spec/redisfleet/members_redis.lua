@@ -53,11 +53,12 @@ describe("a Redis fleet across member processes (machines)", function()
     return string.format("spec-redis-%d-%d", n_fleet, os.time() % 100000 * 100 + math.random(0, 99))
   end
 
-  local function spawn(name, machine, max_live, ttl, tasks, secs)
+  local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst)
     local c = { out = os.tmpname(), machine = machine }
     os.remove(c.out)
-    local cmd = string.format("exec %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s", INTERP,
-      package.path, package.cpath, name, machine, c.out, coord.port, target.port, max_live, ttl, tasks, secs)
+    local cmd = string.format("exec %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s %s %s",
+      INTERP, package.path, package.cpath, name, machine, c.out, coord.port, target.port, max_live, ttl, tasks, secs,
+      block or "", burst or "")
     c.p = assert(io.popen(cmd, "r"))
     children[#children + 1] = c
     for _ = 1, 2000 do
@@ -189,12 +190,20 @@ describe("a Redis fleet across member processes (machines)", function()
   it("a machine SIGSTOPped past its ttl creates nothing from its lapsed share, which the others use meanwhile",
      function()
     local name, cap, ttl = fresh(), 6, 1
-    local cs = {}
-    for i = 1, 3 do cs[i] = spawn(name, "m" .. i, cap, ttl, 4, 6.5) end
+    -- m1 alone first, with blocks of 6: its share has room it does not use
+    -- when it is stopped, and 4 more callers the moment it resumes (so a
+    -- resumed m1 without the fence would create on that room at once); m2
+    -- and m3 come while it is stopped
+    local cs = { spawn(name, "m1", cap, ttl, 2, 6, 6, 4) }
     local t0 = monotime()
     local t_stop, t_cont
     local samples = sample(cs, {
-      [t0 + 2.0] = function() t_stop = monotime(); os.execute("kill -STOP " .. cs[1].pid) end,
+      [t0 + 2.0] = function()
+        t_stop = monotime()
+        os.execute("kill -STOP " .. cs[1].pid)
+        cs[2] = spawn(name, "m2", cap, ttl, 4, 3.5)
+        cs[3] = spawn(name, "m3", cap, ttl, 4, 3.5)
+      end,
       [t0 + 4.5] = function() t_cont = monotime(); os.execute("kill -CONT " .. cs[1].pid) end,
     })
     local ev = read_logs(cs)
