@@ -250,4 +250,46 @@ describe("a Redis fleet across member processes (machines)", function()
     assert.is_true(peak_of(samples, nil, t_stop) <= cap)
     for _, c in ipairs(cs) do assert.is_not_nil(c.stats, c.machine .. " did not finish") end
   end)
+
+  it("a machine's agent killed with kill -9: another process of the machine takes over before the lease lapses",
+     function()
+    local name, cap, ttl = fresh(), 6, 2
+    local cs = { spawn(name, "m1", cap, ttl, 3, 6), spawn(name, "m1", cap, ttl, 3, 6),
+                 spawn(name, "m2", cap, ttl, 3, 6) }
+    local function agent_at(c)
+      for _, l in ipairs(lines_of(c.out)) do
+        local t = l:match("^agent (%S+)$")
+        if t then return tonumber(t) end
+      end
+    end
+    local t0 = monotime()
+    local t_kill, killed, other
+    local samples = sample(cs, {
+      [t0 + 3.0] = function()
+        -- the agent of m1: whichever of its two processes says so
+        local a1, a2 = agent_at(cs[1]), agent_at(cs[2])
+        assert(a1 or a2, "m1 has no agent")
+        killed, other = a1 and cs[1] or cs[2], a1 and cs[2] or cs[1]
+        assert.is_nil(agent_at(other))
+        t_kill = monotime()
+        os.execute("kill -9 " .. killed.pid)
+        killed.pid, killed.done = nil, true
+      end,
+    })
+    local t_took = agent_at(other)
+    local ev = read_logs({ other, cs[3] })
+    local n, peak = 0, 0
+    for _, e in ipairs(ev) do n = n + e[2]; if n > peak then peak = n end end
+    local after = 0
+    for _, t in ipairs(other.grants) do if t > t_kill then after = after + 1 end end
+    print(string.format("\n  m1's agent killed (ttl %g s): the other m1 process agent %.0f ms later (bound: 0.5 s " ..
+      "stale heartbeat + 0.25 s look); %d grants there after the kill, %d failures; the target's peak %d",
+      ttl, ((t_took or t_kill) - t_kill) * 1000, after, other.stats and other.stats.failures or -1, peak_of(samples)))
+    assert.is_not_nil(t_took, "no takeover")
+    assert.is_true(t_took - t_kill < ttl / 2, "took over after " .. (t_took - t_kill))
+    assert.is_true(after > 0)
+    assert.equal(0, other.stats.failures)
+    assert.is_true(peak_of(samples) <= cap)
+  end)
 end)
+
