@@ -51,8 +51,9 @@ end
 
 function M.kill(r, sig)
   if r and r.pid then
+    -- (gone, or a zombie: its sockets are closed)
     sh("kill -" .. (sig or "KILL") .. " " .. r.pid .. " 2>/dev/null; for i in $(seq 1 100); do kill -0 " .. r.pid ..
-       " 2>/dev/null || break; sleep 0.05; done")
+       " 2>/dev/null || break; grep -q ') Z' /proc/" .. r.pid .. "/stat 2>/dev/null && break; sleep 0.05; done")
     r.pid = nil
   end
 end

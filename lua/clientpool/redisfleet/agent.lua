@@ -28,6 +28,7 @@
 local scripts = require "clientpool.redisfleet.scripts"
 local resp = require "clientpool.redisfleet.resp"
 local monotime = require("clientpool.core").monotime
+local ycall = require("clientpool.base").ycall   -- a pcall tasks may yield through (Lua 5.1)
 
 local math_min, math_max, math_floor, math_ceil = math.min, math.max, math.floor, math.ceil
 local tostring, type = tostring, type
@@ -226,7 +227,7 @@ function M.start(R, sched)
   R.redis_opts = o
   local bg = sched.background or sched.spawn
   bg(function()
-    local ok, err = pcall(run, R, sched)
+    local ok, err = ycall(run, R, sched)
     R.task = false
     if not ok then io.stderr:write("clientpool: fleet '", R.name, "' agent failed: ", tostring(err), "\n") end
   end)
