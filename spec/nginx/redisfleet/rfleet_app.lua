@@ -9,7 +9,7 @@
 --   /redis        one PING to the target through the pool
 --   /fleet        across machines: leased live max_live machines, then this
 --                 machine's local: live cap
---   /stats        this worker's pool: pid opened live closed_by...
+--   /stats        this worker's pool: pid opened live agent|- closed_by...
 local conf = require "rfleet_conf"
 local clientpool = require "clientpool"
 local cpngx = require "clientpool.ngx"
@@ -72,7 +72,9 @@ function M.stats()
   local by = {}
   for k, v in pairs(s.closed_by or {}) do if v > 0 then by[#by + 1] = k .. "=" .. v end end
   table.sort(by)
-  ngx.say(ngx.worker.pid(), " ", tostring(s.opened), " ", s.live, " ", table.concat(by, " "))
+  local R = fleet._redis(conf.name)
+  ngx.say(ngx.worker.pid(), " ", tostring(s.opened), " ", s.live, " ", R.is_agent and "agent" or "-", " ",
+          table.concat(by, " "))
 end
 
 return M

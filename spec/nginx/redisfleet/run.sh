@@ -116,6 +116,45 @@ check "m2: every request succeeded" test -z "$(non2xx m2)" -o "$(non2xx m2)" = 0
 check "m1 and m2 served requests" test "$(req m1)" -gt 100 -a "$(req m2)" -gt 100
 check "/fleet: both machines hold leases in redis" test "$(echo "$fleet_mid" | awk '{print $4}')" = 2
 
+# 2. kill -9 of m1's agent (a worker) under load: m1's other worker (or its
+# replacement) takes over before m1's lease lapses; the cap holds
+agent_pid=""
+for _ in $(seq 1 50); do
+  l=$(curl -fs "http://127.0.0.1:$p1/stats")
+  case $l in *" agent "*) agent_pid=${l%% *}; break ;; esac
+done
+check "m1 has an agent worker" test -n "$agent_pid"
+lua5.1 "$root/bench/nginx/sample.lua" "$target_port" $((SECS + 2)) 0.01 >"$base/sample2" 2>&1 &
+spid=$!
+sleep 0.3
+wrk -c50 -t1 -d"${SECS}s" "http://127.0.0.1:$p1/redis" >"$base/m1.wrk" 2>&1 &
+w1=$!
+wrk -c50 -t1 -d"${SECS}s" "http://127.0.0.1:$p2/redis" >"$base/m2.wrk" 2>&1 &
+w2=$!
+sleep 1
+[ -n "$agent_pid" ] && kill -9 "$agent_pid"
+t_kill=$(date +%s%N)
+new_agent=""
+for _ in $(seq 1 300); do
+  l=$(curl -fs "http://127.0.0.1:$p1/stats")
+  case $l in *" agent "*) new_agent=${l%% *}; break ;; esac
+  sleep 0.01
+done
+t_new=$(date +%s%N)
+wait "$w1"; wait "$w2"; wait "$spid"
+max=$(sed -n 's/.*max=\([0-9]*\).*/\1/p' "$base/sample2")
+sock_errors() {
+  local l
+  l=$(grep "Socket errors" "$base/$1.wrk") || { echo 0; return; }
+  echo "$l" | grep -o '[0-9]\+' | awk '{ n += $1 } END { print n + 0 }'
+}
+note "kill -9 of m1's agent $agent_pid: worker $new_agent agent $(( (t_new - t_kill) / 1000000 )) ms later (seen through /stats)"
+note "m1 $(req m1) requests (non-2xx $(non2xx m1), socket errors $(sock_errors m1)), m2 $(req m2) (non-2xx $(non2xx m2)); the target: $(cat "$base/sample2")"
+check "kill -9 of the agent: another worker of m1 is its agent" test -n "$new_agent" -a "$new_agent" != "$agent_pid"
+check "kill -9 of the agent: the target never sees more than $CAP" test "${max:-99}" -le "$CAP"
+check "kill -9 of the agent: m1's other requests kept succeeding (no non-2xx)" test -z "$(non2xx m1)" -o "$(non2xx m1)" = 0
+check "kill -9 of the agent: m2 unaffected" test -z "$(non2xx m2)" -o "$(non2xx m2)" = 0
+
 cleanup
 trap - EXIT
 echo "$passed passed, $failed failed"
