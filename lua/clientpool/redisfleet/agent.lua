@@ -200,7 +200,14 @@ local function run(R, sched)
       R.conn:script("lease", scripts.lease, R.keys, { R.ttl_ms, R.member, 0, 0, 0, R.cfg.max_live, "leave" })
       set_cap(R, 0)
     end
-    eh:give(LIVE, -1)
+  end
+end
+
+-- The agent unit back to the machine's other processes (the task ended:
+-- its last pool closed, or an exiting nginx worker's timer was ended).
+local function hand_over(R)
+  if R.is_agent then
+    R.eh:give(R.B.LIVE, -1)
     R.is_agent = false
   end
   if R.conn then R.conn:close(); R.conn = nil end
@@ -229,7 +236,13 @@ function M.start(R, sched)
   bg(function()
     local ok, err = ycall(run, R, sched)
     R.task = false
-    if not ok then io.stderr:write("clientpool: fleet '", R.name, "' agent failed: ", tostring(err), "\n") end
+    -- an exiting worker (HUP) hands over at once: its old units stay with
+    -- its row until it is dead, but the machine's lease must go on
+    hand_over(R)
+    local exiting = sched.exiting and sched.exiting()
+    if not ok and not exiting then
+      io.stderr:write("clientpool: fleet '", R.name, "' agent failed: ", tostring(err), "\n")
+    end
   end)
 end
 

@@ -10,7 +10,9 @@
 #
 # Checks: the target never sees more than the fleet's max_live (6) from
 # both instances together; every request succeeds; /fleet shows both
-# machines in Redis. Ends with "N passed, M failed".
+# machines in Redis; kill -9 of m1's agent worker under load: another is
+# agent, the cap holds; HUP of m1 under load: a new worker is agent, the
+# cap holds. Ends with "N passed, M failed".
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -154,6 +156,33 @@ check "kill -9 of the agent: another worker of m1 is its agent" test -n "$new_ag
 check "kill -9 of the agent: the target never sees more than $CAP" test "${max:-99}" -le "$CAP"
 check "kill -9 of the agent: m1's other requests kept succeeding (no non-2xx)" test -z "$(non2xx m1)" -o "$(non2xx m1)" = 0
 check "kill -9 of the agent: m2 unaffected" test -z "$(non2xx m2)" -o "$(non2xx m2)" = 0
+
+# 3. a reload (HUP) of m1 under load: the old agent hands over as its
+# worker exits, a new worker is agent, the cap holds
+lua5.1 "$root/bench/nginx/sample.lua" "$target_port" $((SECS + 2)) 0.01 >"$base/sample3" 2>&1 &
+spid=$!
+sleep 0.3
+wrk -c50 -t1 -d"${SECS}s" "http://127.0.0.1:$p1/redis" >"$base/m1.wrk" 2>&1 &
+w1=$!
+wrk -c50 -t1 -d"${SECS}s" "http://127.0.0.1:$p2/redis" >"$base/m2.wrk" 2>&1 &
+w2=$!
+sleep 1
+old_workers=$(ps -o pid= --ppid "$(cat "$base/m1/nginx.pid")" | tr -d ' ' | sort | tr '\n' ' ')
+kill -HUP "$(cat "$base/m1/nginx.pid")"
+wait "$w1"; wait "$w2"; wait "$spid"
+max=$(sed -n 's/.*max=\([0-9]*\).*/\1/p' "$base/sample3")
+agent_after=""
+for _ in $(seq 1 100); do
+  l=$(curl -fs "http://127.0.0.1:$p1/stats")
+  case $l in *" agent "*) agent_after=${l%% *}; break ;; esac
+  sleep 0.02
+done
+note "HUP of m1 under load: m1 $(req m1) requests (non-2xx $(non2xx m1)), m2 $(req m2) (non-2xx $(non2xx m2)); the target: $(cat "$base/sample3"); m1's agent now $agent_after (old workers: $old_workers)"
+check "HUP under load: the target never sees more than $CAP" test "${max:-99}" -le "$CAP"
+check "HUP under load: m1's requests kept succeeding" test -z "$(non2xx m1)" -o "$(non2xx m1)" = 0
+check "HUP under load: m2 unaffected" test -z "$(non2xx m2)" -o "$(non2xx m2)" = 0
+case " $old_workers " in *" $agent_after "*) new=no ;; *) new=yes ;; esac
+check "HUP: a new worker of m1 is its agent" test -n "$agent_after" -a "$new" = yes
 
 cleanup
 trap - EXIT
