@@ -298,5 +298,41 @@ describe("a Redis fleet across member processes (machines)", function()
     assert.equal(0, other.stats.failures)
     assert.is_true(peak_of(samples) <= cap)
   end)
+
+  it("fleet.pause and fleet.resume reach every machine through Redis", function()
+    local name, cap, ttl = fresh(), 6, 1
+    local cs = { spawn(name, "m1", cap, ttl, 2, 4.5), spawn(name, "m2", cap, ttl, 2, 4.5) }
+    -- this process is a third machine (no pool: it only pauses and looks)
+    local fleet = require "clientpool.fleet"
+    fleet.new(name, { backend = "redis", max_live = cap, ttl = ttl, machine = "spec", redis = { port = coord.port } })
+    local t0 = monotime()
+    local t_pause, t_resume, seen
+    sample(cs, {
+      [t0 + 2.0] = function() fleet.pause(name, "maintenance"); t_pause = monotime() end,
+      [t0 + 2.3] = function() seen = fleet.stats(name).redis.paused end,
+      [t0 + 3.0] = function() fleet.resume(name); t_resume = monotime() end,
+    })
+    read_logs(cs)
+    -- a pause: the next lease reply, seen at the next acquire (one load);
+    -- a resume: the next lease reply, then the pool's gate tick (0.25 s)
+    local bound, rbound = ttl / 4 + 0.1, ttl / 4 + 0.25 + 0.2
+    local during, first_after = 0, {}
+    for i, c in ipairs(cs) do
+      for _, t in ipairs(c.grants) do
+        if t > t_pause + bound and t < t_resume then during = during + 1 end
+        if t > t_resume and not first_after[i] then first_after[i] = t end
+      end
+    end
+    print(string.format("\n  fleet.pause from a third machine: %d grants on m1 and m2 from %.0f ms after it until " ..
+      "the resume; they admit again %.0f and %.0f ms after fleet.resume (bound: ttl/4 + the 0.25 s tick)", during,
+      bound * 1000, ((first_after[1] or 0) - t_resume) * 1000, ((first_after[2] or 0) - t_resume) * 1000))
+    assert.equal("maintenance", seen)
+    assert.equal(0, during)
+    for i = 1, 2 do
+      assert.is_not_nil(first_after[i], "m" .. i .. " never admitted again")
+      assert.is_true(first_after[i] - t_resume < rbound, "admitted again after " .. (first_after[i] - t_resume))
+    end
+    fleet.remove(name)
+  end)
 end)
 
