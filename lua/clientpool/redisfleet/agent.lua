@@ -126,6 +126,7 @@ local function ask(R, t, held, waiting)
     R.fails = R.fails + 1
     R.last_err = tostring(err)
     R.next_due = monotime() + math_min(0.1, cfg.ttl / 8)
+    R.next_ask = R.next_due       -- (waiters do not make it retry sooner)
     return
   end
   local ttl = cfg.ttl
