@@ -215,4 +215,37 @@ describe("pools on a fleet, across processes", function()
     a:release(); b:release()
     p:close()
   end)
+
+  it("configure() checks the new values against the fleet's figures, as new() does", function()
+    local name = new_fleet("conf", { max_live = 4, max_idle = 3, min_idle = 1, per_key = { max_live = 3 } })
+    local p = clientpool.new { fleet = name, create = function() return {} end, max_live = 2 }
+    local function err_of(o)
+      local ok, e = pcall(p.configure, p, o)
+      assert.is_false(ok)
+      return e
+    end
+    local before = p._c
+    local e = err_of { max_live = 5 }
+    assert.truthy(e:find("clientpool: option 'max_live' (5) must be <= the fleet's max_live (4)", 1, true), e)
+    e = err_of { max_idle = 4 }
+    assert.truthy(e:find("clientpool: option 'max_idle' (4) must be <= the fleet's max_idle (3)", 1, true), e)
+    e = err_of { min_idle = 2 }
+    assert.truthy(e:find("clientpool: option 'min_idle' (2) must be <= the fleet's min_idle (1)", 1, true), e)
+    e = err_of { per_key = { max_live = 4 } }
+    assert.truthy(e:find("clientpool: option 'per_key.max_live' (4) must be <= the fleet's per_key.max_live (3)",
+                         1, true), e)
+    -- nothing changed on refusal
+    assert.equal(before, p._c)
+    local a, b = assert(p:try_acquire()), assert(p:try_acquire())
+    assert.is_nil((p:try_acquire()))          -- still its share's cap of 2
+    -- within the fleet's figures: accepted, the share's cap raised
+    assert.is_true(p:configure { max_live = 4 })
+    local c = assert(p:try_acquire())
+    assert.equal(3, p:stats().fleet.member.live)
+    -- false: back to the fleet's default (its max_live), not the engine's
+    assert.is_true(p:configure { max_live = false })
+    assert.equal(4, p._c.max_live)
+    a:release(); b:release(); c:release()
+    p:close()
+  end)
 end)
