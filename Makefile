@@ -313,7 +313,7 @@ FUZZ_CI_TIME ?= 120
 FUZZ_CI_SEED ?= 1
 FUZZ_CI_RUNS ?= 8000
 FUZZ_BIN     := build/fuzz/fuzz_engine
-FUZZ_SRCS    := spec/c/fuzz_engine.c spec/c/model.c spec/c/whitebox.c csrc/clock.c csrc/fleet.c
+FUZZ_SRCS    := spec/c/fuzz_engine.c spec/c/fuzz_fleet.c spec/c/model.c spec/c/whitebox.c csrc/clock.c csrc/fleet.c
 
 # libFuzzer + ASan + UBSan; the engine comes in through spec/c/whitebox.c.
 $(FUZZ_BIN): $(FUZZ_SRCS) csrc/engine.c $(wildcard csrc/*.h spec/c/*.h)

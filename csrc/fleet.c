@@ -739,8 +739,9 @@ static int open_segment(clientpool_fleet_t *f, const char *shm, const clientpool
       close(fd);
       return CLIENTPOOL_FLEET_EACCES;
     }
-    /* a creator may not have sized it yet */
-    for (waited = 0; sb.st_size == 0 && waited < FL_SIZE_WAIT_MS; waited += 5) {
+    /* a creator may not have sized it yet (its creator, when we made it,
+     * sizes it below: it does not wait for itself) */
+    for (waited = 0; !created && sb.st_size == 0 && waited < FL_SIZE_WAIT_MS; waited += 5) {
       nap_ms(5);
       if (fstat(fd, &sb) != 0) break;
     }
