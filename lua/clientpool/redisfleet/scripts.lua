@@ -45,6 +45,9 @@ end
 -- Shared head of lease and stats: the time, the restart check, the purge
 -- of lapsed leases and the sum of what stays.
 local HEAD = [[
+-- (Redis < 5 replicates scripts verbatim and refuses writes after TIME
+-- unless told to replicate effects; from 5 on this is the default)
+if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[1]) or 0
