@@ -315,7 +315,7 @@ describe("a Redis fleet across member processes (machines)", function()
     read_logs(cs)
     -- a pause: the next lease reply, seen at the next acquire (one load);
     -- a resume: the next lease reply, then the pool's gate tick (0.25 s)
-    local bound, rbound = ttl / 4 + 0.1, ttl / 4 + 0.25 + 0.2
+    local bound, rbound = ttl / 4 + 0.2, ttl / 4 + 0.25 + 0.3
     local during, first_after = 0, {}
     for i, c in ipairs(cs) do
       for _, t in ipairs(c.grants) do
