@@ -27,8 +27,8 @@
 #
 # Single steps of `make test`: all test-c test-c-asan test-fleet test-fleet-asan
 # test-fleet-valgrind fuzz-ci test-busted-<interp>
-# test-busted-luajit-ffi test-busted-asan test-valgrind-<interp> test-nginx
-# test-prometheus check-rockspec test-rocks soak-valgrind lint.
+# test-busted-luajit-ffi test-busted-asan test-valgrind-<interp> test-nginx test-fleet-redis
+# test-nginx-redisfleet test-prometheus check-rockspec test-rocks soak-valgrind lint.
 #
 # check-memory preloads clang-14's ASan runtime (libclang_rt.asan-<arch>.so)
 # into the uninstrumented lua5.4 so an ASan/UBSan build of core.so can be
@@ -93,7 +93,7 @@ lua_env = env LUA_PATH='$(LPATH);;' LUA_PATH_5_2='$(LPATH);;' LUA_PATH_5_3='$(LP
 
 LINT_DIRS = $(wildcard lua spec examples bench)
 
-.PHONY: all module test test-nginx-fleet deps check-memory demo demo-lua bench lint install clean cdef \
+.PHONY: all module test test-nginx-fleet test-fleet-redis test-nginx-redisfleet deps check-memory demo demo-lua bench lint install clean cdef \
         test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind \
         test-busted-asan test-rocks check-rockspec $(addprefix test-busted-,$(INTERPS)) \
         test-busted-luajit-ffi test-nginx test-prometheus bench-nginx bench-http
@@ -171,7 +171,7 @@ deps:
 
 TEST_STEPS := all test-c test-c-asan test-fleet test-fleet-asan test-fleet-valgrind fuzz-ci \
               $(addprefix test-busted-,$(INTERPS)) test-busted-luajit-ffi \
-              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.2 test-valgrind-lua5.1 test-nginx test-nginx-fleet test-prometheus check-rockspec \
+              test-busted-asan test-valgrind-lua5.3 test-valgrind-lua5.2 test-valgrind-lua5.1 test-nginx test-nginx-fleet test-fleet-redis test-nginx-redisfleet test-prometheus check-rockspec \
               test-rocks soak-valgrind lint
 
 # Every step runs even after one fails; scripts/run-steps.sh prints one
@@ -217,6 +217,23 @@ test-nginx: build/luajit/clientpool/core.so
 # kill -9 and HUP under load): spec/nginx/fleet/run.sh, about 30 s.
 test-nginx-fleet: build/luajit/clientpool/core.so
 	@spec/nginx/fleet/run.sh
+
+# The fleet across machines on Redis (docs/fleet.md section 14): its scripts
+# against a real redis-server, and member processes standing in for
+# machines (spec/redisfleet/*_redis.lua, not in the busted steps): under
+# lua5.1 (PUC: no yield across pcall) and LuaJIT (the FFI binding), about
+# 35 s each.
+test-fleet-redis: build/lua5.1/clientpool/core.so build/luajit/clientpool/core.so
+	@rc=0; for i in lua5.1 luajit; do \
+	  scripts/busted-run.sh $$i '--lpath=./?.lua;$(LPATH)' "--cpath=./build/$$i/?.so" --pattern=_redis spec/redisfleet \
+	    || rc=1; done; exit $$rc
+
+# The fleet across machines in real nginx: two nginx instances as two
+# machines (2 workers each, the agent in a worker's timer), a coordinating
+# and a target redis-server, wrk on both at once (spec/nginx/redisfleet/run.sh,
+# about 10 s).
+test-nginx-redisfleet: build/luajit/clientpool/core.so
+	@spec/nginx/redisfleet/run.sh
 
 # A real Prometheus server (Debian's) scrapes clientpool.metrics from a
 # server in the test process and the values read back through its HTTP API
@@ -296,7 +313,7 @@ FUZZ_CI_TIME ?= 120
 FUZZ_CI_SEED ?= 1
 FUZZ_CI_RUNS ?= 8000
 FUZZ_BIN     := build/fuzz/fuzz_engine
-FUZZ_SRCS    := spec/c/fuzz_engine.c spec/c/model.c spec/c/whitebox.c csrc/clock.c csrc/fleet.c
+FUZZ_SRCS    := spec/c/fuzz_engine.c spec/c/fuzz_fleet.c spec/c/model.c spec/c/whitebox.c csrc/clock.c csrc/fleet.c
 
 # libFuzzer + ASan + UBSan; the engine comes in through spec/c/whitebox.c.
 $(FUZZ_BIN): $(FUZZ_SRCS) csrc/engine.c $(wildcard csrc/*.h spec/c/*.h)

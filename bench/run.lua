@@ -21,8 +21,9 @@ while arg[i] do
   i = i + 1
 end
 
-local SUITES = { B1 = "b1_pair", B2 = "b2_handoff", B3 = "b3_scale", B4 = "b4_memory", B7 = "b7_fleet" }
-local ORDER = { "B1", "B2", "B3", "B4", "B7" }
+local SUITES = { B1 = "b1_pair", B2 = "b2_handoff", B3 = "b3_scale", B4 = "b4_memory", B7 = "b7_fleet",
+                 B8 = "b8_redis_fleet" }
+local ORDER = { "B1", "B2", "B3", "B4", "B7", "B8" }
 
 local interp = U.interp()
 
@@ -46,7 +47,7 @@ end
 
 for _, name in ipairs(only) do
   local mod = SUITES[name]
-  if not mod then error("bench: no suite " .. name .. " (B1, B2, B3, B4, B7)") end
+  if not mod then error("bench: no suite " .. name .. " (B1, B2, B3, B4, B7, B8)") end
   local t = os.clock()
   require(mod)(U)
   io.stdout:write(string.format("  (%s: %.1f s)\n", name, os.clock() - t))

@@ -2004,7 +2004,6 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
     p->keys[k].refilling--;
     p->refilling--;
     x->refill = 0;
-    if (p->fl) fl_give(p, CLIENTPOOL_FLEET_FLOOR, k);
     x->state = R_LEASED;               /* (not idle yet: destroy needs no unlink) */
     x->opos = NONE;
     if (p->closed) destroy(p, r, CLIENTPOOL_BY_DRAIN);
@@ -2017,6 +2016,10 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
       dispatch(p, now);
       close_past_max_idle(p, r, gen, k);
     }
+    /* its FLOOR unit goes only now, once it holds its IDLE unit (or was
+     * granted or closed): given before, another member's refill could pass
+     * the floor's check between the two (the fleet's floor is exact) */
+    if (p->fl) fl_give(p, CLIENTPOOL_FLEET_FLOOR, k);
   } else {
     x->state = R_LEASED;
     x->opos = NONE;
@@ -2586,6 +2589,18 @@ int32_t clientpool_rebalance(clientpool_t *p, double now) {
       p->hold_key = NONE;
       key_maybe_free(p, k);
     }
+  }
+  /* The fleet's floor of a warm key was met elsewhere (KM_FLOOR), but the
+   * member holding it may have died since, its idle units reclaimed (or
+   * its idle clients leased or closed): nothing of this member's would
+   * clear the mark, so the driver's tick looks again (two loads a key). */
+  for (k = 0; k < p->nwarm; k++) {
+    int32_t w = p->warm[k], fs = p->keys[w].fslot;
+    if (!(p->keys[w].fmark & KM_FLOOR)) continue;
+    if (fs >= 0 && (int64_t)clientpool_fleet_count(p->fl, CLIENTPOOL_FLEET_IDLE, fs) +
+                   clientpool_fleet_count(p->fl, CLIENTPOOL_FLEET_FLOOR, fs) >= p->cfg.min_idle) continue;
+    km_clear(p, w, KM_FLOOR);
+    floor_check(p, w);
   }
   finish(p, now);
   return done;

@@ -367,7 +367,9 @@ static fl_cell *cell_of(const clientpool_fleet_t *f, int32_t row, int32_t key) {
 
 static int limits_ok(const clientpool_fleet_limits_t *l, char *err, size_t n) {
 #define BAD(...) do { msg(err, n, __VA_ARGS__); return 0; } while (0)
-  if (l->max_live < 1) BAD("max_live must be >= 1, got %d", (int)l->max_live);
+  /* 0 admits nothing: the Redis backend's machine-local share before (or
+   * after) its lease (docs/fleet.md section 14); fleet.new wants >= 1 */
+  if (l->max_live < 0) BAD("max_live must be >= 0, got %d", (int)l->max_live);
   if (l->min_idle < 0) BAD("min_idle must be >= 0, got %d", (int)l->min_idle);
   if (l->max_idle < l->min_idle) BAD("min_idle (%d) must be <= max_idle (%d)", (int)l->min_idle, (int)l->max_idle);
   if (l->max_idle > l->max_live) BAD("max_idle (%d) must be <= max_live (%d)", (int)l->max_idle, (int)l->max_live);
@@ -737,8 +739,9 @@ static int open_segment(clientpool_fleet_t *f, const char *shm, const clientpool
       close(fd);
       return CLIENTPOOL_FLEET_EACCES;
     }
-    /* a creator may not have sized it yet */
-    for (waited = 0; sb.st_size == 0 && waited < FL_SIZE_WAIT_MS; waited += 5) {
+    /* a creator may not have sized it yet (its creator, when we made it,
+     * sizes it below: it does not wait for itself) */
+    for (waited = 0; !created && sb.st_size == 0 && waited < FL_SIZE_WAIT_MS; waited += 5) {
       nap_ms(5);
       if (fstat(fd, &sb) != 0) break;
     }

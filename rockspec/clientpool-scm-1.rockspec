@@ -82,6 +82,10 @@ build = {
     ["clientpool.fleet_ffi"] = "lua/clientpool/fleet_ffi.lua",
     ["clientpool.fleet_cdef"] = "lua/clientpool/fleet_cdef.lua",
     ["clientpool.fleetlink"] = "lua/clientpool/fleetlink.lua",
+    ["clientpool.redisfleet"] = "lua/clientpool/redisfleet/init.lua",
+    ["clientpool.redisfleet.agent"] = "lua/clientpool/redisfleet/agent.lua",
+    ["clientpool.redisfleet.scripts"] = "lua/clientpool/redisfleet/scripts.lua",
+    ["clientpool.redisfleet.resp"] = "lua/clientpool/redisfleet/resp.lua",
     ["clientpool.owners"] = "lua/clientpool/owners.lua",
   },
 }

@@ -14,6 +14,9 @@
 -- mode "idle" n secs: n clients made and left idle; after secs "shed <k> <idle>".
 -- mode "probe" secs: every 20 ms, try_acquire (pause_mode "fail"): says
 --   "ok <t>" or "<code> <reason> <t>".
+-- mode "floor" secs: pool:run() keeps the warm floor (min_idle: the
+--   fleet's) for `secs`, the hooks' "c"/"d" lines written at once; then
+--   the pool closed, "closed".
 -- mode "wait" n timeout: says "waiting", acquires n clients (timeout each),
 --   and says "got <t>" (or "failed <err>") for each.
 local mode, name, out, lpath, cpath = arg[1], arg[2], arg[3], arg[4], arg[5]
@@ -30,9 +33,12 @@ local function say(...)
   o:close()
 end
 local function log(...) lines[#lines + 1] = table.concat({ ... }, " ") end
+-- (the floor's members are read while they run, and some are killed: at once)
+if mode == "floor" then log = say end
 
 -- attach by name (the spec created it: these limits equal its own)
-fleet.new(name, { max_live = tonumber(os.getenv("FLEET_MAX_LIVE") or "5") })
+fleet.new(name, { max_live = tonumber(os.getenv("FLEET_MAX_LIVE") or "5"),
+                  min_idle = tonumber(os.getenv("FLEET_MIN_IDLE") or "0") })
 local pid = assert(io.open("/proc/self/stat")):read("*l"):match("^(%d+)")
 
 local seq = 0
@@ -110,6 +116,16 @@ elseif mode == "probe" then
     say("end")
   end)
   loop:run()
+elseif mode == "floor" then
+  local secs = tonumber(arg[6])
+  loop.spawn(function() pool:run() end)
+  loop.spawn(function()
+    say("floor", pool:stats().fleet.member.live)
+    loop.sleep(secs)
+    pool:close()
+  end)
+  loop:run()
+  say("closed")
 elseif mode == "wait" then
   local n, timeout, got = tonumber(arg[6]), tonumber(arg[7]), {}
   loop.spawn(function()

@@ -31,6 +31,7 @@ end
 
 describe("pools on a fleet, across processes", function()
   local children, names = {}, {}
+  local min_idle_env   -- the fleet's min_idle, for the members' attach (which sets the limits)
   after_each(function()
     for _, c in ipairs(children) do
       if c.pid then os.execute("kill -9 " .. c.pid .. " 2>/dev/null") end
@@ -38,6 +39,7 @@ describe("pools on a fleet, across processes", function()
       os.remove(c.out)
     end
     children = {}
+    min_idle_env = nil
     for _, n in ipairs(names) do fleet.remove(n) end
     names = {}
   end)
@@ -54,7 +56,8 @@ describe("pools on a fleet, across processes", function()
     os.remove(c.out)
     local args = {}
     for i, v in ipairs({ ... }) do args[i] = string.format("%q", tostring(v)) end
-    local cmd = string.format("FLEET_MAX_LIVE=%d exec %s %s %s %q %q %q %q %s", max_live, INTERP, MEMBER, mode, name,
+    local cmd = string.format("FLEET_MIN_IDLE=%d FLEET_MAX_LIVE=%d exec %s %s %s %q %q %q %q %s",
+                              min_idle_env or 0, max_live, INTERP, MEMBER, mode, name,
                               c.out, package.path, package.cpath, table.concat(args, " "))
     c.p = assert(io.popen(cmd, "r"))
     children[#children + 1] = c
@@ -189,6 +192,56 @@ describe("pools on a fleet, across processes", function()
     assert.equal("2", left)
   end)
 
+  -- The clients alive now by the hooks of the members in `cs` (created
+  -- minus destroyed): with nobody acquiring, all of them are idle.
+  local function alive(cs)
+    local n = 0
+    for _, c in ipairs(cs) do
+      for _, l in ipairs(lines_of(c.out)) do
+        if l:match("^c ") then n = n + 1 elseif l:match("^d ") then n = n - 1 end
+      end
+    end
+    return n
+  end
+
+  it("the warm floor is kept once across the fleet, and rebuilt by the others when its holder is killed", function()
+    min_idle_env = 2
+    local name = new_fleet("floor", { max_live = 8, min_idle = 2 })
+    local cs = {}
+    for i = 1, 4 do cs[i] = spawn("floor", name, 8, 30) end
+    for _, c in ipairs(cs) do expect(c, "^floor ") end
+    -- the fleet's floor of 2, not 4 members x 2: settled, and stays so
+    local t0 = monotime()
+    while alive(cs) < 2 and monotime() - t0 < 5 do sleep(0.01) end
+    sleep(1.0)                                 -- (four ticks of every member: nobody adds one)
+    local total = alive(cs)
+    local s = fleet.stats(name)
+    print(string.format("\n  fleet min_idle 2, 4 members each with min_idle 2: %d clients alive (fleet idle %d)",
+                        total, s.idle))
+    assert.equal(2, total)
+    assert.equal(2, s.idle)
+    -- kill -9 every member holding the floor: the others rebuild it
+    local holders, rest = {}, {}
+    for _, c in ipairs(cs) do
+      if alive({ c }) > 0 then holders[#holders + 1] = c else rest[#rest + 1] = c end
+    end
+    assert.is_true(#rest >= 2)
+    local t_kill = monotime()
+    for _, c in ipairs(holders) do os.execute("kill -9 " .. c.pid); c.pid = nil end
+    local t_back
+    while monotime() - t_kill < 5 do
+      if alive(rest) >= 2 then t_back = monotime() break end
+      sleep(0.005)
+    end
+    assert.is_not_nil(t_back, "the floor was not rebuilt by the other members within 5 s")
+    print(string.format("  kill -9 of the %d member(s) holding the floor: rebuilt by the others %.0f ms later",
+                        #holders, (t_back - t_kill) * 1000))
+    sleep(0.6)
+    assert.equal(2, alive(rest))               -- once, again
+    assert.equal(2, fleet.stats(name).idle)
+    assert.is_true(fleet.stats(name).reclaimed >= #holders)
+  end)
+
   it("refuses options above the fleet's figures, and an unknown fleet", function()
     local name = new_fleet("opts", { max_live = 4, max_idle = 2 })
     local function err_of(o)
@@ -213,6 +266,39 @@ describe("pools on a fleet, across processes", function()
     assert.equal(2, s.fleet.live)
     assert.equal(2, s.fleet.member.live)
     a:release(); b:release()
+    p:close()
+  end)
+
+  it("configure() checks the new values against the fleet's figures, as new() does", function()
+    local name = new_fleet("conf", { max_live = 4, max_idle = 3, min_idle = 1, per_key = { max_live = 3 } })
+    local p = clientpool.new { fleet = name, create = function() return {} end, max_live = 2 }
+    local function err_of(o)
+      local ok, e = pcall(p.configure, p, o)
+      assert.is_false(ok)
+      return e
+    end
+    local before = p._c
+    local e = err_of { max_live = 5 }
+    assert.truthy(e:find("clientpool: option 'max_live' (5) must be <= the fleet's max_live (4)", 1, true), e)
+    e = err_of { max_idle = 4 }
+    assert.truthy(e:find("clientpool: option 'max_idle' (4) must be <= the fleet's max_idle (3)", 1, true), e)
+    e = err_of { min_idle = 2 }
+    assert.truthy(e:find("clientpool: option 'min_idle' (2) must be <= the fleet's min_idle (1)", 1, true), e)
+    e = err_of { per_key = { max_live = 4 } }
+    assert.truthy(e:find("clientpool: option 'per_key.max_live' (4) must be <= the fleet's per_key.max_live (3)",
+                         1, true), e)
+    -- nothing changed on refusal
+    assert.equal(before, p._c)
+    local a, b = assert(p:try_acquire()), assert(p:try_acquire())
+    assert.is_nil((p:try_acquire()))          -- still its share's cap of 2
+    -- within the fleet's figures: accepted, the share's cap raised
+    assert.is_true(p:configure { max_live = 4 })
+    local c = assert(p:try_acquire())
+    assert.equal(3, p:stats().fleet.member.live)
+    -- false: back to the fleet's default (its max_live), not the engine's
+    assert.is_true(p:configure { max_live = false })
+    assert.equal(4, p._c.max_live)
+    a:release(); b:release(); c:release()
     p:close()
   end)
 end)

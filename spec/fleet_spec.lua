@@ -270,7 +270,7 @@ describe("clientpool.fleet", function()
       { { max_live = 4, members = 4096, max_keys = 4096 }, "fleet options 'members' x 'max_keys' (4096 x 4096)" },
       { { max_live = 4, attempts = 0 }, "fleet option 'attempts' must be >= 1, got 0" },
       { { max_live = 4, max_waiting = 3 }, "unknown fleet option 'max_waiting'" },
-      { { max_live = 4, backend = "redis" }, "the Redis backend (across machines) is not built yet" },
+      { { max_live = 4, backend = "redis" }, "fleet option 'redis' must be a table { host, port, ... }, got nil" },
     }
     for _, c in ipairs(cases) do
       local e = err_of(fleet.new, name_for("v"), c[1])

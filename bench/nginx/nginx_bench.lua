@@ -35,6 +35,11 @@
 --       per worker), through OpenResty's pool_size alone, and through
 --       pool_size with backlog (connect waits when pool_size connections of
 --       the pool are open in this worker).
+--   /b6/fleet, /b6/split  (B6 with 4 workers and a fleet cap: init() in
+--       init_by_lua makes the fleet conf.fleet of max_live conf.fleet_cap)
+--       through clientpool.ngx on the fleet (the cap machine-wide), and
+--       through OpenResty's pool_size + backlog with the cap split by hand
+--       (conf.split per worker).
 local conf = require "bench_conf"
 local clientpool = require "clientpool"
 local cpngx = require "clientpool.ngx"
@@ -375,13 +380,28 @@ local function b6_pool()
   return b6pool
 end
 
+-- B6 with 4 workers: the fleet, made by the master before it forks
+function M.init()
+  if conf.fleet then require("clientpool.fleet").new(conf.fleet, { max_live = conf.fleet_cap }) end
+end
+
+local b6fleet
+local function b6_fleet_pool()
+  if not b6fleet then
+    b6fleet = clientpool.new(cpngx.tcp {
+      host = HOST, port = PORT, connect_timeout = 1, read_timeout = 5,
+      fleet = conf.fleet, idle_timeout = 60, acquire_timeout = 10, max_waiting = 4096,
+    })
+  end
+  return b6fleet
+end
+
 local function fail(status, msg)
   ngx.status = status
   ngx.say(msg)
 end
 
-function M.b6_cp()
-  local pool = b6_pool()
+local function b6_through(pool)
   local lease, code, detail = pool:acquire()
   if not lease then return fail(503, "acquire: " .. tostring(code) .. " " .. tostring(detail)) end
   local ok, err = ping(lease.client)
@@ -393,8 +413,12 @@ function M.b6_cp()
   ngx.say("PONG")
 end
 
+function M.b6_cp() return b6_through(b6_pool()) end
+function M.b6_fleet() return b6_through(b6_fleet_pool()) end
+
 local SIZE_OPTS = { pool = "b6-size", pool_size = POOL_SIZE }
 local BACKLOG_OPTS = { pool = "b6-backlog", pool_size = POOL_SIZE, backlog = BACKLOG }
+local SPLIT_OPTS = { pool = "b6-split", pool_size = conf.split or 1, backlog = BACKLOG }
 
 local function bare(opts)
   local sock = tcp()
@@ -406,11 +430,12 @@ local function bare(opts)
     sock:close()
     return fail(502, "ping: " .. tostring(err))
   end
-  sock:setkeepalive(60000, POOL_SIZE)
+  sock:setkeepalive(60000, opts.pool_size)
   ngx.say("PONG")
 end
 
 function M.b6_size() return bare(SIZE_OPTS) end
 function M.b6_backlog() return bare(BACKLOG_OPTS) end
+function M.b6_split() return bare(SPLIT_OPTS) end
 
 return M

@@ -18,13 +18,19 @@
 #     saw, and total_connections_received over the run / wrk's requests.
 #     Target for clientpool: never more than 2 x max_live, <= 0.1% new
 #     connections per request.
+#     Then with 4 workers and one cap for all of them (FLEET_CAP, default
+#     POOL_SIZE): clientpool.ngx on a fleet (clientpool.fleet made in
+#     init_by_lua, max_live FLEET_CAP machine-wide), against OpenResty's
+#     per-worker pool_size POOL_SIZE (no cap: 4 x POOL_SIZE) and pool_size
+#     FLEET_CAP / 4 + backlog (the cap split by hand). Target for the
+#     fleet: never more than FLEET_CAP connections.
 #
 # B2  (in nginx) contended handoff: 100 light threads of one request share
 #     one client (max_live = 1) through the ngx scheduler, per handoff over
 #     the same ring sharing one unit of an ngx.semaphore. Target <= 3x (issue 17).
 #
 # environment: B2_N (20000), B2_ROUNDS (15), B5_N (20000), B5_ROUNDS (15), B6_SECS (3), B6_ROUNDS (2),
-# POOL_SIZE (10, per worker: max_live and pool_size), BACKLOG (100), NGINX,
+# POOL_SIZE (10, per worker: max_live and pool_size), BACKLOG (100), FLEET_CAP (POOL_SIZE), NGINX,
 # REDIS_SERVER, NGINX_MODULES (default /usr/lib/nginx/modules), B5_PROFILE=1
 # (B5 and B2 only, no B6: LuaJIT's trace log and jit.p profiles of each form in
 # build/bench/nginx/profile/).
@@ -46,6 +52,8 @@ B6_ROUNDS=${B6_ROUNDS:-2}
 POOL_SIZE=${POOL_SIZE:-10}
 BACKLOG=${BACKLOG:-100}
 WORKERS=2
+FLEET_CAP=${FLEET_CAP:-$POOL_SIZE}
+FLEET_WORKERS=4
 
 note() { echo "bench-nginx: $*" >&2; }
 die() { note "$*"; exit 1; }
@@ -60,11 +68,14 @@ port=$(free_port); redis_port=$(free_port)
 while [ "$redis_port" = "$port" ]; do redis_port=$(free_port); done
 [ -n "$port" ] && [ -n "$redis_port" ] || die "cannot find free ports"
 
+fleet_name="bench-nginx-fleet-$port-$$"
 cleanup() {
   local rc=$?
   [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
   nginx_stop
   redis_stop
+  luajit -e "package.cpath='$root/build/luajit/?.so;'..package.cpath
+    require('clientpool.core').fleet.remove('$fleet_name')" 2>/dev/null
   return $rc
 }
 trap cleanup EXIT
@@ -75,7 +86,9 @@ redis_start "$redis_port"
 rcli() { redis-cli -p "$redis_port" "$@" 2>/dev/null; }
 
 # ---------------------------------------------------------------- nginx
-lua_conf bench_conf redis_port="$redis_port" pool_size="$POOL_SIZE" backlog="$BACKLOG"
+split=$(( FLEET_CAP / FLEET_WORKERS > 0 ? FLEET_CAP / FLEET_WORKERS : 1 ))
+lua_conf bench_conf redis_port="$redis_port" pool_size="$POOL_SIZE" backlog="$BACKLOG" \
+  fleet="'$fleet_name'" fleet_cap="$FLEET_CAP" split="$split"
 
 nginx_conf $WORKERS "$port" "$here" <<'EOF'
 location = /b2 { content_by_lua_block { require("nginx_bench").b2() } }
@@ -150,6 +163,15 @@ b6_run() { # config round
 for r in $(seq 1 "$B6_ROUNDS"); do
   for cfg in cp size backlog; do b6_run "$cfg" "$r"; done
 done
+# ... with 4 workers and the fleet (made in init_by_lua): a second config
+NGINX_HTTP_EXTRA='init_by_lua_block { require("nginx_bench").init() }' nginx_conf $FLEET_WORKERS "$port" "$here" <<'EOF'
+location = /b6/fleet { content_by_lua_block { require("nginx_bench").b6_fleet() } }
+location = /b6/size4 { content_by_lua_block { require("nginx_bench").b6_size() } }
+location = /b6/split4 { content_by_lua_block { require("nginx_bench").b6_split() } }
+EOF
+for r in $(seq 1 "$B6_ROUNDS"); do
+  for cfg in fleet size4 split4; do b6_run "$cfg" "$r"; done
+done
 
 # ---------------------------------------------------------------- tables
 echo
@@ -192,21 +214,47 @@ awk -F'\t' -v ps="$POOL_SIZE" -v bl="$BACKLOG" -v w="$WORKERS" '
     desc["B6.backlog"] = "OpenResty pool_size " ps " + backlog " bl
     for (i = 1; i <= n; i++) {
       c = order[i]
+      if (c == "B6.fleet" || c == "B6.size4" || c == "B6.split4") continue
       lim = c == "B6.size" ? "" : sprintf(" (cap %d)", ps * w)
       printf "| %s | %s | %d%s; runs: %s | %.3f%% (%d / %d) | %.0f | %d |\n", c, desc[c], max[c], lim, per[c],
         100 * opened[c] / reqs[c], opened[c], reqs[c], rps[c] / runs[c], errs[c]
     }
   }' "$tsv"
 echo
-awk -F'\t' -v ps="$POOL_SIZE" -v w="$WORKERS" '
+echo "B6 with $FLEET_WORKERS workers and one cap of $FLEET_CAP for all of them: wrk -t2 -c50 -d${B6_SECS}s, one redis PING per request; $B6_ROUNDS runs each, a fresh nginx per run"
+echo
+echo "| figure | upstream connections | most redis connections seen | new connections / request | requests/s | errors |"
+echo "|---|---|---:|---:|---:|---:|"
+awk -F'\t' -v ps="$POOL_SIZE" -v bl="$BACKLOG" -v w="$FLEET_WORKERS" -v cap="$FLEET_CAP" -v sp="$split" '
+  $1 == "B6.fleet" || $1 == "B6.size4" || $1 == "B6.split4" {
+    c = $1; if (!(c in max)) { order[++n] = c; max[c] = 0 }
+    if ($3 > max[c]) max[c] = $3
+    per[c] = per[c] (per[c] == "" ? "" : ", ") $3
+    opened[c] += $4; reqs[c] += $5; rps[c] += $6; runs[c]++; errs[c] += $7
+  }
+  END {
+    desc["B6.fleet"] = "clientpool.ngx on a fleet, max_live " cap " for all " w " workers"; lim["B6.fleet"] = cap
+    desc["B6.size4"] = "OpenResty pool_size " ps " per worker (no cap)"; lim["B6.size4"] = -1
+    desc["B6.split4"] = "OpenResty pool_size " sp " per worker + backlog " bl " (the cap split by hand)"; lim["B6.split4"] = sp * w
+    for (i = 1; i <= n; i++) {
+      c = order[i]
+      l = lim[c] < 0 ? "" : sprintf(" (cap %d)", lim[c])
+      printf "| %s | %s | %d%s; runs: %s | %.3f%% (%d / %d) | %.0f | %d |\n", c, desc[c], max[c], l, per[c],
+        100 * opened[c] / reqs[c], opened[c], reqs[c], rps[c] / runs[c], errs[c]
+    }
+  }' "$tsv"
+echo
+awk -F'\t' -v ps="$POOL_SIZE" -v w="$WORKERS" -v cap="$FLEET_CAP" '
+  $1 == "B6.fleet" { if ($3 > fm) fm = $3 }
   $1 == "B2.ngx.lease" { b2l = $2 } $1 == "B2.ngx.checkout" { b2c = $2 }
   $1 == "B5.lease" { l = $2 } $1 == "B5.checkout" { co = $2 }
   $1 == "B6.cp" { if ($3 > m) m = $3; o += $4; q += $5 }
   END {
     printf "targets: B2 in nginx <= 3.00x: lease %.2fx %s, checkout %.2fx %s; ", b2l, b2l <= 3 ? "met" : "MISSED", b2c, b2c <= 3 ? "met" : "MISSED"
     printf "B5 <= 1.30x: lease %.2fx %s, checkout %.2fx %s; ", l, l <= 1.30 ? "met" : "MISSED", co, co <= 1.30 ? "met" : "MISSED"
-    printf "B6 <= %d connections: %d %s; <= 0.1%% new per request: %.3f%% %s\n", ps * w, m, m <= ps * w ? "met" : "MISSED",
+    printf "B6 <= %d connections: %d %s; <= 0.1%% new per request: %.3f%% %s; ", ps * w, m, m <= ps * w ? "met" : "MISSED",
       100 * o / q, o / q <= 0.001 ? "met" : "MISSED"
+    printf "B6 on a fleet (4 workers) <= %d connections: %d %s\n", cap, fm, fm <= cap ? "met" : "MISSED"
   }' "$tsv"
 
 if grep -E '\[(alert|emerg)\]|exited on signal' "$run/error.log" >&2; then

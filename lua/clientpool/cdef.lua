@@ -516,7 +516,10 @@ int32_t clientpool_retry(clientpool_t *p, double now);
  * this member should give back, fleet-wide and for each of its keys
  * (clientpool_fleet_shed, less what is closing already), and destroys that
  * many idle records, least recently used first (BY_SHED).  Returns how many
- * it destroyed. */
+ * it destroyed.  Also looks again at a warm key whose fleet floor was met
+ * elsewhere, if the fleet's idle clients and refills of the key fell below
+ * min_idle since (their holder died, or leased or closed them): the floor
+ * is signalled again (EV_REFILL). */
 int32_t clientpool_rebalance(clientpool_t *p, double now);
 
 /* Sets the fleet's gate of the pool (key < 0) or of a key as the driver

@@ -7,13 +7,16 @@
 -- raised one), then the driver's own copies of the options (self._c, the
 -- options as given in self._o, the default key's warm-floor role, the C
 -- fast path's lease form). Nothing changes unless everything is accepted:
--- the checks run first, the engine's call changes nothing when it refuses,
--- and the driver's copies are replaced only after it accepted.
+-- the checks run first (on a fleet, fleetlink.options's too: the fleet's
+-- figures bound the values and give the defaults, as in new()), the
+-- engine's call changes nothing when it refuses, and the driver's copies
+-- are replaced only after it accepted.
 
 local base = require "clientpool.base"
 local options = require "clientpool.options"
 local events = require "clientpool.events"
 local checkout = require "clientpool.checkout"
+local fleetlink = require "clientpool.fleetlink"
 base.own_source()
 
 local pcall, error, pairs, getmetatable = pcall, error, pairs, getmetatable
@@ -65,8 +68,16 @@ function Pool:configure(opts)
   if getmetatable(self) ~= Pool then not_a_pool(self, "configure") end
   local ok, merged = pcall(options.merge, self._o, opts)
   if not ok then error(merged, 2) end
+  local checked = merged
+  if self._c.fleet then
+    -- the fleet's figures bound the new values as they bound new()'s, and
+    -- an option given false (or never) takes the fleet's default again
+    -- (its current limits: an attach may have changed them)
+    ok, checked = pcall(fleetlink.options, merged)
+    if not ok then error(checked, 2) end
+  end
   local c
-  ok, c = pcall(options.validate, merged)
+  ok, c = pcall(options.validate, checked)
   if not ok then error(c, 2) end
   if self._closed then return nil, "closed" end
   local e = self._e

@@ -86,8 +86,8 @@ local function validate(o)
     if not KNOWN[k] then fail("unknown fleet option '%s'", tostring(k)) end
   end
   if o.backend ~= nil and o.backend ~= "shm" then
-    fail("fleet option 'backend' must be \"shm\" (one machine), got %s%s", tostring(o.backend),
-         o.backend == "redis" and ": the Redis backend (across machines) is not built yet" or "")
+    fail("fleet option 'backend' must be \"shm\" (one machine) or \"redis\" (across machines), got %s",
+         tostring(o.backend))
   end
   if o.max_live == nil then fail("fleet option 'max_live' is required (an integer >= 1)") end
   local l = {}
@@ -118,6 +118,25 @@ local registry = {}
 local Fleet = {}
 local fleet_mt = { __index = Fleet, __tostring = function(self) return "clientpool.fleet: " .. self.name end }
 
+-- backend = "redis" (across machines): clientpool.redisfleet; the
+-- registered handle is this machine's local fleet, whose cap is the share
+-- the machine holds from Redis (docs/fleet.md section 14).
+local function redis_new(name, opts)
+  local rf = require "clientpool.redisfleet"
+  local ok, h, R = pcall(rf.new, name, opts, B)
+  if not ok then error(h, 0) end
+  local f = registry[name]
+  if f and f._redis then
+    h:close(); R.h:close(); R.eh:close()
+    f._redis.cfg = R.cfg                  -- attach again: the new figures apply at the next lease
+    return f
+  end
+  if f then error("clientpool: fleet.new('" .. name .. "'): this process has it as a one-machine fleet", 0) end
+  f = setmetatable({ name = name, created = false, _h = h, _redis = R }, fleet_mt)
+  registry[name] = f
+  return f
+end
+
 --- Creates fleet `name`, or attaches to it and updates its limits (held
 -- units stay held; a lower cap admits nothing new until holdings are
 -- under it). members and max_keys size the segment at creation: later
@@ -126,6 +145,7 @@ local fleet_mt = { __index = Fleet, __tostring = function(self) return "clientpo
 -- methods).
 function _M.new(name, opts)
   check_name(name, "fleet.new")
+  if type(opts) == "table" and opts.backend == "redis" then return redis_new(name, opts) end
   local ok, l = pcall(validate, opts)
   if not ok then error(l, 2) end
   local h, created, msg = B.open(name, l)
@@ -166,6 +186,7 @@ local function none(v) if v >= NONE then return nil end return v end
 
 --- Fleet-wide counts, per key and per member: a plain table.
 function _M.stats(name)
+  local rf = registry[name] and registry[name]._redis
   local h, temp = handle(name, "fleet.stats")
   local s = h:stats()
   local lim = s.limits
@@ -207,6 +228,12 @@ function _M.stats(name)
     end
   end
   if temp then h:close() end
+  if rf then
+    -- across machines: Redis's view (t itself is this machine's fleet)
+    t.backend, t.machine = "redis", rf.cfg.machine
+    local rs, err = require("clientpool.redisfleet").agent.stats(rf)
+    t.redis = rs or { error = err }
+  end
   return t
 end
 
@@ -219,6 +246,12 @@ function _M.remove(name)
   if f then
     registry[name] = nil
     f._h:close()
+    if f._redis then
+      -- this machine's segments (Redis keeps the leases until their TTL)
+      f._redis.eh:close()
+      B.remove(f._redis.local_name .. ".agent")
+      name = f._redis.local_name
+    end
   end
   local ok, code, msg = B.remove(name)
   if ok then return true end
@@ -255,8 +288,16 @@ function _M.pause(name, reason, key, opts)
     end
   end
   local h, temp = handle(name, "fleet.pause")
+  local rf = registry[name] and registry[name]._redis
+  if rf and key ~= nil then fail("fleet.pause('%s'): a key's pause is not supported across machines yet", name) end
   local ok, code, msg = h:pause(reason, key, till)
   if temp then h:close() end
+  if ok and rf then
+    -- every machine: through Redis (this one's gate is closed already)
+    local ms = till >= 0 and math.floor((till - monotime()) * 1000) or 0
+    local rok, err = require("clientpool.redisfleet").agent.pause(rf, reason, ms)
+    if not rok then fail("fleet.pause('%s'): paused here, but not across machines: redis: %s", name, err) end
+  end
   if not ok then
     if code == "ekeys" then fail("fleet.pause('%s'): max_keys keys are in use, no room for key '%s'", name, key) end
     fail("fleet.pause('%s'): %s", name, msg)
@@ -268,8 +309,13 @@ end
 function _M.resume(name, key)
   check_key(key, "fleet.resume")
   local h, temp = handle(name, "fleet.resume")
+  local rf = registry[name] and registry[name]._redis
   local ok, _, msg = h:resume(key)
   if temp then h:close() end
+  if ok and rf and key == nil then
+    local rok, err = require("clientpool.redisfleet").agent.resume(rf)
+    if not rok then fail("fleet.resume('%s'): resumed here, but not across machines: redis: %s", name, err) end
+  end
   if not ok then fail("fleet.resume('%s'): %s", name, msg) end
   return true
 end
@@ -285,6 +331,19 @@ function Fleet:remove() return _M.remove(self.name) end
 function _M._handle(name)
   local f = registry[name]
   return f and f._h or nil
+end
+
+--- For clientpool.fleetlink: the limits pools default to (a Redis
+-- fleet's configured figures, not the machine's current share), and the
+-- Redis state (nil for a one-machine fleet).
+function _M._limits(name)
+  local f = registry[name]
+  if f and f._redis then return require("clientpool.redisfleet").limits(f._redis) end
+  return f and f._h:limits() or nil
+end
+function _M._redis(name)
+  local f = registry[name]
+  return f and f._redis or nil
 end
 
 _M._backend = B

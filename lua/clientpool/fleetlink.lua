@@ -108,9 +108,21 @@ function M.options(opts)
   end
   local h = fleet()._handle(name)
   if not h then fail("option 'fleet': no fleet '%s' in this process (clientpool.fleet.new creates it)", name) end
-  local lim = h:limits()
+  local lim = fleet()._limits(name)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
+  local R = fleet()._redis(name)
+  if R and type(o.create) == "function" then
+    -- the fence (docs/fleet.md section 14): no client is created on a
+    -- share whose lease may have lapsed, whatever this machine's agent does
+    local create, valid = o.create, require("clientpool.redisfleet").agent.valid
+    o.create = function(...)
+      if not valid(R) then
+        return nil, "clientpool: fleet '" .. name .. "': this machine's lease from redis lapsed: no new client"
+      end
+      return create(...)
+    end
+  end
   local function cap(field, fv, what)
     local v = o[field]
     if v == nil then return end
@@ -351,6 +363,7 @@ local function poll_main(self)
   -- reclaimed, since its parked connections close only then
   local exiting = self._sched.exiting
   if exiting and exiting() then self._fleet.h:detach() end
+  if self._fleet.redis then require("clientpool.redisfleet").agent.stop(self._fleet.redis) end
   if not ok then log(self, "fleet poll task failed: " .. tostring(err)) end
 end
 
@@ -405,6 +418,11 @@ function M.attach(self)
   }
   apply_gates(self)
   start(self)
+  local R = fleet()._redis(name)
+  if R then
+    self._fleet.redis = R
+    require("clientpool.redisfleet").agent.start(R, self._sched)
+  end
 end
 
 --- pool:stats().fleet: the fleet-wide view and this process's share.

@@ -74,6 +74,7 @@ _M.token = token.new
 
 --- Creates a pool. Performs no I/O.
 function _M.new(opts)
+  local given = opts   -- (configure() merges into these: a fleet's defaults are derived again then)
   if type(opts) == "table" and opts.fleet ~= nil then
     -- the fleet's limits are the defaults and the bounds (docs/fleet.md)
     local fok, o = pcall(fleetlink.options, opts)
@@ -92,7 +93,7 @@ function _M.new(opts)
   -- (drain), _frel (checkout), _warm (here).
   local self = setmetatable({
     _e = e, _c = c, _sched = sched, _mono = sched.monotonic == true,          -- base, options
-    _o = options.copy_options(opts),        -- configure: the options as given, changed by configure()
+    _o = options.copy_options(given),       -- configure: the options as given, changed by configure()
     _create = c.create, _destroy = c.destroy, _validate = c.validate,         -- the hooks
     _park = c.park, _unpark = c.unpark,
     _clients = {}, _parked = {},            -- record -> client (or what park stored), parked flag

@@ -37,6 +37,10 @@
  * valid and on a leased record.  At the end the pool is closed, every waiter,
  * reservation and lease settled, and nothing may be left.
  *
+ * Inputs whose first byte is FUZZ_FLEET_MARK (0xF1) go to the fleet mode
+ * instead (spec/c/fuzz_fleet.c: two engines on one shared fleet segment,
+ * against the fleet's accounting model).
+ *
  * The engine is linked in through spec/c/whitebox.c, so that the harness can
  * read what a woken waiter was granted before it is claimed and each
  * record's lease count, retire and loss marks (the wb_* accessors).
@@ -1221,6 +1225,8 @@ static void settle(void) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int i;
+  /* two engines on one fleet, against the fleet's accounting model */
+  if (size > 0 && data[0] == FUZZ_FLEET_MARK) return fuzz_fleet_run(data + 1, size - 1);
   memset(&H, 0, sizeof H);
   H.in = data;
   H.n = size;

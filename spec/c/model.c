@@ -10,6 +10,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -1473,4 +1474,101 @@ void model_close(model_t *m, double now) {
     key_maybe_free(m, k);
   }
   finish(m, now);
+}
+
+/* ---- the fleet's accounting (model.h) --------------------------------- */
+
+void model_fleet_init(model_fleet_t *mf, int32_t max_live, int32_t max_idle, int32_t max_concurrency,
+                      int32_t key_max_live, int32_t key_max_idle) {
+  memset(mf, 0, sizeof *mf);
+  mf->max_live = max_live;
+  mf->max_idle = max_idle;
+  mf->max_concurrency = max_concurrency;
+  mf->key_max_live = key_max_live;
+  mf->key_max_idle = key_max_idle;
+}
+
+void model_fleet_reserve(model_fleet_t *mf, int m, int k, int refill) {
+  mf->live[m][k]++;
+  if (refill) mf->refilling[m][k]++;
+}
+
+void model_fleet_created(model_fleet_t *mf, int m, int k, int refill, int ok) {
+  if (refill) mf->refilling[m][k]--;
+  if (!ok) mf->live[m][k]--;
+}
+
+void model_fleet_destroyed(model_fleet_t *mf, int m, int k) { mf->live[m][k]--; }
+
+#define MF_FAIL(...) do { snprintf(buf, n, __VA_ARGS__); return -1; } while (0)
+
+int model_fleet_check(const model_fleet_t *mf, const mf_view_t *v, char *buf, size_t n) {
+  /* kinds, as fleet.h numbers them */
+  enum { LIVE = 0, IDLE = 1, LEASE = 2, FLOOR = 3 };
+  int32_t sum[4] = { 0, 0, 0, 0 }, ksum[MF_KEYS][4], mlive = 0, kmlive[MF_KEYS];
+  int m, k, kind;
+  memset(ksum, 0, sizeof ksum);
+  memset(kmlive, 0, sizeof kmlive);
+  for (m = 0; m < MF_MEMBERS; m++) {
+    const clientpool_stats_t *ps = &v->pool[m];
+    int32_t plive = 0, prefill = 0;
+    for (k = 0; k < MF_KEYS; k++) {
+      const clientpool_stats_t *ks = &v->key[m][k];
+      int32_t want[4];
+      if (mf->live[m][k] < 0 || mf->refilling[m][k] < 0) MF_FAIL("member %d key %d: the model counts below 0", m, k);
+      if (ks->live + ks->creating + ks->closing != mf->live[m][k])
+        MF_FAIL("member %d key %d: the engine holds %d clients (live %d creating %d closing %d), the model %d",
+                m, k, ks->live + ks->creating + ks->closing, ks->live, ks->creating, ks->closing, mf->live[m][k]);
+      want[LIVE] = mf->live[m][k];
+      want[IDLE] = ks->idle;
+      want[LEASE] = v->leases_taken[m] ? ks->leases : 0;
+      want[FLOOR] = mf->refilling[m][k];
+      for (kind = 0; kind < 4; kind++) {
+        if (v->kheld[m][k][kind] != want[kind])
+          MF_FAIL("member %d key %d: its fleet share of kind %d is %d, its engine holds %d", m, k, kind,
+                  v->kheld[m][k][kind], want[kind]);
+        ksum[k][kind] += v->kheld[m][k][kind];
+      }
+      plive += mf->live[m][k];
+      prefill += mf->refilling[m][k];
+      kmlive[k] += mf->live[m][k];
+    }
+    if (ps->live + ps->creating + ps->closing != plive)
+      MF_FAIL("member %d: the engine holds %d clients, the model %d", m, ps->live + ps->creating + ps->closing, plive);
+    {
+      int32_t want[4];
+      want[LIVE] = plive;
+      want[IDLE] = ps->idle;
+      want[LEASE] = v->leases_taken[m] ? ps->leases : 0;
+      want[FLOOR] = prefill;
+      for (kind = 0; kind < 4; kind++) {
+        if (v->held[m][kind] != want[kind])
+          MF_FAIL("member %d: its fleet share of kind %d is %d, its engine holds %d", m, kind, v->held[m][kind],
+                  want[kind]);
+        sum[kind] += v->held[m][kind];
+      }
+    }
+    mlive += plive;
+  }
+  for (kind = 0; kind < 4; kind++)
+    if (v->total[kind] != sum[kind])
+      MF_FAIL("the fleet's count of kind %d is %d, its members hold %d", kind, v->total[kind], sum[kind]);
+  for (k = 0; k < MF_KEYS; k++)
+    for (kind = 0; kind < 4; kind++)
+      if (kind != LEASE && v->ktotal[k][kind] != ksum[k][kind])
+        MF_FAIL("key %d: the fleet's count of kind %d is %d, its members hold %d", k, kind, v->ktotal[k][kind],
+                ksum[k][kind]);
+  if (v->total[LIVE] > mf->max_live || mlive > mf->max_live)
+    MF_FAIL("the fleet's max_live %d exceeded: %d held (the model counts %d)", mf->max_live, v->total[LIVE], mlive);
+  if (v->total[IDLE] > mf->max_idle) MF_FAIL("the fleet's max_idle %d exceeded: %d idle", mf->max_idle, v->total[IDLE]);
+  if (mf->max_concurrency >= 0 && v->total[LEASE] > mf->max_concurrency)
+    MF_FAIL("the fleet's max_concurrency %d exceeded: %d leases", mf->max_concurrency, v->total[LEASE]);
+  for (k = 0; k < MF_KEYS; k++) {
+    if (mf->key_max_live >= 0 && (v->ktotal[k][LIVE] > mf->key_max_live || kmlive[k] > mf->key_max_live))
+      MF_FAIL("key %d: the fleet's per-key max_live %d exceeded: %d held (the model counts %d)", k, mf->key_max_live,
+              v->ktotal[k][LIVE], kmlive[k]);
+    if (mf->key_max_idle >= 0 && v->ktotal[k][IDLE] > mf->key_max_idle)
+      MF_FAIL("key %d: the fleet's per-key max_idle %d exceeded: %d idle", k, mf->key_max_idle, v->ktotal[k][IDLE]);
+  }
+  return 0;
 }

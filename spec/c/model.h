@@ -189,4 +189,57 @@ int model_checking(const model_t *m, int key);   /* records of key (-1: all) out
 /* Whether a record is open: leased and able to take one more share. */
 int model_open(const model_t *m, int record);
 
+/* ---- the fleet's accounting (spec/c/fuzz_fleet.c) ----------------------
+ *
+ * Engines taking their budget from one fleet (csrc/fleet.h), one member
+ * each.  The model keeps, from the driver's side alone, the physical
+ * clients of every member and key (a reservation or refill adds one, a
+ * forfeited reservation or a reported destroy removes it) and its refills
+ * in flight; model_fleet_check compares that, the engines' own counts, the
+ * members' shares and the fleet's aggregates, and checks the fleet's caps:
+ *   - each engine's live + creating + closing (pool and key) is the model's;
+ *   - each member's share (LIVE, IDLE, FLOOR, LEASE; fleet-wide and per key)
+ *     is exactly what its engine holds: live + creating + closing, idle,
+ *     the model's refills, leases (LEASE only when the engine takes them);
+ *   - the fleet's aggregates are the sums of the members' shares;
+ *   - no fleet cap is exceeded: LIVE <= max_live, IDLE <= max_idle,
+ *     LEASE <= max_concurrency, and per key LIVE <= key_max_live, IDLE <=
+ *     key_max_idle (the model's own sums too, for LIVE).
+ */
+#define MF_MEMBERS 2
+#define MF_KEYS 3
+
+typedef struct model_fleet {
+  int32_t max_live, max_idle, max_concurrency, key_max_live, key_max_idle;   /* < 0: none */
+  int32_t live[MF_MEMBERS][MF_KEYS];       /* physical clients, by the driver's count */
+  int32_t refilling[MF_MEMBERS][MF_KEYS];  /* refills in flight */
+} model_fleet_t;
+
+/* What the check reads, filled by the harness. */
+typedef struct mf_view {
+  int32_t leases_taken[MF_MEMBERS];        /* 1: the engine takes LEASE units */
+  clientpool_stats_t pool[MF_MEMBERS];     /* each engine's stats */
+  clientpool_stats_t key[MF_MEMBERS][MF_KEYS];   /* per key (zero when the key is not open) */
+  int32_t held[MF_MEMBERS][4];             /* the member's shares by kind (fleet.h's order) */
+  int32_t kheld[MF_MEMBERS][MF_KEYS][4];   /* ... per key slot (LEASE: the cell's) */
+  int32_t total[4];                        /* the fleet's aggregates by kind */
+  int32_t ktotal[MF_KEYS][4];              /* per key slot (LEASE: unused) */
+} mf_view_t;
+
+void model_fleet_init(model_fleet_t *mf, int32_t max_live, int32_t max_idle, int32_t max_concurrency,
+                      int32_t key_max_live, int32_t key_max_idle);
+/* a reservation (refill = 1: a warm-floor refill) of member m's key k */
+void model_fleet_reserve(model_fleet_t *mf, int m, int k, int refill);
+/* a reservation's create reported: ok = 0 forfeits it */
+void model_fleet_created(model_fleet_t *mf, int m, int k, int refill, int ok);
+/* a destroy reported (clientpool_destroyed) */
+void model_fleet_destroyed(model_fleet_t *mf, int m, int k);
+/* 0, or -1 with a sentence in buf */
+int model_fleet_check(const model_fleet_t *mf, const mf_view_t *v, char *buf, size_t n);
+
+/* The harness's fleet mode: inputs of fuzz_engine.c whose first byte is
+ * this go to fuzz_fleet_run (spec/c/fuzz_fleet.c), without it. */
+#define FUZZ_FLEET_MARK 0xF1
+int fuzz_fleet_run(const uint8_t *data, size_t size);
+
 #endif

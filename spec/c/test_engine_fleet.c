@@ -16,6 +16,7 @@
 
 static char g_fname[64];
 static clientpool_fleet_t *g_fh[2];
+static int32_t g_min_idle;            /* the next fleet_up's min_idle */
 
 /* A fresh fleet with these limits, and `n` joined handles on it. */
 static void fleet_up(int32_t max_live, int32_t max_idle, int n) {
@@ -25,7 +26,7 @@ static void fleet_up(int32_t max_live, int32_t max_idle, int n) {
   memset(&lim, 0, sizeof lim);
   lim.max_live = max_live;
   lim.max_idle = max_idle;
-  lim.min_idle = 0;
+  lim.min_idle = g_min_idle;
   lim.max_concurrency = 1 << 30;
   lim.key_max_live = -1;
   lim.key_max_idle = -1;
@@ -217,6 +218,60 @@ static void t_fleet_rebalance_idle(void) {
   fleet_down(2);
 }
 
+/* The fleet's warm floor is kept once: a member whose refill was refused
+ * (the floor met by another) refills at its tick once that other member's
+ * idle clients are gone (here its engine freed: as a reclaim of a dead
+ * member gives them back), not only after a give of its own. */
+static void t_fleet_floor_after_holder_gone(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *a, *b;
+  int32_t ka, kb, kk, r, i;
+  g_min_idle = 2;
+  fleet_up(4, 4, 2);
+  g_min_idle = 0;
+  c.max_live = 4; c.max_idle = 4; c.min_idle = 2;
+  a = fleet_pool(c, 0, &ka);
+  b = fleet_pool(c, 1, &kb);
+  CHECK_EQ(KEY_PIN(a, ka, 2), 0);
+  CHECK_EQ(KEY_PIN(b, kb, 2), 0);
+  clientpool_floor(a, 1, 0);
+  for (i = 0; i < 2; i++) {
+    r = clientpool_refill(a, 0, &kk);
+    CHECK(r >= 0 && kk == ka);
+    CHECK_EQ(CREATED(a, r, 1, 0), 0);
+  }
+  CHECK_EQ(clientpool_refill(a, 0, &kk), -1);
+  drain(a);
+  CHECK_EQ(clientpool_fleet_count(g_fh[0], CLIENTPOOL_FLEET_IDLE, -1), 2);
+  /* b's floor is the fleet's: met by a */
+  clientpool_floor(b, 1, 0);
+  CHECK_EQ(clientpool_refill(b, 0, &kk), -1);
+  drain(b);
+  clientpool_rebalance(b, 1);         /* (a tick while it is met: nothing) */
+  after(b, __FILE__, __LINE__, "rebalance");
+  drain(b);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 0);
+  CHECK_EQ(clientpool_refill(b, 1, &kk), -1);
+  drain(b);
+  free_pool(a);                       /* a's idle clients gone */
+  CHECK_EQ(clientpool_fleet_count(g_fh[0], CLIENTPOOL_FLEET_IDLE, -1), 0);
+  clientpool_rebalance(b, 2);         /* b's tick: the floor is short again */
+  after(b, __FILE__, __LINE__, "rebalance");
+  drain(b);
+  CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 1);
+  for (i = 0; i < 2; i++) {
+    r = clientpool_refill(b, 2, &kk);
+    CHECK(r >= 0 && kk == kb);
+    CHECK_EQ(CREATED(b, r, 1, 2), 0);
+  }
+  CHECK_EQ(clientpool_refill(b, 2, &kk), -1);
+  drain(b);
+  same_as_row(b, 1);
+  CHECK_EQ(clientpool_fleet_count(g_fh[1], CLIENTPOOL_FLEET_IDLE, -1), 2);
+  free_pool(b);
+  fleet_down(2);
+}
+
 static void t_fleet_gates(void) {
   clientpool_config_t c = cfg_base();
   clientpool_t *a;
@@ -270,6 +325,7 @@ const test_t tests_fleet[] = {
   T(t_fleet_cap_across_engines),
   T(t_fleet_max_idle_and_shed),
   T(t_fleet_rebalance_idle),
+  T(t_fleet_floor_after_holder_gone),
   T(t_fleet_gates),
   T(t_fleet_refusals),
   { NULL, NULL }

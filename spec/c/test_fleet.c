@@ -343,7 +343,7 @@ static void t_limits_invalid(void) {
   char err[256];
   size_t i, n = 0;
 #define CASE(fld, stmt) do { cases[n].field = fld; cases[n].l = lims(4); { clientpool_fleet_limits_t *L = &cases[n].l; stmt; } n++; } while (0)
-  CASE("max_live", L->max_live = 0);
+  CASE("max_live", L->max_live = -1);
   CASE("min_idle", L->min_idle = -1);
   CASE("min_idle (3) must be <= max_idle (2)", (L->min_idle = 3, L->max_idle = 2));
   CASE("max_idle (5) must be <= max_live (4)", L->max_idle = 5);

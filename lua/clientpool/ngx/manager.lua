@@ -138,8 +138,8 @@ local function new_manager(o, what, own, make_adapter)
   local pool_size = (type(o.per_key) == "table" and o.per_key.max_live) or o.max_live
   if pool_size == nil and type(o.fleet) == "string" then
     -- a pool on a fleet: max_live defaults to the fleet's (docs/fleet.md)
-    local h = require("clientpool.fleet")._handle(o.fleet)
-    local lim = h and h:limits()
+    -- (the configured figures: a Redis fleet's local cap is its current share)
+    local lim = require("clientpool.fleet")._limits(o.fleet)
     pool_size = lim and (lim.key_max_live >= 0 and lim.key_max_live or lim.max_live)
   end
   if type(pool_size) ~= "number" or pool_size < 1 then pool_size = 1 end

@@ -7,6 +7,13 @@
 --   /redis        one PING through the pool (503 when the acquire fails)
 --   /fleet        the fleet's figures: live idle members reclaimed (one line)
 --   /stats        this worker's pool: pid live fleet.member.live
+--   /fill?n=      the rebalance case: a worker holding nothing takes n
+--                 clients at once and releases them (idle, the fleet's);
+--                 "filled <pid> <idle>", or "busy <pid>" if it holds some
+--   /want?n=      ... a worker holding nothing has n callers wait for a
+--                 client at once (acquire_timeout 3 s), each holding its
+--                 client 0.2 s: "want <pid> <served> <longest wait ms>",
+--                 or "holder <pid>" if it holds some
 local conf = require "fleet_conf"
 local clientpool = require "clientpool"
 local cpngx = require "clientpool.ngx"
@@ -58,6 +65,65 @@ function M.fleet()
   local alive = 0
   for _, m in ipairs(s.members) do if m.alive then alive = alive + 1 end end
   ngx.say(s.live, " ", s.idle, " ", s.member_count, " ", s.reclaimed, " ", alive)
+end
+
+local function holds()
+  local s = pool:stats()
+  return s.live + s.creating > 0
+end
+
+function M.fill()
+  if holds() then ngx.say("busy ", ngx.worker.pid()) return end
+  local n, held = tonumber(ngx.var.arg_n), {}
+  for i = 1, n do
+    local lease, code, detail = pool:acquire()
+    if not lease then
+      for j = 1, i - 1 do held[j]:release() end
+      ngx.status = 503
+      ngx.say("acquire: ", tostring(code), " ", tostring(detail))
+      return
+    end
+    held[i] = lease
+    local ok = ping(lease.client)
+    if not ok then lease:release(false); held[i] = nil; ngx.status = 502; ngx.say("ping failed") return end
+  end
+  for i = 1, n do held[i]:release() end
+  ngx.say("filled ", ngx.worker.pid(), " ", pool:stats().idle)
+end
+
+function M.want()
+  if holds() then ngx.say("holder ", ngx.worker.pid()) return end
+  local n, threads = tonumber(ngx.var.arg_n), {}
+  for i = 1, n do
+    threads[i] = ngx.thread.spawn(function()
+      ngx.update_time()
+      local t0 = ngx.now()
+      local lease = pool:acquire(nil, { timeout = 3 })
+      ngx.update_time()
+      local waited = ngx.now() - t0
+      if not lease then return false, waited end
+      local ok = ping(lease.client)
+      ngx.sleep(0.2)
+      lease:release(not ok and false or nil)
+      return ok, waited
+    end)
+  end
+  local served, longest = 0, 0
+  for i = 1, n do
+    local _, ok, waited = ngx.thread.wait(threads[i])
+    if ok then served = served + 1 end
+    if waited and waited > longest then longest = waited end
+  end
+  ngx.say("want ", ngx.worker.pid(), " ", served, " ", math.floor(longest * 1000 + 0.5))
+end
+
+-- The fleet's members: "<pid>:<live>:<idle>" for each living one.
+function M.members()
+  local t = {}
+  for _, m in ipairs(fleet.stats(conf.name).members) do
+    if m.alive then t[#t + 1] = m.pid .. ":" .. m.live .. ":" .. m.idle end
+  end
+  ngx.say(table.concat(t, " "))
 end
 
 function M.stats()

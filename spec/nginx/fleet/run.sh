@@ -11,6 +11,11 @@
 # worker's share is reclaimed (the time from the kill to the reclaim, seen
 # through /fleet, is printed), and after the load the fleet's live count
 # equals what redis holds; a reload (HUP) under load holds the cap.
+# Then, nginx started again (the stale segment recovered): rebalance, the
+# fleet's 8 held idle by three workers (3 + 3 + 2) while the fourth has 2
+# callers waiting: the idle ones are shed to it (served, the wait printed
+# against the bound: the idle workers' 0.25 s tick), redis sampled
+# throughout never above 8.
 # Ends with "N passed, M failed".
 set -uo pipefail
 
@@ -43,8 +48,9 @@ rm -rf "$run"
 mkdir -p "$run/tmp" "$run/logs" || die "cannot make $run"
 trap cleanup EXIT
 
-port=$(free_port); redis_port=$(free_port)
+port=$(free_port); redis_port=$(free_port); rport=$(free_port)
 while [ "$redis_port" = "$port" ]; do redis_port=$(free_port); done
+while [ "$rport" = "$port" ] || [ "$rport" = "$redis_port" ]; do rport=$(free_port); done
 fname="nginx-fleet-spec-$port-$$"
 
 # the segment's name (for the cleanup of a stale one)
@@ -74,6 +80,13 @@ $(nginx_temp_paths "$run")
     location = /redis { content_by_lua_block { require("fleet_app").redis() } }
     location = /fleet { content_by_lua_block { require("fleet_app").fleet() } }
     location = /stats { content_by_lua_block { require("fleet_app").stats() } }
+  }
+  # the rebalance case: reuseport spreads new connections over the workers
+  server {
+    listen 127.0.0.1:$rport reuseport;
+    location = /fill { content_by_lua_block { require("fleet_app").fill() } }
+    location = /want { content_by_lua_block { require("fleet_app").want() } }
+    location = /members { content_by_lua_block { require("fleet_app").members() } }
   }
 }
 EOF
@@ -181,6 +194,46 @@ check "HUP: the fleet's members are the 4 new workers (the old ones reclaimed)" 
 nginx_stop
 redis_quiet "$redis_port"
 check "nginx stopped: redis has no pool connection left" test "$(redis_clients)" = 1
+
+# 4. rebalance: three workers hold the fleet's cap idle, the fourth waits
+nginx_start "$port"
+check "restart: the stale segment recovered, nothing held" test "$(fleet_line | awk '{print $1}')" = 0
+lua5.1 "$root/bench/nginx/sample.lua" "$redis_port" 6 0.01 "$run/rebalance.series" >"$run/rebalance.sample" 2>&1 &
+spid=$!
+sleep 0.3
+filled=0 tries=0
+while [ "$filled" -lt 3 ] && [ "$tries" -lt 400 ]; do
+  tries=$((tries + 1))
+  n=3; [ "$filled" = 2 ] && n=2
+  r=$(curl -fs "http://127.0.0.1:$rport/fill?n=$n")
+  case $r in filled*) filled=$((filled + 1)); note "rebalance: $r";; esac
+done
+check "rebalance: three workers hold the fleet's 8 idle" test "$(fleet_line | awk '{print $2}')" = "$CAP"
+want="" tries=0
+while [ -z "$want" ] && [ "$tries" -lt 400 ]; do
+  tries=$((tries + 1))
+  r=$(curl -fs "http://127.0.0.1:$rport/want?n=2")
+  case $r in want*) want=$r;; esac
+done
+note "rebalance: $want (pid, callers served, longest wait in ms; bound: the idle workers' 0.25 s tick," \
+  "plus the destroy and one poll)"
+note "rebalance: members pid:live:idle $(curl -fs "http://127.0.0.1:$rport/members")"
+check "rebalance: the waiting worker's 2 callers were served by idle clients shed elsewhere" \
+  test "$(echo "$want" | awk '{print $3}')" = 2
+wait "$spid"
+note "rebalance: redis max $(sample_max rebalance) connections (cap $CAP)"
+check "rebalance: redis never sees more than $CAP pool connections" test "$(sample_max rebalance)" -le "$CAP"
+settled=""
+for _ in $(seq 1 50); do
+  fl=$(fleet_line | awk '{print $1}')
+  rc=$(( $(redis_clients) - 1 ))
+  if [ "$fl" = "$rc" ]; then settled=1; break; fi
+  sleep 0.1
+done
+check "rebalance: the fleet's live count equals redis's connections ($fl)" test -n "$settled"
+
+nginx_stop
+redis_quiet "$redis_port"
 cleanup
 trap - EXIT
 echo "$passed passed, $failed failed"

@@ -1,0 +1,139 @@
+--- clientpool.redisfleet.scripts (internal): the server-side scripts of
+-- the Redis fleet (docs/fleet.md section 14), as EVAL text.
+--
+-- Every change to a fleet's budget in Redis is one of these scripts, so
+-- two machines can never together exceed the cap: Redis runs a script
+-- whole before any other command. Times are Redis's own (TIME, inside the
+-- script) and TTLs are relative, so the machines' clocks never meet.
+--
+-- The keys of fleet NAME (one hash tag, so a cluster keeps them on one
+-- slot), in KEYS order:
+--   1 cfg     hash: run_id (the server that holds the leases), quiet_until
+--             (ms, Redis time: no new units before it), max_live (the last
+--             member's figure, for stats)
+--   2 units   hash member -> units leased to that member
+--   3 exp     zset member -> its lease's expiry (ms, Redis time)
+--   4 held    hash member -> units the member said it physically holds
+--   5 demand  hash member -> callers waiting on that member
+--   6 pause   string: the fleet-wide pause reason (PX: resume_after)
+--
+-- lease(ttl_ms, member, want, need, demand, max_live, mode): grants the
+-- member n units (the cap it may use until its next call) and returns
+--   { n, sum, max_live, quiet_ms, pause, pause_ms, others_demand, members,
+--     stored }
+-- where n = min(want, free), free = max_live - (what the other members
+-- hold). What is stored for the member is max(n, need): `need` (what it
+-- may physically hold) is always accounted, even above the cap, so the
+-- others are granted nothing while it holds it, but it is never granted:
+-- a member whose lease lapsed (its units went to others) gets back only
+-- what is free, and closes its clients down to that (its idle cap is n).
+-- Take, renew and return are this one call (a member asks for the
+-- holding it wants); mode "leave" drops the member's lease.
+-- While quiet (for one ttl after Redis is first seen by a fleet, after it
+-- restarted, lost its data or failed over: its run_id changed) nothing
+-- is granted beyond what members claim to hold (n = max(min(cur, want),
+-- need): their leases were valid, the server lost them), so a member that
+-- may still be admitting within its own validity is never overbooked.
+local M = {}
+
+-- The keys of fleet `name` under `prefix`.
+function M.keys(prefix, name)
+  local base = prefix .. "{" .. name .. "}:"
+  return { base .. "cfg", base .. "units", base .. "exp", base .. "held", base .. "demand", base .. "pause" }
+end
+
+-- Shared head of lease and stats: the time, the restart check, the purge
+-- of lapsed leases and the sum of what stays.
+local HEAD = [[
+-- (Redis < 5 replicates scripts verbatim and refuses writes after TIME
+-- unless told to replicate effects; from 5 on this is the default)
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1]) or 0
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or '?'
+local quiet_until = tonumber(redis.call('HGET', KEYS[1], 'quiet_until') or '0')
+if redis.call('HGET', KEYS[1], 'run_id') ~= run_id then
+  -- first sight, a restart (data lost or reloaded) or a failover: any
+  -- member may still be admitting on a lease this server does not know
+  quiet_until = now + ttl
+  redis.call('HSET', KEYS[1], 'run_id', run_id, 'quiet_until', quiet_until)
+end
+local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+for i = 1, #gone do
+  redis.call('HDEL', KEYS[2], gone[i]); redis.call('HDEL', KEYS[4], gone[i])
+  redis.call('HDEL', KEYS[5], gone[i]); redis.call('ZREM', KEYS[3], gone[i])
+end
+local sum, vals = 0, redis.call('HVALS', KEYS[2])
+for i = 1, #vals do sum = sum + tonumber(vals[i]) end
+local quiet = quiet_until - now
+if quiet < 0 then quiet = 0 end
+local pause, pause_ms = redis.call('GET', KEYS[6]), -1
+if pause then pause = 'p' .. pause; pause_ms = redis.call('PTTL', KEYS[6]) else pause = '-' end
+]]
+
+M.lease = HEAD .. [[
+local member, want, need = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local demand, max_live, mode = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local cur = tonumber(redis.call('HGET', KEYS[2], member) or '0')
+local n, stored = 0, 0
+if mode ~= 'leave' then
+  if quiet > 0 then
+    n = math.max(math.min(cur, want), need)
+  else
+    n = math.max(0, math.min(want, max_live - (sum - cur)))
+  end
+  stored = math.max(n, need)
+end
+if stored > 0 then
+  redis.call('HSET', KEYS[2], member, stored)
+  redis.call('ZADD', KEYS[3], now + ttl, member)
+  redis.call('HSET', KEYS[4], member, need)
+  redis.call('HSET', KEYS[5], member, demand)
+else
+  redis.call('HDEL', KEYS[2], member); redis.call('HDEL', KEYS[4], member)
+  redis.call('HDEL', KEYS[5], member); redis.call('ZREM', KEYS[3], member)
+end
+sum = sum - cur + stored
+redis.call('HSET', KEYS[1], 'max_live', max_live)
+-- an abandoned fleet's keys go away by themselves
+local keep = math.max(ttl * 20, 60000)
+for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], keep) end
+local others = 0
+local ds = redis.call('HGETALL', KEYS[5])
+for i = 1, #ds, 2 do if ds[i] ~= member then others = others + tonumber(ds[i + 1]) end end
+return { n, sum, max_live, quiet, pause, pause_ms, others, redis.call('ZCARD', KEYS[3]), stored }
+]]
+
+-- stats(ttl_ms): { sum, max_live, quiet_ms, pause, pause_ms, now_ms,
+--            { member, units, held, demand, ttl_ms }... } (flattened)
+M.stats = HEAD .. [[
+local out = { sum, tonumber(redis.call('HGET', KEYS[1], 'max_live') or '-1'), quiet, pause, pause_ms, now }
+local ms = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
+for i = 1, #ms, 2 do
+  local m = ms[i]
+  out[#out + 1] = m
+  out[#out + 1] = tonumber(redis.call('HGET', KEYS[2], m) or '0')
+  out[#out + 1] = tonumber(redis.call('HGET', KEYS[4], m) or '0')
+  out[#out + 1] = tonumber(redis.call('HGET', KEYS[5], m) or '0')
+  out[#out + 1] = tonumber(ms[i + 1]) - now
+end
+return out
+]]
+
+-- pause(reason, resume_after_ms): the fleet-wide gate (0: until resumed);
+-- resume(): lifted. Members see it in their next lease reply.
+M.pause = [[
+if tonumber(ARGV[2]) > 0 then
+  redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[2])
+else
+  redis.call('SET', KEYS[6], ARGV[1])
+end
+return 1
+]]
+
+M.resume = [[
+return redis.call('DEL', KEYS[6])
+]]
+
+return M

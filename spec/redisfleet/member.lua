@@ -1,0 +1,124 @@
+-- A plain Lua process standing in for a machine of a Redis fleet
+-- (spec/redisfleet/members_redis.lua): its own `machine` name, so its own
+-- machine-local fleet and its own lease in Redis.
+--
+--   <interp> member.lua lpath cpath name machine out coord_port target_port max_live ttl tasks secs [block [burst]]
+--
+-- `tasks` coroutines acquire and release for `secs` seconds (held 0-3 ms,
+-- one release in 8 destroys the client). A client is a real TCP
+-- connection to the target redis-server (its INFO clients counts them;
+-- the destroy waits for the server's close);
+-- the hooks log "c <t>" when a create starts (after the fence) and "d <t>"
+-- when a destroy has closed it, "g <t>" per grant, on CLOCK_MONOTONIC (one
+-- clock for every process here). `burst`: that many more tasks start at
+-- once when the process finds it was stopped (its clock jumped by more
+-- than 0.5 s between two 20 ms sleeps), so it wants new clients the moment
+-- it resumes. At the end: "stats <grants> <failures>
+-- <asks> <commands>", then "done".
+local lpath, cpath, name, machine, out = arg[1], arg[2], arg[3], arg[4], arg[5]
+local coord_port, target_port = tonumber(arg[6]), tonumber(arg[7])
+local max_live, ttl, tasks, secs = tonumber(arg[8]), tonumber(arg[9]), tonumber(arg[10]), tonumber(arg[11])
+package.path, package.cpath = lpath, cpath
+local socket = require "socket"
+local clientpool = require "clientpool"
+local fleet = require "clientpool.fleet"
+local monotime = require("clientpool.core").monotime
+local loop = require("clientpool.loop").new()
+
+local lines = {}
+local function log(...) lines[#lines + 1] = table.concat({ ... }, " ") end
+local function say(...)
+  local o = assert(io.open(out, "a"))
+  o:write(table.concat({ ... }, " "), "\n")
+  o:close()
+end
+local function flush()
+  local o = assert(io.open(out, "a"))
+  if #lines > 0 then o:write(table.concat(lines, "\n"), "\n") end
+  o:close()
+  lines = {}
+end
+
+fleet.new(name, { backend = "redis", max_live = max_live, ttl = ttl, machine = machine, block = tonumber(arg[12]),
+                  redis = { port = coord_port, timeout = 0.2 } })
+local pid = assert(io.open("/proc/self/stat")):read("*l"):match("^(%d+)")
+say("pid", pid)
+
+local pool = clientpool.new {
+  fleet = name, scheduler = loop, acquire_timeout = 60, max_waiting = 1000,
+  create = function()
+    log("c", string.format("%.6f", monotime()))
+    local s = socket.tcp()
+    s:settimeout(1)
+    local ok, err = s:connect("127.0.0.1", target_port)
+    if not ok then return nil, err end
+    return s
+  end,
+  destroy = function(s)
+    -- QUIT, then wait for the server's close: once it is seen, the target
+    -- no longer counts the connection (a bare close() returns before the
+    -- server has processed it, and its INFO would count the client until
+    -- then, after the unit came back to the fleet)
+    s:send("QUIT\r\n")
+    repeat local _, err = s:receive("*l") until err
+    s:close()
+    log("d", string.format("%.6f", monotime()))
+  end,
+}
+
+local grants, failures, rnd = 0, 0, tonumber(pid)
+local function random(n)
+  rnd = (rnd * 1103515245 + 12345) % 2147483648
+  return rnd % n
+end
+local t_end = monotime() + secs
+local function worker()
+    while monotime() < t_end do
+      local l, err = pool:acquire()
+      if l then
+        grants = grants + 1
+        log("g", string.format("%.6f", monotime()))
+        loop.sleep(random(4) / 1000)
+        if random(8) == 0 then l:release(false) else l:release() end
+      else
+        failures = failures + 1
+        log("f", string.format("%.6f", monotime()), tostring(err))
+      end
+    end
+end
+for _ = 1, tasks do loop.spawn(worker) end
+local burst = tonumber(arg[13])
+if burst then
+  loop.spawn(function()
+    local last = monotime()
+    while monotime() < t_end do
+      loop.sleep(0.02)
+      local now = monotime()
+      if now - last > 0.5 then
+        log("resumed", string.format("%.6f", now))
+        for _ = 1, burst do loop.spawn(worker) end
+      end
+      last = now
+    end
+  end)
+end
+-- the log goes out every 0.1 s (a SIGKILL loses at most that); "agent
+-- <t>" when this process became its machine's agent
+loop.spawn(function()
+  local R, was, n = fleet._redis(name), false, 0
+  while monotime() < t_end do
+    loop.sleep(0.01)
+    if R.is_agent and not was then log("agent", string.format("%.6f", monotime())) end
+    was = R.is_agent
+    n = n + 1
+    if n % 10 == 0 then flush() end
+  end
+end)
+loop:run()
+local R = fleet._redis(name)
+local asks, commands = R.asks, R.conn and R.conn.commands or 0
+pool:close()
+loop:run()
+flush()
+say("stats", grants, failures, asks, commands)
+say("done")

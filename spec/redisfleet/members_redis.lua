@@ -1,0 +1,338 @@
+-- The fleet across machines, proven with plain Lua processes standing in
+-- for machines (spec/redisfleet/member.lua: each its own `machine`, so its
+-- own machine-local fleet and lease) on one coordinating redis-server; the
+-- clients are real connections to a second redis-server, the target,
+-- whose INFO clients is sampled every 5 ms (docs/fleet.md section 14).
+local server = require "spec.redisfleet.redis_server"
+local resp = require "clientpool.redisfleet.resp"
+local core = require "clientpool.core"
+
+local IS_JIT = rawget(_G, "jit") ~= nil
+local INTERP = (arg and arg[-1]) or (IS_JIT and "luajit" or ("lua" .. _VERSION:match("%d+%.%d+")))
+local sleep, monotime = core.sleep, core.monotime
+
+local function lines_of(path)
+  local f = io.open(path, "r")
+  if not f then return {} end
+  local t = {}
+  for l in f:lines() do t[#t + 1] = l end
+  f:close()
+  return t
+end
+
+describe("a Redis fleet across member processes (machines)", function()
+  local coord, target, sampler
+  local children = {}
+  local n_fleet = 0
+  setup(function()
+    coord = server.start()
+    target = server.start()
+  end)
+  teardown(function()
+    server.stop(coord)
+    server.stop(target)
+  end)
+  before_each(function()
+    sampler = resp.new({ port = target.port, timeout = 2 }, "blocking")
+    assert(sampler:open())
+  end)
+  after_each(function()
+    for _, c in ipairs(children) do
+      if c.pid then os.execute("kill -CONT " .. c.pid .. " 2>/dev/null; kill -9 " .. c.pid .. " 2>/dev/null") end
+      pcall(c.p.close, c.p)
+      os.remove(c.out)
+    end
+    children = {}
+    sampler:close()
+    -- the machine-local segments the members made
+    os.execute("rm -f /dev/shm/clientpool.*.n.spec-redis-* 2>/dev/null")
+  end)
+
+  local function fresh()
+    n_fleet = n_fleet + 1
+    return string.format("spec-redis-%d-%d", n_fleet, os.time() % 100000 * 100 + math.random(0, 99))
+  end
+
+  local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst)
+    local c = { out = os.tmpname(), machine = machine }
+    os.remove(c.out)
+    local cmd = string.format("exec %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s %s %s",
+      INTERP, package.path, package.cpath, name, machine, c.out, coord.port, target.port, max_live, ttl, tasks, secs,
+      block or "", burst or "")
+    c.p = assert(io.popen(cmd, "r"))
+    children[#children + 1] = c
+    for _ = 1, 2000 do
+      local l = lines_of(c.out)
+      if l[1] then c.pid = tonumber(l[1]:match("pid (%d+)")); return c end
+      sleep(0.005)
+    end
+    error("member did not start: " .. cmd)
+  end
+
+  -- Samples the target's clients until every member said "done" (or
+  -- `until_t`); `at` is { [t] = fn } called once when monotime() passes t.
+  local function sample(cs, at, limit)
+    local samples, t_limit = {}, monotime() + (limit or 60)
+    local pending = {}
+    for t, fn in pairs(at or {}) do pending[#pending + 1] = { t = t, fn = fn } end
+    table.sort(pending, function(a, b) return a.t < b.t end)
+    while monotime() < t_limit do
+      while pending[1] and monotime() >= pending[1].t do table.remove(pending, 1).fn() end
+      local now = monotime()
+      local v = sampler:raw("INFO", "clients")
+      samples[#samples + 1] = { now, tonumber(tostring(v):match("connected_clients:(%d+)")) - 1 }
+      local all = true
+      for _, c in ipairs(cs) do
+        if not c.done then
+          local l = lines_of(c.out)
+          if l[#l] == "done" then c.done = true else all = false end
+        end
+      end
+      if all and not pending[1] then break end
+      sleep(0.005)
+    end
+    return samples
+  end
+
+  -- Every member's log: events { t, +1/-1, member } sorted, grants, stats.
+  local function read_logs(cs)
+    local ev, grants = {}, {}
+    for i, c in ipairs(cs) do
+      c.grants, c.creates = {}, {}
+      for _, l in ipairs(lines_of(c.out)) do
+        local k, t = l:match("^([cdg]) (%S+)$")
+        if k == "c" then ev[#ev + 1] = { tonumber(t), 1, i }; c.creates[#c.creates + 1] = tonumber(t)
+        elseif k == "d" then ev[#ev + 1] = { tonumber(t), -1, i }
+        elseif k == "g" then c.grants[#c.grants + 1] = tonumber(t); grants[#grants + 1] = tonumber(t) end
+        local g, f, a, m = l:match("^stats (%d+) (%d+) (%d+) (%d+)$")
+        if g then
+          c.stats = { grants = tonumber(g), failures = tonumber(f), asks = tonumber(a), commands = tonumber(m) }
+        end
+      end
+    end
+    table.sort(ev, function(a, b) if a[1] ~= b[1] then return a[1] < b[1] end return a[2] < b[2] end)
+    return ev, grants
+  end
+
+  local function peak_of(samples, t0, t1)
+    local p = 0
+    for _, s in ipairs(samples) do
+      if (not t0 or s[1] >= t0) and (not t1 or s[1] <= t1) and s[2] > p then p = s[2] end
+    end
+    return p
+  end
+
+  it("never lets the target see more than max_live from 4 machines, with few Redis commands", function()
+    local name, cap = fresh(), 6
+    local cs = {}
+    for i = 1, 4 do cs[i] = spawn(name, "m" .. i, cap, 1, 4, 2.5) end
+    local samples = sample(cs)
+    local ev = read_logs(cs)
+    local n, peak = 0, 0
+    for _, e in ipairs(ev) do n = n + e[2]; if n > peak then peak = n end end
+    local total, asks, commands = 0, 0, 0
+    for _, c in ipairs(cs) do
+      assert.is_not_nil(c.stats, "member " .. c.machine .. " did not finish")
+      assert.equal(0, c.stats.failures)
+      assert.is_true(c.stats.grants > 0)
+      total, asks, commands = total + c.stats.grants, asks + c.stats.asks, commands + c.stats.commands
+    end
+    local tpeak = peak_of(samples)
+    print(string.format("\n  4 machines x 4 tasks, max_live %d, ttl 1 s: %d acquisitions; target's clients peak %d " ..
+      "(%d samples), hooks' peak %d; %d lease calls, %d redis commands (%.1f per 1000 acquisitions)", cap, total,
+      tpeak, #samples, peak, asks, commands, commands * 1000 / total))
+    assert.is_true(tpeak <= cap, "the target saw " .. tpeak)
+    assert.is_true(peak <= cap, "the hooks saw " .. peak)
+    assert.is_true(tpeak >= 3)                        -- (they did use the budget)
+    assert.equal(0, n)
+  end)
+
+  it("redis killed under load: members stop creating before their shares lapse, the cap holds, admission resumes",
+     function()
+    local name, cap, ttl = fresh(), 6, 1
+    local cs = {}
+    for i = 1, 3 do cs[i] = spawn(name, "m" .. i, cap, ttl, 4, 5) end
+    local t0 = monotime()
+    local t_kill, t_back
+    local samples = sample(cs, {
+      -- (t_kill once kill(1) returned: the signal has landed; a renewal
+      -- answered while the shell started would be valid after an earlier
+      -- t_kill. Not waited for: a SIGKILLed child stays a zombie until
+      -- its watchdog shell reaps it, up to a second later)
+      [t0 + 1.5] = function()
+        os.execute("kill -KILL " .. coord.pid)
+        t_kill, coord.pid = monotime(), nil
+      end,
+      [t0 + 3.0] = function()
+        -- (the sampler's socket closed meanwhile: the new redis-server
+        -- would inherit it, and the target would count it for ever)
+        sampler:close()
+        local r = server.start(coord.port, coord.dir)
+        assert(sampler:open())
+        coord.pid = r.pid
+        t_back = monotime()
+      end,
+    })
+    local ev = read_logs(cs)
+    local fenced_at = t_kill + 0.75 * ttl
+    local late, first_after = 0, nil
+    for _, e in ipairs(ev) do
+      if e[2] > 0 and e[1] > fenced_at + 0.01 and e[1] < t_back then late = late + 1 end
+      if e[2] > 0 and e[1] > t_back and not first_after then first_after = e[1] end
+    end
+    local last_before
+    for _, e in ipairs(ev) do if e[2] > 0 and e[1] < t_back then last_before = e[1] end end
+    local tpeak = peak_of(samples)
+    print(string.format("\n  redis killed for %.1f s (ttl %g s): last create %.0f ms after the kill " ..
+      "(fence at %.0f ms), " ..
+      "first create %.0f ms after redis was back (bound: ttl + ttl/8 + a poll); target's peak %d", t_back - t_kill, ttl,
+      (last_before - t_kill) * 1000, 0.75 * ttl * 1000, ((first_after or 0) - t_back) * 1000, tpeak))
+    assert.equal(0, late)
+    assert.is_true(tpeak <= cap, "the target saw " .. tpeak)
+    assert.is_not_nil(first_after, "no create after redis came back")
+    assert.is_true(first_after - t_back < ttl + ttl / 8 + 0.5, "admission resumed after " .. (first_after - t_back))
+    for _, c in ipairs(cs) do assert.is_not_nil(c.stats, c.machine .. " did not finish") end
+  end)
+
+  it("a machine SIGSTOPped past its ttl creates nothing from its lapsed share, which the others use meanwhile",
+     function()
+    local name, cap, ttl = fresh(), 6, 1
+    -- m1 alone first, with blocks of 6: its share has room it does not use
+    -- when it is stopped, and 4 more callers the moment it resumes (so a
+    -- resumed m1 without the fence would create on that room at once); m2
+    -- and m3 come while it is stopped
+    local cs = { spawn(name, "m1", cap, ttl, 2, 6, 6, 4) }
+    local t0 = monotime()
+    local t_stop, t_cont
+    local samples = sample(cs, {
+      [t0 + 2.0] = function()
+        t_stop = monotime()
+        os.execute("kill -STOP " .. cs[1].pid)
+        cs[2] = spawn(name, "m2", cap, ttl, 4, 3.5)
+        cs[3] = spawn(name, "m3", cap, ttl, 4, 3.5)
+      end,
+      [t0 + 4.5] = function() t_cont = monotime(); os.execute("kill -CONT " .. cs[1].pid) end,
+    })
+    local ev = read_logs(cs)
+    -- what the stopped machine held (its hooks), the others' peak while its lease was gone
+    local alive, held_at_stop, others_peak, bad = { 0, 0, 0 }, nil, 0, 0
+    local total = 0
+    for _, e in ipairs(ev) do
+      -- (m1 makes no event while stopped: what it held when the signal
+      -- landed, a few ms after t_stop, is what it held just before t_cont)
+      if not held_at_stop and e[1] >= t_cont then held_at_stop = alive[1] end
+      alive[e[3]] = alive[e[3]] + e[2]
+      total = total + e[2]
+      if e[1] > t_stop + ttl and e[1] < t_cont then
+        local o = alive[2] + alive[3]
+        if o > others_peak then others_peak = o end
+      end
+      -- every create of the resumed machine: only from units really free
+      if e[3] == 1 and e[2] > 0 and e[1] > t_cont and total > cap then bad = bad + 1 end
+    end
+    local creates_after = 0
+    for _, t in ipairs(cs[1].creates) do if t > t_cont then creates_after = creates_after + 1 end end
+    local over_end
+    for _, s in ipairs(samples) do if s[1] > t_cont and s[2] <= cap and not over_end then over_end = s[1] end end
+    print(string.format("\n  m1 stopped %.1f s (ttl %g s) holding %d: the others' peak %d while its lease was gone; " ..
+      "the target saw at most %d during the stop (cap %d + what m1 kept open), %d after it resumed (back to <= %d " ..
+      "%.0f ms after); m1 made %d clients after it resumed, %d of them above the cap", t_cont - t_stop, ttl,
+      held_at_stop, others_peak, peak_of(samples, t_stop, t_cont), cap, peak_of(samples, t_cont), cap,
+      ((over_end or t_cont) - t_cont) * 1000, creates_after, bad))
+    assert.is_true(held_at_stop >= 1)
+    assert.is_true(others_peak > cap - held_at_stop, "the others never used the lapsed share")
+    if peak_of(samples, t_stop, t_cont) > cap + held_at_stop then
+      -- (what the hooks said around the target's peak)
+      for _, sm in ipairs(samples) do
+        if sm[1] >= t_stop and sm[1] <= t_cont and sm[2] > cap + held_at_stop then
+          local a = { 0, 0, 0 }
+          for _, e in ipairs(ev) do if e[1] <= sm[1] then a[e[3]] = a[e[3]] + e[2] end end
+          print(string.format("  at %.3f s after the stop the target had %d, the hooks %d %d %d", sm[1] - t_stop,
+                              sm[2], a[1], a[2], a[3]))
+        end
+      end
+    end
+    assert.is_true(peak_of(samples, t_stop, t_cont) <= cap + held_at_stop)
+    assert.equal(0, bad)
+    assert.is_true(peak_of(samples, nil, t_stop) <= cap)
+    for _, c in ipairs(cs) do assert.is_not_nil(c.stats, c.machine .. " did not finish") end
+  end)
+
+  it("a machine's agent killed with kill -9: another process of the machine takes over before the lease lapses",
+     function()
+    local name, cap, ttl = fresh(), 6, 2
+    local cs = { spawn(name, "m1", cap, ttl, 3, 6), spawn(name, "m1", cap, ttl, 3, 6),
+                 spawn(name, "m2", cap, ttl, 3, 6) }
+    local function agent_at(c)
+      for _, l in ipairs(lines_of(c.out)) do
+        local t = l:match("^agent (%S+)$")
+        if t then return tonumber(t) end
+      end
+    end
+    local t0 = monotime()
+    local t_kill, killed, other
+    local samples = sample(cs, {
+      [t0 + 3.0] = function()
+        -- the agent of m1: whichever of its two processes says so
+        local a1, a2 = agent_at(cs[1]), agent_at(cs[2])
+        assert(a1 or a2, "m1 has no agent")
+        killed, other = a1 and cs[1] or cs[2], a1 and cs[2] or cs[1]
+        assert.is_nil(agent_at(other))
+        t_kill = monotime()
+        os.execute("kill -9 " .. killed.pid)
+        killed.pid, killed.done = nil, true
+      end,
+    })
+    local t_took = agent_at(other)
+    local ev = read_logs({ other, cs[3] })
+    local n, peak = 0, 0
+    for _, e in ipairs(ev) do n = n + e[2]; if n > peak then peak = n end end
+    local after = 0
+    for _, t in ipairs(other.grants) do if t > t_kill then after = after + 1 end end
+    print(string.format("\n  m1's agent killed (ttl %g s): the other m1 process agent %.0f ms later (bound: 0.5 s " ..
+      "stale heartbeat + 0.25 s look); %d grants there after the kill, %d failures; the target's peak %d",
+      ttl, ((t_took or t_kill) - t_kill) * 1000, after, other.stats and other.stats.failures or -1, peak_of(samples)))
+    assert.is_not_nil(t_took, "no takeover")
+    assert.is_true(t_took - t_kill < ttl / 2, "took over after " .. (t_took - t_kill))
+    assert.is_true(after > 0)
+    assert.equal(0, other.stats.failures)
+    assert.is_true(peak_of(samples) <= cap)
+  end)
+
+  it("fleet.pause and fleet.resume reach every machine through Redis", function()
+    local name, cap, ttl = fresh(), 6, 1
+    local cs = { spawn(name, "m1", cap, ttl, 2, 4.5), spawn(name, "m2", cap, ttl, 2, 4.5) }
+    -- this process is a third machine (no pool: it only pauses and looks)
+    local fleet = require "clientpool.fleet"
+    fleet.new(name, { backend = "redis", max_live = cap, ttl = ttl, machine = "spec", redis = { port = coord.port } })
+    local t0 = monotime()
+    local t_pause, t_resume, seen
+    sample(cs, {
+      [t0 + 2.0] = function() fleet.pause(name, "maintenance"); t_pause = monotime() end,
+      [t0 + 2.3] = function() seen = fleet.stats(name).redis.paused end,
+      [t0 + 3.0] = function() fleet.resume(name); t_resume = monotime() end,
+    })
+    read_logs(cs)
+    -- a pause: the next lease reply, seen at the next acquire (one load);
+    -- a resume: the next lease reply, then the pool's gate tick (0.25 s)
+    local bound, rbound = ttl / 4 + 0.2, ttl / 4 + 0.25 + 0.3
+    local during, first_after = 0, {}
+    for i, c in ipairs(cs) do
+      for _, t in ipairs(c.grants) do
+        if t > t_pause + bound and t < t_resume then during = during + 1 end
+        if t > t_resume and not first_after[i] then first_after[i] = t end
+      end
+    end
+    print(string.format("\n  fleet.pause from a third machine: %d grants on m1 and m2 from %.0f ms after it until " ..
+      "the resume; they admit again %.0f and %.0f ms after fleet.resume (bound: ttl/4 + the 0.25 s tick)", during,
+      bound * 1000, ((first_after[1] or 0) - t_resume) * 1000, ((first_after[2] or 0) - t_resume) * 1000))
+    assert.equal("maintenance", seen)
+    assert.equal(0, during)
+    for i = 1, 2 do
+      assert.is_not_nil(first_after[i], "m" .. i .. " never admitted again")
+      assert.is_true(first_after[i] - t_resume < rbound, "admitted again after " .. (first_after[i] - t_resume))
+    end
+    fleet.remove(name)
+  end)
+end)
+
