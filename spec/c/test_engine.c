@@ -24,12 +24,13 @@
  * printing one line `N passed, N failed` and exits non-zero if any test
  * failed.
  *
- * Every mutating engine call goes through a wrapper (ACQUIRE, RELEASE_RAW,
- * TICK, ...) that runs clientpool_check() right after the call and fails the
- * test if an invariant is broken.  The only exception is the scale test,
+ * Every mutating engine call goes through CALLED (test_engine.h; the
+ * macros ACQUIRE, RELEASE_RAW, TICK, ... are made of it), which runs
+ * clientpool_check() right after the call and fails the test if an
+ * invariant is broken.  The only exception is the scale test,
  * where the O(pool size) checker runs every 1000 calls and at each phase
  * boundary (running it after each of ~300k calls on a 100k-record pool would
- * take minutes).  The driver the wrappers play has no destroy hook: every
+ * take minutes).  The driver the harness plays has no destroy hook: every
  * destroy is reported done right after the call that started it, unless a
  * test of the closing state turns that off (g_auto_destroy).
  *
@@ -201,7 +202,7 @@ double last_timer(void) {   /* t of the last EV_TIMER of this drain, or -1 */
 }
 
 /* ===================================================================== */
-/* engine-call wrappers: each runs clientpool_check() after the call      */
+/* after an engine call (CALLED): clientpool_check() and the destroys    */
 /* ===================================================================== */
 
 /* The driver of most tests has no destroy hook: it reports every destroy

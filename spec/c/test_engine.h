@@ -33,7 +33,7 @@ extern const test_t tests_cap[];   /* test_engine_cap.c */
 extern const test_t tests_live[];   /* test_engine_live.c */
 extern const test_t tests_fleet[];   /* test_engine_fleet.c */
 
-/* ---- checks, events, wrappers, helpers -------------------------------- */
+/* ---- checks, events, engine calls, helpers ---------------------------- */
 
 #define OWN_MAX 32   /* pools and blocks a test may own */
 
