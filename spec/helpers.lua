@@ -230,6 +230,15 @@ function H.run_fresh(args)
   return out
 end
 
+-- nil where lua-http loads (Lua 5.1 and LuaJIT), else why not: the reason
+-- clientpool.http's specs are pending.
+function H.lua_http_missing()
+  local ok, err = pcall(require, "http.client")
+  if ok then return nil end
+  return "lua-http does not load under " .. (rawget(_G, "jit") and "LuaJIT" or _VERSION) .. " (Debian's lua-http " ..
+         "is for Lua 5.1 and LuaJIT; 5.3 lacks lpeg_patterns, 5.4 has no build): " .. tostring(err):match("^[^\n]*")
+end
+
 -- A file's whole text.
 function H.read(path)
   local f = assert(io.open(path, "rb"))

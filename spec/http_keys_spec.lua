@@ -2,11 +2,11 @@
 -- splitting, and the registry of TLS contexts keys refer to by name. Needs
 -- lua-http (Lua 5.1 and LuaJIT); pending elsewhere.
 
-local have_http = pcall(require, "http.client")
+local missing = require("spec.helpers").lua_http_missing()
 
 describe("clientpool.http.keys", function()
-  if not have_http then
-    pending("not run: lua-http does not load under " .. (rawget(_G, "jit") and "LuaJIT" or _VERSION))
+  if missing then
+    pending("not run: " .. missing)
     return
   end
   local keys = require "clientpool.http.keys"

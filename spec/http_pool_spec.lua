@@ -3,17 +3,17 @@
 -- and LuaJIT); pending elsewhere. Connections to a real server are counted
 -- in http_spec.lua (nginx's access log).
 
-local have_http = pcall(require, "http.client")
+local H = require "spec.helpers"
+local missing = H.lua_http_missing()
 
 describe("clientpool.http.pool", function()
-  if not have_http then
-    pending("not run: lua-http does not load under " .. (rawget(_G, "jit") and "LuaJIT" or _VERSION))
+  if missing then
+    pending("not run: " .. missing)
     return
   end
   local clientpool = require "clientpool"
   local cphttp = require "clientpool.http"
-  local cqueues = require "cqueues"
-  local csched = require "clientpool.sched.cqueues"
+  local CQ = H.host("cqueues")
 
   local function err_of(fn)
     local ok, e = pcall(fn)
@@ -45,18 +45,15 @@ describe("clientpool.http.pool", function()
   end)
 
   it("a refused connection is a create failure; the pool keeps no client", function()
-    local cq = cqueues.new()
-    local sched = csched.new(cq)
+    local sched = CQ.new()
     local opts, mgr = cphttp.pool { origin = "http://127.0.0.1:1", max_live = 1, scheduler = sched }
     local pool = clientpool.new(opts)
     local err, code
-    sched.spawn(function()
+    CQ.run(sched, function()
       local _
       _, err, code = cphttp.request(pool, { path = "/x" })
     end)
-    sched.run()
     pool:close()
-    assert(cq:loop())
     assert.equal("create", code)
     assert.truthy(err:find("refused", 1, true), err)
     assert.equal(1, mgr.stats.connect_failed)

@@ -3,26 +3,24 @@
 -- to. Needs lua-http (Lua 5.1 and LuaJIT); pending elsewhere. Exchanges
 -- with a real server (HTTP/1.1 keep-alive, HTTP/2) are in http_spec.lua.
 
-local have_http = pcall(require, "http.client")
+local H = require "spec.helpers"
+local missing = H.lua_http_missing()
 
 describe("clientpool.http.request", function()
-  if not have_http then
-    pending("not run: lua-http does not load under " .. (rawget(_G, "jit") and "LuaJIT" or _VERSION))
+  if missing then
+    pending("not run: " .. missing)
     return
   end
   local clientpool = require "clientpool"
   local cphttp = require "clientpool.http"
-  local cqueues = require "cqueues"
-  local csched = require "clientpool.sched.cqueues"
-
-  local function err_of(fn)
-    local ok, e = pcall(fn)
-    assert.is_false(ok)
-    return tostring(e)
-  end
 
   it("bad requests raise clientpool.http errors naming the problem", function()
     local pool = clientpool.new((cphttp.pool { max_live = 1 }))
+    local function err_of(fn)
+      local ok, e = pcall(fn)
+      assert.is_false(ok)
+      return tostring(e)
+    end
     assert.truthy(err_of(function() cphttp.request(nil, "http://x/") end):find("clientpool pool"))
     assert.truthy(err_of(function() cphttp.request(pool, "nope") end):find("not an absolute"))
     assert.truthy(err_of(function() cphttp.request(pool, { url = "http://x/", bogus = 1 }) end)
@@ -37,17 +35,15 @@ describe("clientpool.http.request", function()
   end)
 
   it("a pool without origin given a path-only request fails with create and says why", function()
-    local cq = cqueues.new()
-    local sched = csched.new(cq)
+    local cqs = H.host("cqueues")
+    local sched = cqs.new()
     local pool = clientpool.new((cphttp.pool { max_live = 1, scheduler = sched }))
     local err, code
-    sched.spawn(function()
+    cqs.run(sched, function()
       local _
       _, err, code = cphttp.request(pool, { path = "/x" })
     end)
-    sched.run()
     pool:close()
-    assert(cq:loop())
     assert.equal("create", code)
     assert.truthy(err:find("no 'origin'", 1, true))
   end)

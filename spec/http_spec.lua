@@ -5,15 +5,10 @@
 -- surface without a server: http_keys_spec, http_pool_spec,
 -- http_request_spec, http_lib_spec, http_defaults_spec.
 
-local function lua_http_missing()
-  local ok, err = pcall(require, "http.client")
-  if ok then return nil end
-  return "lua-http does not load under " .. (rawget(_G, "jit") and "LuaJIT" or _VERSION) .. " (Debian's lua-http " ..
-         "is for Lua 5.1 and LuaJIT; 5.3 lacks lpeg_patterns, 5.4 has no build): " .. tostring(err):match("^[^\n]*")
-end
+local H = require "spec.helpers"
 
 describe("clientpool.http", function()
-  local missing = lua_http_missing()
+  local missing = H.lua_http_missing()
   if missing then
     pending("not run: " .. missing)
     return
