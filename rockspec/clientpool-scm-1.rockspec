@@ -54,6 +54,7 @@ build = {
     ["clientpool.checkout"] = "lua/clientpool/checkout.lua",
     ["clientpool.loop"] = "lua/clientpool/loop.lua",
     ["clientpool.ffi"] = "lua/clientpool/ffi.lua",
+    ["clientpool.ffibase"] = "lua/clientpool/ffibase.lua",
     ["clientpool.cdef"] = "lua/clientpool/cdef.lua",
     ["clientpool.policy"] = "lua/clientpool/policy.lua",
     ["clientpool.sched.loop"] = "lua/clientpool/sched/loop.lua",

@@ -21,25 +21,9 @@ end
 
 -- Kills a coroutine suspended in the scheduler (a task whose hook hangs):
 -- Lua 5.4 closes it; elsewhere a count hook raises in it as soon as it is
--- resumed from here (as spec/acquire_wait_spec.lua does).
-local function kill(co)
-  assert.equal("suspended", coroutine.status(co))
-  if coroutine.close then
-    assert.is_true((coroutine.close(co)))
-  else
-    local jit = rawget(_G, "jit")
-    if jit then jit.flush() end
-    debug.sethook(co, function()
-      if coroutine.running() == co then error("killed", 0) end
-    end, "", 1)
-    local ok, err = coroutine.resume(co)
-    debug.sethook(co)
-    debug.sethook()
-    assert.is_false(ok)
-    assert.equal("killed", err)
-  end
-  assert.equal("dead", coroutine.status(co))
-end
+-- resumed from here (spec/wait_helpers.lua's kill).
+local wait_kill = require("spec.wait_helpers").kill
+local function kill(co) wait_kill(co, coroutine.close and "close" or "error") end
 
 -- A client factory whose hooks fail on demand. Faults are queued per hook:
 -- f.plan.create = { "nil", "throw", { hang = 5, after = "nil" }, ... } is

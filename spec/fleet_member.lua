@@ -1,5 +1,5 @@
 -- A plain Lua process that is a member of a fleet through a pool
--- (clientpool.new{ fleet = name }), for spec/fleet_pool_spec.lua.
+-- (clientpool.new{ fleet = name }), for spec/fleetlink_spec.lua.
 --
 --   <interp> spec/fleet_member.lua mode name out lpath cpath [args...]
 --

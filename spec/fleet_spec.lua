@@ -1,9 +1,9 @@
--- clientpool.fleet and its two bindings (clientpool.core.fleet through the
--- Lua C API, clientpool.fleet_ffi through LuaJIT's FFI): the bindings give
--- the same results for the same calls; fleet.new validates its options as
--- clientpool.new does; separate plain Lua processes attach to one fleet by
+-- clientpool.fleet: fleet.new validates its options as clientpool.new
+-- does; separate plain Lua processes attach to one fleet by
 -- name and share its budget, and a killed one's share comes back.
--- The C tests (spec/c/test_fleet.c) cover the core under forked hammering.
+-- The bindings are in fleet_ffi_spec.lua, the FFI declarations in
+-- fleet_cdef_spec.lua; the C tests (spec/c/test_fleet.c) cover the core
+-- under forked hammering.
 
 local core = require "clientpool.core"
 
@@ -11,234 +11,16 @@ local IS_JIT = rawget(_G, "jit") ~= nil
 local INTERP = (arg and arg[-1]) or (IS_JIT and "luajit" or ("lua" .. _VERSION:match("%d+%.%d+")))
 local sleep = core.sleep
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local H = require "spec.helpers"
+local name_for, cleanup, made = H.fleet_names("fleet")
 
--- Unique per process (the pid) and call: concurrent runs never share a fleet.
-local PID = assert(read("/proc/self/stat"):match("^(%d+)"))
-local seq = 0
-local function fresh(tag)
-  seq = seq + 1
-  return string.format("fs%s-%s-%d", PID, tag, seq)
-end
-
--- Names made by a test, removed after it whatever happens.
-local made = {}
-local function name_for(tag)
-  local n = fresh(tag)
-  made[#made + 1] = n
-  return n
-end
-local function cleanup()
-  for _, n in ipairs(made) do core.fleet.remove(n) end
-  made = {}
-end
-
-local BACKENDS = { { "core", core.fleet } }
-if IS_JIT then BACKENDS[2] = { "ffi", require "clientpool.fleet_ffi" } end
-
-for _, b in ipairs(BACKENDS) do
-  local bname, F = b[1], b[2]
-  describe("fleet binding (" .. bname .. ")", function()
-    after_each(cleanup)
-
-    it("creates, attaches, and reports an unknown fleet as a result, not an error", function()
-      local name = name_for("open")
-      local h, code, msg = F.open(name)
-      assert.is_nil(h)
-      assert.equal("enoent", code)
-      assert.truthy(msg:find("does not exist", 1, true))
-      local a, created = assert(F.open(name, { max_live = 3 }))
-      assert.is_true(created)
-      local c, created2 = assert(F.open(name))
-      assert.is_false(created2)
-      assert.equal(3, c:limits().max_live)
-      assert.truthy(tostring(a):find("^clientpool.Fleet: 0x"))
-      a:close()
-      a:close()                                   -- idempotent
-      assert.truthy(tostring(a):find("closed"))
-      assert.has_error(function() a:join() end)
-      c:close()
-      assert.truthy(F.shm_name(name):find("^/clientpool%.%d+%.n%."))
-      assert.equal(true, F.remove(name))
-      local ok, rcode = F.remove(name)
-      assert.is_nil(ok)
-      assert.equal("enoent", rcode)
-    end)
-
-    it("takes and gives budget, per key and fleet-wide", function()
-      local name = name_for("budget")
-      local a = assert(F.open(name, { max_live = 2, key_max_live = 1, max_keys = 4, members = 4 }))
-      local c = assert(F.open(name))
-      assert(a:join())
-      assert(c:join())
-      assert.are_not.equal(a:row(), c:row())
-      local ka, kc = assert(a:key_open("redis-a")), assert(c:key_open("redis-a"))
-      assert.equal(ka, kc)
-      local kb = assert(c:key_open("redis-b"))
-      assert.equal(F.TAKEN, a:take(F.LIVE, ka))
-      assert.equal(F.REFUSED_KEY, c:take(F.LIVE, kc))
-      assert.equal(F.TAKEN, c:take(F.LIVE, kb))
-      assert.equal(F.REFUSED, a:take(F.LIVE))
-      local s = a:stats()
-      assert.equal(2, s.live)
-      assert.equal(2, s.members)
-      assert.equal(2, s.keys)
-      assert.equal(2, a:count(F.LIVE))
-      assert.equal(1, a:count(F.LIVE, ka))
-      -- limits change in place; a bad one is refused with its rule
-      assert(c:update { max_live = 3, key_max_live = 1, max_keys = 4, members = 4 })
-      assert.equal(3, a:limits().max_live)
-      local uok, ucode, umsg = c:update { max_live = 3, max_keys = 5, members = 4 }
-      assert.is_nil(uok)
-      assert.equal("egeometry", ucode)
-      assert.truthy(umsg:find("max_keys = 4", 1, true), umsg)
-      assert(c:update { max_live = 2, key_max_live = 1, max_keys = 4, members = 4 })
-      local kname, ks = a:key_stats(ka)
-      assert.equal("redis-a", kname)
-      assert.equal(1, ks.live)
-      assert.equal(2, ks.refs)
-      local m = a:member_stats(a:row())
-      assert.equal(1, m.live)
-      assert.equal(1, m.self)
-      assert.equal(1, m.alive)
-      assert.is_true(m.pid > 0)
-      -- a waiter learns of freed budget from the sequence number
-      assert.equal(0, a:waiting())
-      local s0 = c:demand(F.LIVE, -1, 1)
-      assert.equal(1, a:waiting())
-      assert.equal(F.REFUSED, c:take(F.LIVE))
-      assert.equal(0, a:give(F.LIVE, ka))
-      assert.are_not.equal(s0, c:poll())
-      assert.equal(F.REFUSED_TURN, a:take(F.LIVE, ka))  -- c waited: its turn
-      assert.equal(F.TAKEN, c:take(F.LIVE, kc))
-      c:demand(F.LIVE, -1, 0)
-      assert.equal(0, c:give(F.LIVE, kc))
-      assert.equal(0, c:give(F.LIVE, kb))
-      assert.equal(-14, c:give(F.LIVE, kb))             -- ENOTHELD: nothing changes
-      assert.equal(0, a:stats().live)
-      assert(c:key_close(kb))
-      assert.is_nil(a:key_stats(kb))
-      local ok, code = c:key_close(kb)
-      assert.is_nil(ok)
-      assert.equal("enotheld", code)
-      assert.equal(0, c:scan(true))
-      a:close()
-      c:close()
-    end)
-
-    it("pauses and resumes the fleet or a key, with a reason", function()
-      local name = name_for("gate")
-      local a = assert(F.open(name, { max_live = 2 }))
-      assert.is_false(a:gate())
-      local g0 = a:gates_gen()
-      assert(a:pause("429 from upstream"))
-      assert.are_not.equal(g0, a:gates_gen())
-      local paused, reason, till = a:gate()
-      assert.is_true(paused)
-      assert.equal("429 from upstream", reason)
-      assert.is_nil(till)
-      assert(a:resume())
-      assert.is_false(a:gate())
-      assert(a:pause("slow", "k1", core.monotime() + 3600))
-      local slot = assert(a:key_find("k1"))
-      paused, reason, till = a:gate(slot)
-      assert.is_true(paused)
-      assert.equal("slow", reason)
-      assert.is_true(till > core.monotime())
-      assert(a:resume("k1"))
-      local none, code = a:key_find("k1")
-      assert.is_nil(none)
-      assert.equal("enoent", code)
-      a:close()
-    end)
-
-    it("refuses bad limits with a sentence naming the limit", function()
-      local h, code, msg = F.open(name_for("bad"), { max_live = 4, max_idle = 9 })
-      assert.is_nil(h)
-      assert.equal("einval", code)
-      assert.truthy(msg:find("max_idle (9) must be <= max_live (4)", 1, true), msg)
-      assert.has_error(function() F.open("x", { max_live = "many" }) end,
-                       "clientpool: fleet limit 'max_live' must be a 32-bit integer")
-      h, code = F.open("", { max_live = 1 })
-      assert.is_nil(h)
-      assert.equal("einval", code)
-    end)
-
-    it("has the surface of the other binding", function()
-      local other = bname == "core" and (IS_JIT and require "clientpool.fleet_ffi") or core.fleet
-      for _, k in ipairs { "LIVE", "IDLE", "LEASE", "FLOOR", "TAKEN", "REFUSED", "REFUSED_KEY", "REFUSED_TURN",
-                           "NAME_MAX", "KEY_MAX", "REASON_MAX" } do
-        assert.equal(other[k], F[k], k)
-      end
-      local name = name_for("surface")
-      local a = assert(F.open(name, { max_live = 2 }))
-      local o = assert(other.open(name))
-      assert(a:join())
-      local ka = assert(a:key_open("k"))
-      a:take(F.LIVE, ka)
-      local function keys(t)
-        local r = {}
-        for k in pairs(t) do r[#r + 1] = k end
-        table.sort(r)
-        return table.concat(r, ",")
-      end
-      local sa, so = a:stats(), o:stats()
-      assert.equal(keys(sa), keys(so))
-      assert.equal(keys(sa.limits), keys(so.limits))
-      for k, v in pairs(sa) do
-        if type(v) ~= "table" and k ~= "created" then assert.equal(v, so[k], k) end
-      end
-      local n1, k1 = a:key_stats(ka)
-      local n2, k2 = o:key_stats(ka)
-      assert.equal(n1, n2)
-      assert.same(k1, k2)
-      local m1, m2 = a:member_stats(a:row()), o:member_stats(a:row())
-      assert.equal(keys(m1), keys(m2))
-      assert.equal(m1.pid, m2.pid)
-      assert.equal(m1.live, m2.live)
-      assert.same({ F.strerror(-3) }, { other.strerror(-3) })
-      a:close()
-      o:close()
-    end)
-  end)
-end
-
-describe("fleet binding cdef", function()
-  local jit_it = IS_JIT and it or pending
-  jit_it("lua/clientpool/fleet_cdef.lua is csrc/fleet.h as make cdef writes it, and every function resolves", function()
-    local header = read("csrc/fleet.h")
-    local body = {}
-    for line in (header .. "\n"):gmatch("(.-)\n") do
-      if not line:find("^#") then body[#body + 1] = line end
-    end
-    if body[#body] == "" then body[#body] = nil end
-    local want = "-- Generated by `make cdef` from csrc/fleet.h: do not edit.\nreturn [[\n"
-                 .. table.concat(body, "\n") .. "\n]]\n"
-    assert.equal(want, read("lua/clientpool/fleet_cdef.lua"))
-    local ffi = require "ffi"
-    require "clientpool.fleet_ffi"
-    local C = ffi.load(package.searchpath("clientpool.core", package.cpath))
-    local text = header:gsub("/%*.-%*/", " ")
-    local n = 0
-    for fname in text:gmatch("(clientpool_fleet_[%w_]+)%s*%(") do
-      assert.is_not_nil(C[fname], fname)
-      n = n + 1
-    end
-    assert.is_true(n >= 25)
-  end)
-end)
+-- the bindings the children of "across processes" use
+local BACKENDS = { { "core" } }
+if IS_JIT then BACKENDS[2] = { "ffi" } end
 
 describe("clientpool.fleet", function()
   local fleet = require "clientpool.fleet"
-  after_each(function()
-    for _, n in ipairs(made) do fleet.remove(n) end
-    made = {}
-  end)
+  after_each(cleanup)
 
   local function err_of(fn, ...)
     local ok, e = pcall(fn, ...)

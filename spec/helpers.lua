@@ -230,4 +230,44 @@ function H.run_fresh(args)
   return out
 end
 
+-- nil where lua-http loads (Lua 5.1 and LuaJIT), else why not: the reason
+-- clientpool.http's specs are pending.
+function H.lua_http_missing()
+  local ok, err = pcall(require, "http.client")
+  if ok then return nil end
+  return "lua-http does not load under " .. (rawget(_G, "jit") and "LuaJIT" or _VERSION) .. " (Debian's lua-http " ..
+         "is for Lua 5.1 and LuaJIT; 5.3 lacks lpeg_patterns, 5.4 has no build): " .. tostring(err):match("^[^\n]*")
+end
+
+-- A file's whole text.
+function H.read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- Fleet names for one spec file (file: a word of its own): unique per
+-- process (the pid), file and call, so concurrent runs and files never
+-- share a fleet. Returns name_for(tag), cleanup() (removes every name made
+-- since, whatever the test did: for after_each) and the list of them.
+function H.fleet_names(file)
+  local pid = assert(H.read("/proc/self/stat"):match("^(%d+)"))
+  local seq, made = 0, {}
+  local function name_for(tag)
+    seq = seq + 1
+    local n = string.format("fs%s-%s-%s-%d", pid, file, tag, seq)
+    made[#made + 1] = n
+    return n
+  end
+  local function cleanup()
+    local fleet = require("clientpool.core").fleet
+    for i = #made, 1, -1 do
+      fleet.remove(made[i])
+      made[i] = nil
+    end
+  end
+  return name_for, cleanup, made
+end
+
 return H

@@ -1,17 +1,14 @@
 -- clientpool.http against a real nginx (spec/http_nginx.lua): connections
 -- are counted in nginx's access log ($connection, $connection_requests),
 -- never in the pool's own stats alone. lua-http runs on Lua 5.1 and LuaJIT
--- only; elsewhere the specs are pending with the reason.
+-- only; elsewhere the specs are pending with the reason. Each part's own
+-- surface without a server: http_keys_spec, http_pool_spec,
+-- http_request_spec, http_lib_spec, http_defaults_spec.
 
-local function lua_http_missing()
-  local ok, err = pcall(require, "http.client")
-  if ok then return nil end
-  return "lua-http does not load under " .. (rawget(_G, "jit") and "LuaJIT" or _VERSION) .. " (Debian's lua-http " ..
-         "is for Lua 5.1 and LuaJIT; 5.3 lacks lpeg_patterns, 5.4 has no build): " .. tostring(err):match("^[^\n]*")
-end
+local H = require "spec.helpers"
 
 describe("clientpool.http", function()
-  local missing = lua_http_missing()
+  local missing = H.lua_http_missing()
   if missing then
     pending("not run: " .. missing)
     return
@@ -615,74 +612,6 @@ describe("clientpool.http", function()
       assert.is_true(connects >= 1 and connects <= 8, connects)
       assert.equal(200, requests)
       assert.equal(200 - connects, reused)
-    end)
-  end)
-
-  describe("keys and bad input", function()
-    it("key() is the origin with its TLS settings, injective and parseable", function()
-      assert.equal("http://example.com:80", cphttp.key("http://Example.com/path?q"))
-      assert.equal("https://example.com:443", cphttp.key("https://example.com"))
-      assert.equal("https://[::1]:8443|noverify", cphttp.key("https://[::1]:8443/", { verify = false }))
-      local k = cphttp.key("https://h:1", { ca_file = "/x|y%", sni = false })
-      local p = assert(cphttp.parse(k))
-      assert.equal("/x|y%", p.ca_file)
-      assert.is_false(p.sni)
-      assert.equal(1, p.port)
-      assert.is_nil(cphttp.parse("redis://x:1"))
-    end)
-
-    it("bad options and requests raise clientpool.http errors naming the problem", function()
-      local function err_of(fn)
-        local ok, e = pcall(fn)
-        assert.is_false(ok)
-        return tostring(e)
-      end
-      assert.truthy(err_of(function() cphttp.pool { max_live = 1, create = function() end } end)
-                    :find("fills in 'create'"))
-      assert.truthy(err_of(function() cphttp.pool { max_live = 1, version = 3 } end):find("'version' must be 1.1 or 2"))
-      assert.truthy(err_of(function() cphttp.pool { max_live = 1, capacity = 2 } end):find("needs version = 2"))
-      assert.truthy(err_of(function() cphttp.pool { max_live = 1, origin = "ftp://x" } end):find("http or https"))
-      assert.truthy(err_of(function() cphttp.pool { max_live = 1, max_requests = 0 } end):find("max_requests"))
-      assert.truthy(err_of(function() cphttp.key("http://x", { verify = false }) end):find("need an https origin"))
-      assert.truthy(err_of(function() cphttp.key("https://x", { nope = 1 }) end):find("unknown tls option"))
-      local pool = clientpool.new((cphttp.pool { max_live = 1 }))
-      assert.truthy(err_of(function() cphttp.request(nil, "http://x/") end):find("clientpool pool"))
-      assert.truthy(err_of(function() cphttp.request(pool, "nope") end):find("not an absolute"))
-      assert.truthy(err_of(function() cphttp.request(pool, { url = "http://x/", bogus = 1 }) end)
-                    :find("unknown field 'bogus'"))
-      assert.truthy(err_of(function()
-        cphttp.request(pool, { url = "http://x/", headers = { ["X-A"] = "a\r\nInjected: 1" } })
-      end):find("bad value for header 'X%-A'"))
-      assert.truthy(err_of(function() cphttp.request(pool, { url = "http://x/", method = "G T" }) end)
-                    :find("bad method"))
-      assert.truthy(err_of(function() cphttp.request(pool, "http://x/", { timout = 1 }) end):find("unknown option"))
-      pool:close()
-    end)
-
-    it("a pool without origin given a path-only request fails with create and says why", function()
-      local e = env()
-      local pool = e.pool { max_live = 1 }
-      local err, code
-      e.run(function()
-        local _
-        _, err, code = cphttp.request(pool, { path = "/x" })
-      end)
-      assert.equal("create", code)
-      assert.truthy(err:find("no 'origin'", 1, true))
-    end)
-
-    it("a refused connection is a create failure; the pool keeps no client", function()
-      local e = env()
-      local pool, mgr = e.pool { origin = "http://127.0.0.1:1", max_live = 1 }
-      local err, code
-      e.run(function()
-        local _
-        _, err, code = cphttp.request(pool, { path = "/x" })
-      end)
-      assert.equal("create", code)
-      assert.truthy(err:find("refused", 1, true), err)
-      assert.equal(1, mgr.stats.connect_failed)
-      assert.equal(0, pool:stats().live)
     end)
   end)
 end)

@@ -49,8 +49,7 @@ function Pool:_pause(reason, key, resume_after, fname)
   emit(self, "pause", key, reason)
   if resume_after then
     local sched = self._sched
-    local bg = sched.background or sched.spawn
-    bg(function()
+    base.background(self, function()
       sched.sleep(resume_after)
       if self._pgen[scope] == gen and not self._closed then self:resume(key) end
     end)

@@ -89,6 +89,29 @@ function B.log(self, msg)
 end
 local log = B.log
 
+-- Parks rec's client with the park hook (protected, not yieldable: it runs
+-- inside release); the record keeps what park returns (OpenResty: nothing).
+-- Returns true, or false and the hook's error, which it logs.
+function B.park(self, rec, client, key)
+  local ok, stored = pcall(self._park, client, key)
+  if not ok then
+    log(self, "park hook failed: " .. tostring(stored))
+    return false, stored
+  end
+  self._clients[rec] = stored
+  self._parked[rec] = true
+  return true
+end
+
+-- Runs fn(...) as a task of the pool's own: through the scheduler's
+-- background where it has one (a task that must not hold the host open: in
+-- nginx, a request that started it, or the worker at exit), else spawn.
+function B.background(self, fn, ...)
+  local sched = self._sched
+  local bg = sched.background or sched.spawn
+  bg(fn, ...)
+end
+
 function B.emit(self, name, ...)
   local ls = self._on[name]
   if not ls then return end

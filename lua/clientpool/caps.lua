@@ -1,6 +1,6 @@
 -- clientpool.caps (internal): the rules of the capacity options, one set
 -- for clientpool.new (options.lua) and fleet.new (fleet.lua): an integer
--- count, max_idle <= max_live, min_idle <= max_idle, and per_key. Each
+-- count (check_count), max_idle <= max_live, min_idle <= max_idle, and per_key. Each
 -- caller passes its own fail (its error form) and the word its messages use
 -- ("option", "fleet option"). Requires nothing.
 local type, pairs, tostring = type, pairs, tostring
@@ -14,6 +14,20 @@ local function is_int(v)
   return type(v) == "number" and v == v and v ~= math_huge and v ~= -math_huge and math_floor(v) == v
 end
 _M.is_int = is_int
+
+-- Option o[name]: default if not given, else an integer count in [min,
+-- max] (max: 2^31 - 1 if nil, the engine's int32_t).
+function _M.check_count(o, name, min, default, max, fail, what)
+  local v = o[name]
+  if v == nil then return default end
+  if not is_int(v) then
+    fail("%s '%s' must be an integer, got %s", what, name, type(v) == "number" and tostring(v) or type(v))
+  end
+  if v < min then fail("%s '%s' must be >= %d, got %d", what, name, min, v) end
+  max = max or 2147483647
+  if v > max then fail("%s '%s' must be <= %d, got %s", what, name, max, tostring(v)) end
+  return v
+end
 
 -- per_key.<name>: an integer >= min, no larger than the pool's own cap c[name].
 local function check_cap(pk, name, min, c, fail, what)

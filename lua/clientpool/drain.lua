@@ -44,9 +44,7 @@ function Pool:_schedule_cancel(lease)
     return
   end
   local sched = self._sched
-  -- background: in nginx a close() from a request must not hold it open
-  local bg = sched.background or sched.spawn
-  bg(function()
+  base.background(self, function()
     sched.sleep(grace)
     if lease._g then fire_cancel(lease) end
   end)

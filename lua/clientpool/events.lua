@@ -175,8 +175,7 @@ local function start_timer(self)
     self._sched.wake(self._timer_h)
   elseif not self._timer_spawned then
     self._timer_spawned = true
-    local bg = self._sched.background or self._sched.spawn
-    bg(timer_main, self)
+    base.background(self, timer_main, self)
   end
 end
 

@@ -17,15 +17,11 @@
 -- one else holds it, and a finalizer call per lease is what would make the
 -- acquire/release pair slow (LuaJIT runs finalizers outside compiled code).
 local ffi = require "ffi"
+local ffibase = require "clientpool.ffibase"
 
-local C = ffi.load(assert(package.searchpath("clientpool.core", package.cpath),
-                          "clientpool.ffi: clientpool.core (the C module) not found on package.cpath"))
+local C = ffibase.library("clientpool.ffi", "clientpool_grant_t", "clientpool.cdef")
 
--- The header's declarations, once per process: a second cdef of the same
--- struct would raise "attempt to redefine".
-if not pcall(ffi.typeof, "clientpool_grant_t") then ffi.cdef(require "clientpool.cdef") end
-
-local error, pcall, setmetatable, tostring, type = error, pcall, setmetatable, tostring, type
+local error, pcall, setmetatable, type = error, pcall, setmetatable, type
 local math_floor = math.floor
 local ffi_gc, ffi_cast = ffi.gc, ffi.cast
 
@@ -34,22 +30,13 @@ local _M = { _NAME = "clientpool.ffi" }
 local GRANT_IDLE, GRANT_CREATE = C.CLIENTPOOL_GRANT_IDLE, C.CLIENTPOOL_GRANT_CREATE
 local EV_NONE = C.CLIENTPOOL_EV_NONE
 
--- Status and reason codes, named as clientpool.core names them.
-for name, v in pairs {
-  GRANT_IDLE = GRANT_IDLE, GRANT_CREATE = GRANT_CREATE, MUST_WAIT = C.CLIENTPOOL_MUST_WAIT,
-  PENDING = C.CLIENTPOOL_PENDING, FULL = C.CLIENTPOOL_FULL, CLOSED = C.CLIENTPOOL_CLOSED,
-  TIMEOUT = C.CLIENTPOOL_TIMEOUT, CANCELLED = C.CLIENTPOOL_CANCELLED, STALE = C.CLIENTPOOL_STALE,
-  PAUSED = C.CLIENTPOOL_PAUSED, BACKOFF = C.CLIENTPOOL_BACKOFF,
-  EV_REFILL = C.CLIENTPOOL_EV_REFILL, EV_LOST = C.CLIENTPOOL_EV_LOST,
-  EKEYS = C.CLIENTPOOL_EKEYS, EINVAL = C.CLIENTPOOL_EINVAL, ECLOSED = C.CLIENTPOOL_ECLOSED,
-  ENOMEM = C.CLIENTPOOL_ENOMEM, EV_WAKE = C.CLIENTPOOL_EV_WAKE, EV_DESTROY = C.CLIENTPOOL_EV_DESTROY,
-  EV_TIMER = C.CLIENTPOOL_EV_TIMER, EV_KEY_FREE = C.CLIENTPOOL_EV_KEY_FREE, EV_LEAK = C.CLIENTPOOL_EV_LEAK,
-  EV_CREATED = C.CLIENTPOOL_EV_CREATED, EV_KEEPALIVE = C.CLIENTPOOL_EV_KEEPALIVE,
-  KEEPALIVE_MAX = C.CLIENTPOOL_KEEPALIVE_MAX, PRIORITY_STEP = C.CLIENTPOOL_PRIORITY_STEP,
-  EV_BLOCKED = C.CLIENTPOOL_EV_BLOCKED, EV_GATES = C.CLIENTPOOL_EV_GATES,
-  BLOCKED_LIVE = C.CLIENTPOOL_BLOCKED_LIVE, BLOCKED_LEASE = C.CLIENTPOOL_BLOCKED_LEASE,
-  BLOCKED_TURN = C.CLIENTPOOL_BLOCKED_TURN, BLOCKED_KEY = C.CLIENTPOOL_BLOCKED_KEY,
-} do _M[name] = v end
+-- Status and reason codes, named as clientpool.core names them (CLIENTPOOL_<name>).
+for _, name in ipairs {
+  "GRANT_IDLE", "GRANT_CREATE", "MUST_WAIT", "PENDING", "FULL", "CLOSED", "TIMEOUT", "CANCELLED", "STALE",
+  "PAUSED", "BACKOFF", "EV_REFILL", "EV_LOST", "EKEYS", "EINVAL", "ECLOSED", "ENOMEM", "EV_WAKE",
+  "EV_DESTROY", "EV_TIMER", "EV_KEY_FREE", "EV_LEAK", "EV_CREATED", "EV_KEEPALIVE", "KEEPALIVE_MAX",
+  "PRIORITY_STEP", "EV_BLOCKED", "EV_GATES", "BLOCKED_LIVE", "BLOCKED_LEASE", "BLOCKED_TURN", "BLOCKED_KEY",
+} do _M[name] = C["CLIENTPOOL_" .. name] end
 
 local BY_NAMES = { "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted",
                    "resized", "shed" }
@@ -78,20 +65,8 @@ local engine_ptr_t = ffi.typeof("clientpool_t *")
 -- A leak sentinel: the lease it guards. Its finalizer is the pool's.
 local sentinel_t = ffi.typeof("struct { int32_t lease; uint32_t gen; }")
 
-local Engine = {}
-local engine_mt = { __index = Engine }
-engine_mt.__tostring = function(self)
-  return "clientpool.Engine: " .. tostring(ffi_cast("void *", self.p)):match("0x%x+")
-end
-
 -- After free(): every method raises, as the C binding's do.
-local freed_mt = {
-  __index = function(_, name)
-    if name == "free" then return function() end end
-    return function() error("bad argument #1 to '" .. tostring(name) .. "' (clientpool.Engine is freed)", 2) end
-  end,
-  __tostring = function() return "clientpool.Engine: (freed)" end,
-}
+local Engine, engine_mt, freed_mt = ffibase.handle_type("clientpool.Engine", "free", "freed", "clientpool.Engine")
 
 local WEAK_VALUES = { __mode = "v" }
 
@@ -338,32 +313,49 @@ local function done(p, rc)
   return rc == 0, C.clientpool_pending(p)
 end
 
---- E:created(record, ok [, now]) -> ok, pending
-function Engine:created(record, ok, now)
-  local p = self.p
-  return done(p, C.clientpool_created(p, record, ok and 1 or 0, now or monotime()))
+-- The methods that hand their arguments to one C call, the time last (now
+-- if not given), and answer ok, pending: E:name(a [, now]), E:name(a, b
+-- [, now]) with b_default for a nil b, and E:name(a, flag [, now]) with
+-- the flag a boolean the C call takes as 1 or 0.
+local function status_method(cfn)
+  return function(self, a, now)
+    local p = self.p
+    return done(p, cfn(p, a, now or monotime()))
+  end
+end
+local function status_method2(cfn, b_default)
+  return function(self, a, b, now)
+    local p = self.p
+    if b == nil then b = b_default end
+    return done(p, cfn(p, a, b, now or monotime()))
+  end
+end
+local function flag_method(cfn)
+  return function(self, a, flag, now)
+    local p = self.p
+    return done(p, cfn(p, a, flag and 1 or 0, now or monotime()))
+  end
 end
 
---- E:abandon(waiter, gen [, now]) -> ok, pending
-function Engine:abandon(waiter, gen, now)
-  local p = self.p
-  return done(p, C.clientpool_abandon(p, waiter, gen, now or monotime()))
-end
-
---- E:leak(lease, gen [, now]) -> ok, pending
-function Engine:leak(lease, gen, now)
-  local p = self.p
-  return done(p, C.clientpool_leak(p, lease, gen, now or monotime()))
-end
-
---- E:destroyed(record [, now]) -> ok, pending: the destroy hook of the
--- record an EV_DESTROY named returned or failed (or there is none)
-function Engine:destroyed(record, now)
-  local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_destroyed(p, record, now)
-  return rc == 0, C.clientpool_pending(p)
-end
+--- E:created(record, ok [, now]); E:keepalive_done(record, ok [, now]): the
+-- background validate an EV_KEEPALIVE asked for is over (ok: the client is good)
+Engine.created = flag_method(C.clientpool_created)
+Engine.keepalive_done = flag_method(C.clientpool_keepalive_done)
+--- E:abandon(waiter, gen [, now]); E:leak(lease, gen [, now])
+Engine.abandon = status_method2(C.clientpool_abandon)
+Engine.leak = status_method2(C.clientpool_leak)
+--- E:destroyed(record [, now]): the destroy hook of the record an EV_DESTROY
+-- named returned or failed (or there is none)
+Engine.destroyed = status_method(C.clientpool_destroyed)
+--- E:retire(record [, now]); E:retire_upto(record [, now]); E:retire_before(key,
+-- before [, now]) (key < 0: the pool)
+Engine.retire = status_method(C.clientpool_retire)
+Engine.retire_upto = status_method(C.clientpool_retire_upto)
+Engine.retire_before = status_method2(C.clientpool_retire_before, 0)
+--- E:pause(key [, now]); E:resume(key, probe [, now]); E:gate_fleet(key, paused [, now])
+Engine.pause = status_method(C.clientpool_pause)
+Engine.resume = flag_method(C.clientpool_resume)
+Engine.gate_fleet = flag_method(C.clientpool_gate_fleet)
 
 --- E:configure(cfg [, now]) -> true, pending | false, code (EINVAL, ECLOSED,
 -- ENOMEM): cfg as for new(), every field
@@ -376,39 +368,12 @@ function Engine:configure(cfg, now)
   return true, C.clientpool_pending(p)
 end
 
---- E:keepalive_done(record, ok [, now]) -> ok, pending: the background
--- validate an EV_KEEPALIVE asked for is over (ok: the client is good)
-function Engine:keepalive_done(record, ok, now)
-  local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_keepalive_done(p, record, ok and 1 or 0, now)
-  return rc == 0, C.clientpool_pending(p)
-end
-
 --- E:key_caps(key, max_live, max_idle [, now]) -> ok, pending (< 0 or nil: the pool's)
 function Engine:key_caps(key, max_live, max_idle, now)
   local p = self.p
   if now == nil then now = monotime() end
   local rc = C.clientpool_key_caps(p, key, max_live or -1, max_idle or -1, now)
   return rc == 0, C.clientpool_pending(p)
-end
-
---- E:retire(record [, now]) -> ok, pending
-function Engine:retire(record, now)
-  local p = self.p
-  return done(p, C.clientpool_retire(p, record, now or monotime()))
-end
-
---- E:retire_before(key, before [, now]) -> ok, pending (key < 0: the pool)
-function Engine:retire_before(key, before, now)
-  local p = self.p
-  return done(p, C.clientpool_retire_before(p, key, before or 0, now or monotime()))
-end
-
---- E:retire_upto(record [, now]) -> ok, pending
-function Engine:retire_upto(record, now)
-  local p = self.p
-  return done(p, C.clientpool_retire_upto(p, record, now or monotime()))
 end
 
 -- ---- the fleet (clientpool.h "the fleet", docs/fleet.md)
@@ -447,24 +412,6 @@ function Engine:rebalance(now)
   return C.clientpool_rebalance(p, now or monotime()), C.clientpool_pending(p)
 end
 
---- E:gate_fleet(key, paused [, now]) -> ok, pending
-function Engine:gate_fleet(key, paused, now)
-  local p = self.p
-  return done(p, C.clientpool_gate_fleet(p, key, paused and 1 or 0, now or monotime()))
-end
-
---- E:pause(key [, now]) -> ok, pending
-function Engine:pause(key, now)
-  local p = self.p
-  return done(p, C.clientpool_pause(p, key, now or monotime()))
-end
-
---- E:resume(key, probe [, now]) -> ok, pending
-function Engine:resume(key, probe, now)
-  local p = self.p
-  return done(p, C.clientpool_resume(p, key, probe and 1 or 0, now or monotime()))
-end
-
 --- E:probe_ok(lease, gen [, now]) -> was_probe, pending
 function Engine:probe_ok(lease, gen, now)
   local p = self.p
@@ -496,21 +443,19 @@ function Engine:refill(now)
   return r, key[0], C.clientpool_pending(p)
 end
 
---- E:tick([now]) -> pending
-function Engine:tick(now)
-  local p = self.p
-  if now == nil then now = monotime() end
-  C.clientpool_tick(p, now)
-  return C.clientpool_pending(p)
+-- The methods of a C call that takes only the time (now if not given) and
+-- queues events: E:name([now]) -> pending.
+local function pending_method(cfn)
+  return function(self, now)
+    local p = self.p
+    cfn(p, now or monotime())
+    return C.clientpool_pending(p)
+  end
 end
 
---- E:close([now]) -> pending
-function Engine:close(now)
-  local p = self.p
-  if now == nil then now = monotime() end
-  C.clientpool_close(p, now)
-  return C.clientpool_pending(p)
-end
+--- E:tick([now]) -> pending; E:close([now]) -> pending
+Engine.tick = pending_method(C.clientpool_tick)
+Engine.close = pending_method(C.clientpool_close)
 
 --- E:key_open() -> key | nil, status
 function Engine:key_open()

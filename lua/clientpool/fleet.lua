@@ -53,8 +53,6 @@ local function fail(fmt, ...)
   error("clientpool: " .. string_format((fmt:gsub("%%d", "%%s")), unpack(args, 1, args.n)), 0)
 end
 
-local is_int = caps.is_int
-
 local function check_name(name, fn)
   if type(name) ~= "string" or #name == 0 or #name > B.NAME_MAX or name:find("\0", 1, true) then
     fail("%s: the fleet name must be a non-empty string of at most %d bytes without NUL, got %s",
@@ -68,15 +66,7 @@ local KNOWN = {
 }
 
 local function check_count(o, name, min, default, max)
-  local v = o[name]
-  if v == nil then return default end
-  if not is_int(v) then
-    fail("fleet option '%s' must be an integer, got %s", name, type(v) == "number" and tostring(v) or type(v))
-  end
-  if v < min then fail("fleet option '%s' must be >= %d, got %d", name, min, v) end
-  max = max or INT_MAX
-  if v > max then fail("fleet option '%s' must be <= %d, got %s", name, max, tostring(v)) end
-  return v
+  return caps.check_count(o, name, min, default, max, fail, "fleet option")
 end
 
 -- The limits clientpool.core.fleet.open takes, from fleet.new's options.

@@ -8,12 +8,9 @@
 -- its scratch structs. A handle is closed by close() or by the collector
 -- (ffi.gc); a closed handle swaps its metatable so every later call raises.
 local ffi = require "ffi"
+local ffibase = require "clientpool.ffibase"
 
-local C = ffi.load(assert(package.searchpath("clientpool.core", package.cpath),
-                          "clientpool.fleet_ffi: clientpool.core (the C module) not found on package.cpath"))
-
--- The header's declarations, once per process (a second cdef would raise).
-if not pcall(ffi.typeof, "clientpool_fleet_limits_t") then ffi.cdef(require "clientpool.fleet_cdef") end
+local C = ffibase.library("clientpool.fleet_ffi", "clientpool_fleet_limits_t", "clientpool.fleet_cdef")
 
 local error, setmetatable, tonumber, tostring, type = error, setmetatable, tonumber, tostring, type
 local ffi_gc, ffi_string, ffi_new = ffi.gc, ffi.string, ffi.new
@@ -65,28 +62,14 @@ local function check_int(v, n, fname, dflt)
   return v
 end
 
+-- (a handle's own scratch cells are made by name in open(), once a handle)
 local limits_t = ffi.typeof("clientpool_fleet_limits_t")
-local stats_t = ffi.typeof("clientpool_fleet_stats_t")
-local kstats_t = ffi.typeof("clientpool_fleet_key_stats_t")
-local mstats_t = ffi.typeof("clientpool_fleet_member_stats_t")
 local handle_pp = ffi.typeof("clientpool_fleet_t *[1]")
-local dbl1 = ffi.typeof("double[1]")
 local errbuf_t = ffi.typeof("char[320]")
 local namebuf_t = ffi.typeof("char[96]")
 
-local Fleet = {}
-local fleet_mt = { __index = Fleet }
-fleet_mt.__tostring = function(self)
-  return "clientpool.Fleet: " .. tostring(ffi.cast("void *", self.p)):match("0x%x+")
-end
-
-local closed_mt = {
-  __index = function(_, k)
-    if k == "close" then return function() end end
-    return function() error("bad argument #1 to '" .. tostring(k) .. "' (fleet handle is closed)", 2) end
-  end,
-  __tostring = function() return "clientpool.Fleet: (closed)" end,
-}
+-- After close(): every method raises, as lfleet.c's do.
+local Fleet, fleet_mt, closed_mt = ffibase.handle_type("clientpool.Fleet", "close", "closed", "fleet handle")
 
 local function limit(t, field, dflt)
   local v = t[field]
@@ -124,8 +107,9 @@ function _M.open(name, lim)
   if rc < 0 then return fail(rc, ffi_string(err)) end
   local self = setmetatable({
     p = ffi_gc(out[0], C.clientpool_fleet_close),
-    _stats = stats_t(), _lim = limits_t(), _ks = kstats_t(), _ms = mstats_t(),
-    _reason = ffi_new("char[?]", _M.REASON_MAX + 1), _until = dbl1(),
+    _stats = ffi_new("clientpool_fleet_stats_t"), _lim = limits_t(),
+    _ks = ffi_new("clientpool_fleet_key_stats_t"), _ms = ffi_new("clientpool_fleet_member_stats_t"),
+    _reason = ffi_new("char[?]", _M.REASON_MAX + 1), _until = ffi_new("double[1]"),
     _name = ffi_new("char[?]", _M.KEY_MAX),
   }, fleet_mt)
   return self, rc == 1

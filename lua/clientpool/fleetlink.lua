@@ -374,8 +374,7 @@ local function start(self)
     if not f.awake then self._sched.wake(f.task) end   -- (awake: it looks again before it waits)
   elseif not f.spawned then
     f.spawned = true
-    local bg = self._sched.background or self._sched.spawn
-    bg(poll_main, self)
+    base.background(self, poll_main, self)
   end
 end
 

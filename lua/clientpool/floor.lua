@@ -13,11 +13,11 @@ local base = require "clientpool.base"
 local events = require "clientpool.events"
 base.own_source()
 
-local error, tostring, getmetatable, pcall = error, tostring, getmetatable, pcall
+local error, tostring, getmetatable = error, tostring, getmetatable
 local string_format = string.format
 local ycall, log, emit, hook_key, now_of, not_a_pool = base.ycall, base.log, base.emit, base.hook_key,
                                                        base.now_of, base.not_a_pool
-local clock = base.clock
+local clock, park = base.clock, base.park
 local pump = events.pump
 local Pool = base.Pool
 -- warm-floor creates in flight at once, so a restart does not open every
@@ -83,18 +83,14 @@ local function refill_task(self, rec, name)
     -- an idle record keeps what park returns (OpenResty: nothing)
     local parked = true
     if self._park and self._clients[rec] == client then
-      local pok, stored = pcall(self._park, client, hook_key(name))
-      if pok then
-        self._clients[rec] = stored
-        self._parked[rec] = true
-      else
+      local pok, perr = park(self, rec, client, hook_key(name))
+      if not pok then
         parked = false
-        log(self, "park hook failed: " .. tostring(stored))
         local _, p2 = e:retire(rec, now_of(self))
         if p2 > 0 then pump(self) end
         -- a strike like a failed create: a park that always fails must not
         -- make the floor create and destroy for good
-        refill_failed(self, "park hook failed: " .. tostring(stored))
+        refill_failed(self, "park hook failed: " .. tostring(perr))
       end
     end
     if parked then fresh(self) end

@@ -19,8 +19,8 @@ local base = require "clientpool.base"
 local events = require "clientpool.events"
 base.own_source()
 
-local tostring, pcall = tostring, pcall
-local ycall, log, hook_key, now_of = base.ycall, base.log, base.hook_key, base.now_of
+local tostring = tostring
+local ycall, log, hook_key, now_of, park = base.ycall, base.log, base.hook_key, base.now_of, base.park
 local pump = events.pump
 
 local M = {}
@@ -61,15 +61,7 @@ local function check(self, rec, k, name, idle_s)
     return false
   end
   if not good then return false end
-  if parked then
-    local pok, stored = pcall(self._park, client, key)
-    if not pok then
-      log(self, "park hook failed: " .. tostring(stored))
-      return false
-    end
-    self._clients[rec] = stored
-    self._parked[rec] = true
-  end
+  if parked then return (park(self, rec, client, key)) end
   return true
 end
 

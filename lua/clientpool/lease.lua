@@ -20,9 +20,8 @@ base.own_source()
 local type, error, pcall, pairs, setmetatable, getmetatable, tostring = type, error, pcall, pairs, setmetatable,
                                                                         getmetatable, tostring
 local string_format = string.format
-local log, emit, hook_key, now_of, outside_level = base.log, base.emit, base.hook_key, base.now_of,
-                                                   base.outside_level
-local WEAK_KEYS, BY = base.WEAK_KEYS, base.BY
+local emit, hook_key, now_of, outside_level = base.emit, base.hook_key, base.now_of, base.outside_level
+local WEAK_KEYS, BY, park = base.WEAK_KEYS, base.BY, base.park
 local pump, wake_drainers = events.pump, events.wake_drainers
 local report_early = leak.report_early
 local Lease = base.Lease
@@ -164,14 +163,7 @@ local function park_first(self, rec, client, name, holder, l, g, now)
       if other ~= holder then return true end
     end
   end
-  local ok, stored = pcall(self._park, client, hook_key(name))
-  if not ok then
-    log(self, "park hook failed: " .. tostring(stored))
-    return false
-  end
-  self._clients[rec] = stored
-  self._parked[rec] = true
-  return true
+  return (park(self, rec, client, hook_key(name)))
 end
 M.park_first = park_first
 

@@ -54,14 +54,7 @@ local KNOWN = {
 local CREATE_BACKOFF, CREATE_BACKOFF_MAX = 0.05, 2
 
 local function check_count(o, name, min, default)
-  local v = o[name]
-  if v == nil then return default end
-  if not is_int(v) then
-    fail("option '%s' must be an integer, got %s", name, type(v) == "number" and tostring(v) or type(v))
-  end
-  if v < min then fail("option '%s' must be >= %d, got %d", name, min, v) end
-  if v > 2147483647 then fail("option '%s' must be <= 2147483647, got %s", name, tostring(v)) end
-  return v
+  return caps.check_count(o, name, min, default, nil, fail, "option")
 end
 
 local function check_duration(o, name)

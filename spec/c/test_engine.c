@@ -24,12 +24,13 @@
  * printing one line `N passed, N failed` and exits non-zero if any test
  * failed.
  *
- * Every mutating engine call goes through a wrapper (ACQUIRE, RELEASE_RAW,
- * TICK, ...) that runs clientpool_check() right after the call and fails the
- * test if an invariant is broken.  The only exception is the scale test,
+ * Every mutating engine call goes through CALLED (test_engine.h; the
+ * macros ACQUIRE, RELEASE_RAW, TICK, ... are made of it), which runs
+ * clientpool_check() right after the call and fails the test if an
+ * invariant is broken.  The only exception is the scale test,
  * where the O(pool size) checker runs every 1000 calls and at each phase
  * boundary (running it after each of ~300k calls on a 100k-record pool would
- * take minutes).  The driver the wrappers play has no destroy hook: every
+ * take minutes).  The driver the harness plays has no destroy hook: every
  * destroy is reported done right after the call that started it, unless a
  * test of the closing state turns that off (g_auto_destroy).
  *
@@ -201,7 +202,7 @@ double last_timer(void) {   /* t of the last EV_TIMER of this drain, or -1 */
 }
 
 /* ===================================================================== */
-/* engine-call wrappers: each runs clientpool_check() after the call      */
+/* after an engine call (CALLED): clientpool_check() and the destroys    */
 /* ===================================================================== */
 
 /* The driver of most tests has no destroy hook: it reports every destroy
@@ -235,101 +236,11 @@ void check_full(clientpool_t *p, const char *file, int line) {
   g_stride = s;
 }
 
-int w_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g,
-                     const char *file, int line) {
-  int rc = clientpool_acquire(p, k, now, g);
-  after(p, file, line, "clientpool_acquire");
-  return rc;
-}
-int32_t w_wait(clientpool_t *p, int32_t k, double deadline, double now, uint32_t *gen,
-                      const char *file, int line) {
-  int32_t rc = clientpool_wait(p, k, deadline, now, gen);
-  after(p, file, line, "clientpool_wait");
-  return rc;
-}
-int w_created(clientpool_t *p, int32_t r, int32_t ok, double now, const char *file, int line) {
-  int rc = clientpool_created(p, r, ok, now);
-  after(p, file, line, "clientpool_created");
-  return rc;
-}
-int w_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason, double now,
-                     const char *file, int line) {
-  int rc = clientpool_release(p, l, gen, reason, now);
-  after(p, file, line, "clientpool_release");
-  return rc;
-}
-int w_claim(clientpool_t *p, int32_t w, uint32_t gen, double now, clientpool_grant_t *g,
-                   const char *file, int line) {
-  int rc = clientpool_claim(p, w, gen, now, g);
-  after(p, file, line, "clientpool_claim");
-  return rc;
-}
-int w_cancel(clientpool_t *p, int32_t w, uint32_t gen, int32_t st, double now,
-                    clientpool_grant_t *g, const char *file, int line) {
-  int rc = clientpool_cancel(p, w, gen, st, now, g);
-  after(p, file, line, "clientpool_cancel");
-  return rc;
-}
-int w_abandon(clientpool_t *p, int32_t w, uint32_t gen, double now, const char *file, int line) {
-  int rc = clientpool_abandon(p, w, gen, now);
-  after(p, file, line, "clientpool_abandon");
-  return rc;
-}
-int w_leak(clientpool_t *p, int32_t l, uint32_t gen, double now, const char *file, int line) {
-  int rc = clientpool_leak(p, l, gen, now);
-  after(p, file, line, "clientpool_leak");
-  return rc;
-}
-int w_retire(clientpool_t *p, int32_t r, double now, const char *file, int line) {
-  int rc = clientpool_retire(p, r, now);
-  after(p, file, line, "clientpool_retire");
-  return rc;
-}
-void w_tick(clientpool_t *p, double now, const char *file, int line) {
-  clientpool_tick(p, now);
-  after(p, file, line, "clientpool_tick");
-}
-void w_close(clientpool_t *p, double now, const char *file, int line) {
-  clientpool_close(p, now);
-  after(p, file, line, "clientpool_close");
-}
-int32_t w_key_open(clientpool_t *p, const char *file, int line) {
-  int32_t k = clientpool_key_open(p);
-  after(p, file, line, "clientpool_key_open");
-  return k;
-}
-int w_key_pin(clientpool_t *p, int32_t k, int32_t on, const char *file, int line) {
-  int rc = clientpool_key_pin(p, k, on);
-  after(p, file, line, "clientpool_key_pin");
-  return rc;
-}
-int w_key_forget(clientpool_t *p, int32_t k, const char *file, int line) {
-  int rc = clientpool_key_forget(p, k);
-  after(p, file, line, "clientpool_key_forget");
-  return rc;
-}
-
-int w_destroyed(clientpool_t *p, int32_t r, double now, const char *file, int line) {
-  int rc = clientpool_destroyed(p, r, now);
-  after(p, file, line, "clientpool_destroyed");
-  return rc;
-}
-
-int w_configure(clientpool_t *p, const clientpool_config_t *c, double now, const char *file, int line) {
-  int rc = clientpool_configure(p, c, now);
-  after(p, file, line, "clientpool_configure");
-  return rc;
-}
-
-int w_key_caps(clientpool_t *p, int32_t k, int32_t ml, int32_t mi, double now, const char *file, int line) {
-  int rc = clientpool_key_caps(p, k, ml, mi, now);
-  after(p, file, line, "clientpool_key_caps");
-  return rc;
-}
-
-int w_keepalive_done(clientpool_t *p, int32_t r, int32_t ok, double now, const char *file, int line) {
-  int rc = clientpool_keepalive_done(p, r, ok, now);
-  after(p, file, line, "clientpool_keepalive_done");
+/* after_call: what CALLED (test_engine.h) runs once the engine call made
+ * its result rc: after() (the invariant check and the auto-destroys), then
+ * rc handed back to the test. */
+long after_call(clientpool_t *p, const char *file, int line, const char *what, long rc) {
+  after(p, file, line, what);
   return rc;
 }
 
@@ -366,6 +277,14 @@ clientpool_config_t cfg_base(void) {
   return c;
 }
 
+/* cfg_base with other caps (most tests' pool: one client, cfg_caps(1, 1)) */
+clientpool_config_t cfg_caps(int32_t max_live, int32_t max_idle) {
+  clientpool_config_t c = cfg_base();
+  c.max_live = max_live;
+  c.max_idle = max_idle;
+  return c;
+}
+
 clientpool_t *pool_at(const clientpool_config_t *c, const char *file, int line) {
   clientpool_t *p = NULL;
   int rc = clientpool_new(c, &p);
@@ -376,20 +295,20 @@ clientpool_t *pool_at(const clientpool_config_t *c, const char *file, int line) 
 }
 
 int32_t key_at(clientpool_t *p, int pinned, const char *file, int line) {
-  int32_t k = w_key_open(p, file, line);
+  int32_t k = (int32_t)CALLED_AT(p, file, line, clientpool_key_open(p));
   if (k < 0) fail_at(file, line, "clientpool_key_open failed: %d", (int)k);
-  if (pinned && w_key_pin(p, k, 1, file, line) != 0) fail_at(file, line, "key_pin failed");
+  if (pinned && CALLED_AT(p, file, line, clientpool_key_pin(p, k, 1)) != 0) fail_at(file, line, "key_pin failed");
   return k;
 }
 
 /* an acquire that must reserve, followed by a successful create */
 hold_t lease_new_at(clientpool_t *p, int32_t k, double now, const char *file, int line) {
   clientpool_grant_t g;
-  int st = w_acquire(p, k, now, &g, file, line);
+  int st = (int)CALLED_AT(p, file, line, clientpool_acquire(p, k, now, &g));
   if (st != CLIENTPOOL_GRANT_CREATE)
     fail_at(file, line, "acquire(key %d) gave %s, expected GRANT_CREATE", (int)k, status_name(st));
   CHECK_AT(g.record >= 0 && g.lease >= 0 && g.key == k, file, line);
-  if (w_created(p, g.record, 1, now, file, line) != 0) fail_at(file, line, "created(ok) failed");
+  if (CALLED_AT(p, file, line, clientpool_created(p, g.record, 1, now)) != 0) fail_at(file, line, "created(ok) failed");
   return hold_of(&g);
 }
 
@@ -397,11 +316,11 @@ hold_t lease_new_at(clientpool_t *p, int32_t k, double now, const char *file, in
  * created at `now` (idle from then on); returns the record */
 int32_t warm_record_at(clientpool_t *p, int32_t k, double now, const char *file, int line) {
   int32_t r, kk = -1;
-  if (w_key_pin(p, k, 2, file, line) != 0) fail_at(file, line, "key_pin(%d, 2) failed", (int)k);
+  if (CALLED_AT(p, file, line, clientpool_key_pin(p, k, 2)) != 0) fail_at(file, line, "key_pin(%d, 2) failed", (int)k);
   clientpool_floor(p, 1, now);
   r = clientpool_refill(p, now, &kk);
   CHECK_AT(r >= 0 && kk == k, file, line);
-  if (w_created(p, r, 1, now, file, line) != 0) fail_at(file, line, "created(ok) failed");
+  if (CALLED_AT(p, file, line, clientpool_created(p, r, 1, now)) != 0) fail_at(file, line, "created(ok) failed");
   return r;
 }
 
@@ -409,7 +328,7 @@ int32_t warm_record_at(clientpool_t *p, int32_t k, double now, const char *file,
 hold_t lease_idle_at(clientpool_t *p, int32_t k, double now, clientpool_grant_t *out,
                             const char *file, int line) {
   clientpool_grant_t g;
-  int st = w_acquire(p, k, now, &g, file, line);
+  int st = (int)CALLED_AT(p, file, line, clientpool_acquire(p, k, now, &g));
   if (st != CLIENTPOOL_GRANT_IDLE)
     fail_at(file, line, "acquire(key %d) gave %s, expected GRANT_IDLE", (int)k, status_name(st));
   CHECK_AT(g.record >= 0 && g.lease >= 0 && g.key == k, file, line);
@@ -418,14 +337,14 @@ hold_t lease_idle_at(clientpool_t *p, int32_t k, double now, clientpool_grant_t 
 }
 
 void release_at(clientpool_t *p, hold_t h, int32_t reason, double now, const char *file, int line) {
-  int rc = w_release(p, h.lease, h.gen, reason, now, file, line);
+  int rc = (int)CALLED_AT(p, file, line, clientpool_release(p, h.lease, h.gen, reason, now));
   if (rc != 0) fail_at(file, line, "release(lease %d/%u) gave %s", (int)h.lease, (unsigned)h.gen, status_name(rc));
 }
 
 waiter_h wait_at(clientpool_t *p, int32_t k, double deadline, double now, const char *file, int line) {
   waiter_h wh;
   wh.gen = 0;
-  wh.w = w_wait(p, k, deadline, now, &wh.gen, file, line);
+  wh.w = (int32_t)CALLED_AT(p, file, line, clientpool_wait(p, k, deadline, now, &wh.gen));
   if (wh.w < 0) fail_at(file, line, "wait(key %d) gave %d", (int)k, (int)wh.w);
   return wh;
 }
@@ -441,7 +360,7 @@ waiter_h wait_prio_at(clientpool_t *p, int32_t k, int32_t prio, double now, cons
 
 void must_wait_at(clientpool_t *p, int32_t k, double now, const char *file, int line) {
   clientpool_grant_t g;
-  int st = w_acquire(p, k, now, &g, file, line);
+  int st = (int)CALLED_AT(p, file, line, clientpool_acquire(p, k, now, &g));
   if (st != CLIENTPOOL_MUST_WAIT)
     fail_at(file, line, "acquire(key %d) gave %s, expected MUST_WAIT", (int)k, status_name(st));
 }

@@ -1,8 +1,8 @@
 /*
  * test_engine.h - the harness of the engine's C tests (spec/c/test_engine.c
  * and spec/c/test_engine_*.c): checks that abandon a failing test, pools and
- * memory a test owns, the events of a drain, engine-call wrappers that run
- * clientpool_check() after each call, and helpers that play the driver.
+ * memory a test owns, the events of a drain, engine calls that run
+ * clientpool_check() after each call (CALLED), and helpers that play the driver.
  * The harness itself is in test_engine.c, with the runner.
  */
 #ifndef CLIENTPOOL_TEST_ENGINE_H
@@ -33,7 +33,7 @@ extern const test_t tests_cap[];   /* test_engine_cap.c */
 extern const test_t tests_live[];   /* test_engine_live.c */
 extern const test_t tests_fleet[];   /* test_engine_fleet.c */
 
-/* ---- checks, events, wrappers, helpers -------------------------------- */
+/* ---- checks, events, engine calls, helpers ---------------------------- */
 
 #define OWN_MAX 32   /* pools and blocks a test may own */
 
@@ -76,24 +76,29 @@ extern const test_t tests_fleet[];   /* test_engine_fleet.c */
 
 #define EXPECT_NO_WAKE(wh) CHECK(n_wake((wh).w, (wh).gen) == 0)
 #define INVARIANTS(p) check_full((p), __FILE__, __LINE__)
-#define ACQUIRE(p, k, now, g) w_acquire((p), (k), (now), (g), __FILE__, __LINE__)
-#define WAIT_RAW(p, k, dl, now, gen) w_wait((p), (k), (dl), (now), (gen), __FILE__, __LINE__)
-#define CREATED(p, r, ok, now) w_created((p), (r), (ok), (now), __FILE__, __LINE__)
-#define RELEASE_RAW(p, l, gen, reason, now) w_release((p), (l), (gen), (reason), (now), __FILE__, __LINE__)
-#define CLAIM(p, wh, now, g) w_claim((p), (wh).w, (wh).gen, (now), (g), __FILE__, __LINE__)
-#define CANCEL(p, wh, st, now, g) w_cancel((p), (wh).w, (wh).gen, (st), (now), (g), __FILE__, __LINE__)
-#define ABANDON(p, wh, now) w_abandon((p), (wh).w, (wh).gen, (now), __FILE__, __LINE__)
-#define LEAK(p, h, now) w_leak((p), (h).lease, (h).gen, (now), __FILE__, __LINE__)
-#define RETIRE(p, r, now) w_retire((p), (r), (now), __FILE__, __LINE__)
-#define TICK(p, now) w_tick((p), (now), __FILE__, __LINE__)
-#define CLOSE(p, now) w_close((p), (now), __FILE__, __LINE__)
-#define KEY_OPEN(p) w_key_open((p), __FILE__, __LINE__)
-#define KEY_PIN(p, k, on) w_key_pin((p), (k), (on), __FILE__, __LINE__)
-#define KEY_FORGET(p, k) w_key_forget((p), (k), __FILE__, __LINE__)
-#define DESTROYED(p, r, now) w_destroyed((p), (r), (now), __FILE__, __LINE__)
-#define CONFIGURE(p, c, now) w_configure((p), &(c), (now), __FILE__, __LINE__)
-#define KEY_CAPS(p, k, ml, mi, now) w_key_caps((p), (k), (ml), (mi), (now), __FILE__, __LINE__)
-#define KEEPALIVE_DONE(p, r, ok, now) w_keepalive_done((p), (r), (ok), (now), __FILE__, __LINE__)
+/* An engine call, then after() (clientpool_check() and the auto-destroys)
+ * at the test's line; its result is the call's. */
+#define CALLED_AT(p, file, line, call) after_call((p), (file), (line), #call, (long)(call))
+#define CALLED(p, call) CALLED_AT(p, __FILE__, __LINE__, call)
+#define CALLED_VOID(p, call) ((call), after((p), __FILE__, __LINE__, #call))
+#define ACQUIRE(p, k, now, g) CALLED(p, clientpool_acquire((p), (k), (now), (g)))
+#define WAIT_RAW(p, k, dl, now, gen) (int32_t)CALLED(p, clientpool_wait((p), (k), (dl), (now), (gen)))
+#define CREATED(p, r, ok, now) CALLED(p, clientpool_created((p), (r), (ok), (now)))
+#define RELEASE_RAW(p, l, gen, reason, now) CALLED(p, clientpool_release((p), (l), (gen), (reason), (now)))
+#define CLAIM(p, wh, now, g) CALLED(p, clientpool_claim((p), (wh).w, (wh).gen, (now), (g)))
+#define CANCEL(p, wh, st, now, g) CALLED(p, clientpool_cancel((p), (wh).w, (wh).gen, (st), (now), (g)))
+#define ABANDON(p, wh, now) CALLED(p, clientpool_abandon((p), (wh).w, (wh).gen, (now)))
+#define LEAK(p, h, now) CALLED(p, clientpool_leak((p), (h).lease, (h).gen, (now)))
+#define RETIRE(p, r, now) CALLED(p, clientpool_retire((p), (r), (now)))
+#define TICK(p, now) CALLED_VOID(p, clientpool_tick((p), (now)))
+#define CLOSE(p, now) CALLED_VOID(p, clientpool_close((p), (now)))
+#define KEY_OPEN(p) (int32_t)CALLED(p, clientpool_key_open(p))
+#define KEY_PIN(p, k, on) CALLED(p, clientpool_key_pin((p), (k), (on)))
+#define KEY_FORGET(p, k) CALLED(p, clientpool_key_forget((p), (k)))
+#define DESTROYED(p, r, now) CALLED(p, clientpool_destroyed((p), (r), (now)))
+#define CONFIGURE(p, c, now) CALLED(p, clientpool_configure((p), &(c), (now)))
+#define KEY_CAPS(p, k, ml, mi, now) CALLED(p, clientpool_key_caps((p), (k), (ml), (mi), (now)))
+#define KEEPALIVE_DONE(p, r, ok, now) CALLED(p, clientpool_keepalive_done((p), (r), (ok), (now)))
 typedef struct { int32_t lease; uint32_t gen; int32_t record; int32_t key; } hold_t;
 typedef struct { int32_t w; uint32_t gen; } waiter_h;
 #define POOL(c) pool_at(&(c), __FILE__, __LINE__)
@@ -148,31 +153,10 @@ int n_leak(int32_t l, uint32_t gen);
 double last_timer(void);
 void after(clientpool_t *p, const char *file, int line, const char *what);
 void check_full(clientpool_t *p, const char *file, int line);
-int w_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g,
-                     const char *file, int line);
-int32_t w_wait(clientpool_t *p, int32_t k, double deadline, double now, uint32_t *gen,
-                      const char *file, int line);
-int w_created(clientpool_t *p, int32_t r, int32_t ok, double now, const char *file, int line);
-int w_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason, double now,
-                     const char *file, int line);
-int w_claim(clientpool_t *p, int32_t w, uint32_t gen, double now, clientpool_grant_t *g,
-                   const char *file, int line);
-int w_cancel(clientpool_t *p, int32_t w, uint32_t gen, int32_t st, double now,
-                    clientpool_grant_t *g, const char *file, int line);
-int w_abandon(clientpool_t *p, int32_t w, uint32_t gen, double now, const char *file, int line);
-int w_leak(clientpool_t *p, int32_t l, uint32_t gen, double now, const char *file, int line);
-int w_retire(clientpool_t *p, int32_t r, double now, const char *file, int line);
-void w_tick(clientpool_t *p, double now, const char *file, int line);
-void w_close(clientpool_t *p, double now, const char *file, int line);
-int32_t w_key_open(clientpool_t *p, const char *file, int line);
-int w_key_pin(clientpool_t *p, int32_t k, int32_t on, const char *file, int line);
-int w_key_forget(clientpool_t *p, int32_t k, const char *file, int line);
-int w_destroyed(clientpool_t *p, int32_t r, double now, const char *file, int line);
-int w_configure(clientpool_t *p, const clientpool_config_t *c, double now, const char *file, int line);
-int w_key_caps(clientpool_t *p, int32_t k, int32_t ml, int32_t mi, double now, const char *file, int line);
-int w_keepalive_done(clientpool_t *p, int32_t r, int32_t ok, double now, const char *file, int line);
+long after_call(clientpool_t *p, const char *file, int line, const char *what, long rc);
 hold_t hold_of(const clientpool_grant_t *g);
 clientpool_config_t cfg_base(void);
+clientpool_config_t cfg_caps(int32_t max_live, int32_t max_idle);
 clientpool_t *pool_at(const clientpool_config_t *c, const char *file, int line);
 int32_t key_at(clientpool_t *p, int pinned, const char *file, int line);
 hold_t lease_new_at(clientpool_t *p, int32_t k, double now, const char *file, int line);

@@ -95,13 +95,11 @@ static void t_create_first_acquire_reserves(void) {
   clientpool_t *p = POOL(c);
   int32_t k = PKEY(p);
   clientpool_grant_t g;
-  clientpool_stats_t s;
-  int i;
 
   CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
   CHECK(g.record >= 0 && g.lease >= 0 && g.key == k && g.validate == 0);
   CHECK_EQ(clientpool_record_key(p, g.record), k);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.creating == 1 && s.live == 0 && s.leases == 1 && s.active == 0 && s.opened == 0);
   /* a reservation's lease is not valid before created(ok) */
   CHECK_STATUS(RELEASE_RAW(p, g.lease, g.lease_gen, -1, 0), CLIENTPOOL_STALE);
@@ -109,7 +107,7 @@ static void t_create_first_acquire_reserves(void) {
 
   CHECK_EQ(CREATED(p, g.record, 1, 0.5), 0);
   drain(p);
-  i = find_ev(CLIENTPOOL_EV_CREATED, g.record, -1, k);
+  int i = find_ev(CLIENTPOOL_EV_CREATED, g.record, -1, k);
   CHECK(i >= 0);
   s = pstats(p);
   CHECK(s.live == 1 && s.opened == 1 && s.active == 1 && s.creating == 0 && s.leases == 1);
@@ -128,7 +126,6 @@ static void t_create_failure_forfeits(void) {
   clientpool_t *p = POOL(c);
   int32_t k = PKEY(p);
   clientpool_grant_t g;
-  clientpool_stats_t s;
 
   CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
   drain(p);
@@ -136,7 +133,7 @@ static void t_create_failure_forfeits(void) {
   drain(p);
   CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);   /* no client was made: nothing to destroy */
   CHECK_EQ(n_events(CLIENTPOOL_EV_CREATED), 0);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.live == 0 && s.creating == 0 && s.leases == 0 && s.idle == 0);
   CHECK(s.create_failed == 1 && s.opened == 0 && s.closed == 0);
   CHECK(KSTATS(p, k).create_failed == 1);
@@ -149,19 +146,14 @@ static void t_create_failure_forfeits(void) {
 }
 
 static void t_create_failure_hands_capacity_to_waiter(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
+  clientpool_config_t c = cfg_caps(1, 1);
   clientpool_grant_t g1, g2;
-  waiter_h w;
-  clientpool_stats_t s;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
 
   CHECK_STATUS(ACQUIRE(p, k, 0, &g1), CLIENTPOOL_GRANT_CREATE);
   MUST_WAIT(p, k, 0);
-  w = WAIT(p, k, -1, 0);
+  waiter_h w = WAIT(p, k, -1, 0);
   CHECK_STATUS(CLAIM(p, w, 0, &g2), CLIENTPOOL_PENDING);
   drain(p);
 
@@ -172,7 +164,7 @@ static void t_create_failure_hands_capacity_to_waiter(void) {
   CHECK_NEAR(g2.waited, 2);
   CHECK(g2.key == k && g2.record >= 0);
   CHECK_EQ(CREATED(p, g2.record, 1, 3), 0);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.live == 1 && s.opened == 1 && s.create_failed == 1 && s.leases == 1 && s.waiting == 0);
   RELEASE(p, hold_of(&g2), 4);
   CHECK_STATUS(RELEASE_RAW(p, g1.lease, g1.lease_gen, -1, 4), CLIENTPOOL_STALE);
@@ -188,7 +180,6 @@ static void t_reuse_lifo(void) {
   int32_t k = PKEY(p);
   hold_t h1, h2, x;
   clientpool_grant_t g;
-  clientpool_stats_t s;
 
   h1 = NEW_LEASE(p, k, 0);
   h2 = NEW_LEASE(p, k, 0);
@@ -200,7 +191,7 @@ static void t_reuse_lifo(void) {
   x = REUSE(p, k, 4, &g);
   CHECK_EQ(x.record, h1.record);
   CHECK_NEAR(g.idle, 3);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.reused == 2 && s.opened == 2 && s.idle == 0 && s.active == 2);
   CHECK(KSTATS(p, k).reused == 2);
   RELEASE(p, x, 5);                         /* h1's record back on top */
@@ -211,15 +202,12 @@ static void t_reuse_lifo(void) {
 
 static void t_validate_after_idle(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
   clientpool_grant_t g;
 
   c.validate_after_idle = 1.0;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   RELEASE(p, h, 0);
   h = REUSE(p, k, 0.5, &g);
   CHECK(g.validate == 0); CHECK_NEAR(g.idle, 0.5);     /* used recently: skip validate */
@@ -254,14 +242,11 @@ static void t_validate_after_idle(void) {
 
 static void t_idle_timeout_at_acquire(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t h, x;
   clientpool_grant_t g;
-  clientpool_stats_t s;
   c.idle_timeout = 10;
-  p = POOL(c);
-  k = PKEY(p);        /* unpinned: t_regress_acquire_expired_idle_keeps_key */
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);        /* unpinned: t_regress_acquire_expired_idle_keeps_key */
 
   h = NEW_LEASE(p, k, 0);
   RELEASE(p, h, 1);
@@ -273,19 +258,16 @@ static void t_idle_timeout_at_acquire(void) {
   drain(p);
   EXPECT_DESTROY(h.record, CLIENTPOOL_BY_IDLE);
   CHECK(find_ev(CLIENTPOOL_EV_DESTROY, h.record, CLIENTPOOL_BY_IDLE, k) >= 0);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.closed_by[CLIENTPOOL_BY_IDLE] == 1 && s.live == 0 && s.creating == 1 && s.idle == 0);
 }
 
 static void t_idle_timeout_by_tick(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t h1, h2, x;
-  clientpool_stats_t s;
   c.idle_timeout = 10;
-  p = POOL(c);
-  k = UKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = UKEY(p);
 
   h1 = NEW_LEASE(p, k, 0);
   h2 = NEW_LEASE(p, k, 0);
@@ -313,19 +295,17 @@ static void t_idle_timeout_by_tick(void) {
   EXPECT_DESTROY(h2.record, CLIENTPOOL_BY_IDLE);
   CHECK_EQ(n_key_free(k), 1);                           /* unpinned and empty now */
   CHECK_NEAR(clientpool_next_deadline(p), -1);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.live == 0 && s.idle == 0 && s.closed_by[CLIENTPOOL_BY_IDLE] == 2 && s.closed == 2);
 }
 
 static void t_timer_events(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(2, 2);
   int32_t a, b;
   hold_t la, lb;
-  waiter_h w;
   clientpool_grant_t g;
-  c.max_live = 2; c.max_idle = 2; c.key_max_live = 1; c.idle_timeout = 10;
-  p = POOL(c);
+  c.key_max_live = 1; c.idle_timeout = 10;
+  clientpool_t *p = POOL(c);
   a = PKEY(p);
   b = PKEY(p);
 
@@ -340,7 +320,7 @@ static void t_timer_events(void) {
   MUST_WAIT(p, a, 2);                                   /* a is at its per-key cap */
   drain(p);
   CHECK_EQ(n_events(CLIENTPOOL_EV_TIMER), 0);           /* deadline unchanged: no timer */
-  w = WAIT(p, a, 5, 2);
+  waiter_h w = WAIT(p, a, 5, 2);
   drain(p);
   CHECK_EQ(n_events(CLIENTPOOL_EV_TIMER), 1);           /* an earlier deadline appeared */
   CHECK_NEAR(last_timer(), 5);
@@ -419,13 +399,10 @@ static void t_lifetime_jitter_window_and_seed(void) {
 
 static void t_lifetime_without_jitter_exact(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
   c.max_lifetime = 10;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 2);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 2);
   RELEASE(p, h, 3);
   CHECK_NEAR(clientpool_next_deadline(p), 12);
   drain(p);
@@ -436,12 +413,10 @@ static void t_lifetime_without_jitter_exact(void) {
 
 static void t_lifetime_leased_destroyed_at_release(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t h, h2;
   c.max_lifetime = 10;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
 
   h = NEW_LEASE(p, k, 0);                   /* expires at 10 */
   CHECK_NEAR(clientpool_next_deadline(p), 10);
@@ -468,14 +443,11 @@ static void t_lifetime_leased_destroyed_at_release(void) {
 
 static void t_lifetime_at_acquire(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
   clientpool_grant_t g;
   c.max_lifetime = 10;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   RELEASE(p, h, 5);
   drain(p);
   CHECK_STATUS(ACQUIRE(p, k, 10, &g), CLIENTPOOL_GRANT_CREATE);   /* met on the way, no tick */
@@ -489,13 +461,10 @@ static void t_lifetime_at_acquire(void) {
 
 static void t_max_idle_on_release(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t h1, h2, h3;
-  clientpool_stats_t s;
   c.max_idle = 2;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   h1 = NEW_LEASE(p, k, 0);
   h2 = NEW_LEASE(p, k, 0);
   h3 = NEW_LEASE(p, k, 0);
@@ -505,17 +474,16 @@ static void t_max_idle_on_release(void) {
   RELEASE(p, h3, 2);
   drain(p);
   EXPECT_DESTROY(h3.record, CLIENTPOOL_BY_MAX_IDLE);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.idle == 2 && s.live == 2 && s.closed_by[CLIENTPOOL_BY_MAX_IDLE] == 1);
 }
 
 static void t_key_max_idle_on_release(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t a, b;
   hold_t a1, a2, b1;
   c.key_max_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   a = PKEY(p);
   b = PKEY(p);
   a1 = NEW_LEASE(p, a, 0);
@@ -535,18 +503,14 @@ static void t_key_max_idle_on_release(void) {
 }
 
 static void t_max_idle_zero_still_hands_to_waiter(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
+  clientpool_config_t c = cfg_caps(1, 0);
   hold_t h, x;
-  waiter_h w;
   clientpool_grant_t g;
-  c.max_live = 1; c.max_idle = 0;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   h = NEW_LEASE(p, k, 0);
   MUST_WAIT(p, k, 0);
-  w = WAIT(p, k, -1, 0);
+  waiter_h w = WAIT(p, k, -1, 0);
   drain(p);
   RELEASE(p, h, 1);                         /* goes straight to the waiter */
   drain(p);

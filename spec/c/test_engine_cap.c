@@ -15,27 +15,22 @@
  * destroy let 14 clients exist under max_live = 2). */
 static void t_closing_counts_against_max_live(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
-  waiter_h w;
   clientpool_grant_t g;
-  clientpool_stats_t s;
   g_auto_destroy = 0;
   c.max_live = 1; c.max_idle = 1; c.max_concurrency = 4;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 1);
   drain(p);
   EXPECT_DESTROY(h.record, CLIENTPOOL_BY_ERROR);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.live == 0 && s.closed == 1 && s.closing == 1 && s.opened - s.closed == s.live);
   CHECK_EQ(KSTATS(p, k).closing, 1);
   CHECK_EQ(clientpool_record_key(p, h.record), k);    /* still a record of k */
   CHECK_EQ(clientpool_retire(p, h.record, 1), CLIENTPOOL_STALE);
   MUST_WAIT(p, k, 1);                        /* no room while it closes */
-  w = WAIT(p, k, -1, 1);
+  waiter_h w = WAIT(p, k, -1, 1);
   drain(p);
   EXPECT_NO_WAKE(w);
   CHECK_EQ(DESTROYED(p, h.record, 2), 0);    /* the destroy hook returned */
@@ -55,13 +50,12 @@ static void t_closing_counts_against_max_live(void) {
  * is not forgotten (its destroy hook still needs the key's name). */
 static void t_closing_key_cap_and_key_kept(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t a, b;
   hold_t h, hb;
   clientpool_grant_t g;
   g_auto_destroy = 0;
   c.max_live = 4; c.key_max_live = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   a = UKEY(p); b = PKEY(p);
   h = NEW_LEASE(p, a, 0);
   hb = NEW_LEASE(p, b, 0);
@@ -89,14 +83,13 @@ static void t_closing_key_cap_and_key_kept(void) {
  * it is reported, and no second client is evicted for room on its way. */
 static void t_closing_eviction_waits_for_destroy(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t a, b;
   hold_t h1, h2;
   waiter_h w, w2;
   clientpool_grant_t g;
   g_auto_destroy = 0;
   c.max_live = 2; c.max_idle = 2;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   a = PKEY(p); b = PKEY(p);
   h1 = NEW_LEASE(p, a, 0);
   h2 = NEW_LEASE(p, a, 0);
@@ -129,14 +122,13 @@ static void t_closing_eviction_waits_for_destroy(void) {
  * it, and nothing is served meanwhile. */
 static void t_closing_regrant_keeps_place(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t a, b;
   hold_t h1, h2;
   waiter_h w, wb, wme;
   clientpool_grant_t g;
   g_auto_destroy = 0;
   c.max_live = 2; c.max_idle = 2; c.max_concurrency = 4;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   a = PKEY(p); b = PKEY(p);
   h1 = NEW_LEASE(p, a, 0);
   h2 = NEW_LEASE(p, a, 0);
@@ -177,11 +169,10 @@ static void t_closing_regrant_keeps_place(void) {
  * when the destroy is reported. */
 static void t_closing_floor_refill(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, r, kk;
   g_auto_destroy = 0;
   c.max_live = 1; c.max_idle = 1; c.min_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = PKEY(p);
   r = WARM_RECORD(p, k, 0);
   CHECK_EQ(clientpool_refill(p, 0, &kk), -1);   /* the floor is met */
@@ -223,15 +214,13 @@ static double backoff_end(const clientpool_t *p) { return clientpool_next_deadli
  * redis down, about 2000 connect attempts per second). */
 static void t_backoff_window_fail_fast_and_probe(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   clientpool_grant_t g, g2;
   waiter_h w1, w2;
   double end, prev;
   int i;
   c.create_backoff = 1; c.create_backoff_max = 4;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   CHECK_STATUS(ACQUIRE(p, k, 10, &g), CLIENTPOOL_GRANT_CREATE);
   CHECK_EQ(CREATED(p, g.record, 0, 10), 0);
   CHECK(pstats(p).create_failed == 1 && KSTATS(p, k).create_failed == 1);
@@ -281,19 +270,15 @@ static void t_backoff_window_fail_fast_and_probe(void) {
  * flight), an acquisition waits as usual instead of failing fast. */
 static void t_backoff_waits_when_a_client_may_come_back(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
   clientpool_grant_t g;
-  waiter_h w;
   c.create_backoff = 1; c.create_backoff_max = 1;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
   CHECK_EQ(CREATED(p, g.record, 0, 0), 0);
   MUST_WAIT(p, k, 0.1);                     /* h is leased: it may come back */
-  w = WAIT(p, k, -1, 0.1);
+  waiter_h w = WAIT(p, k, -1, 0.1);
   RELEASE(p, h, 0.2);                       /* and it does, inside the window */
   drain(p);
   EXPECT_WAKE(w);
@@ -341,12 +326,10 @@ static void t_backoff_jitter_by_seed(void) {
  * forgotten before (its next acquisition must still back off). */
 static void t_backoff_refill_and_forget(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, u, r, kk;
   clientpool_grant_t g;
-  double end;
   c.create_backoff = 1; c.create_backoff_max = 1; c.min_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = KEY_OPEN(p);
   CHECK_EQ(KEY_PIN(p, k, 2), 0);
   clientpool_floor(p, 1, 0);
@@ -355,7 +338,7 @@ static void t_backoff_refill_and_forget(void) {
   CHECK_EQ(CREATED(p, r, 0, 0), 0);         /* the refill failed */
   CHECK(KSTATS(p, k).create_failed == 1);
   CHECK_EQ(clientpool_refill(p, 0.1, &kk), -1);
-  end = backoff_end(p);
+  double end = backoff_end(p);
   drain(p);
   TICK(p, end);
   drain(p);

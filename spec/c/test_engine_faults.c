@@ -16,7 +16,6 @@ static void t_oom_new_keys_waiters(void) {
   clientpool_config_t c = cfg_base();
   clientpool_t *p = NULL;
   int32_t k, n;
-  hold_t h;
   uint32_t gen;
   char buf[256];
   wb_alloc_fail(1);
@@ -40,7 +39,7 @@ static void t_oom_new_keys_waiters(void) {
   c.max_live = 1; c.max_idle = 1;
   p = POOL(c);
   k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  hold_t h = NEW_LEASE(p, k, 0);
   MUST_WAIT(p, k, 0);
   wb_alloc_fail(1);                         /* the key's queue */
   CHECK_EQ(WAIT_RAW(p, k, -1, 0, &gen), CLIENTPOOL_ENOMEM);
@@ -56,7 +55,6 @@ static void t_oom_records_leases_deadlines(void) {
   int32_t k, r, kk, x;
   hold_t h, held[8];
   clientpool_grant_t g;
-  waiter_h w;
   int i;
   /* the first reserve: record array, then lease array */
   for (i = 1; i <= 2; i++) {
@@ -77,7 +75,7 @@ static void t_oom_records_leases_deadlines(void) {
   h = hold_of(&g);
   MUST_WAIT(p, k, 0);
   wb_alloc_fail(3);                         /* the key's queue, waiter array, then the heap */
-  w = WAIT(p, k, 1, 0);
+  waiter_h w = WAIT(p, k, 1, 0);
   CHECK(clientpool_next_deadline(p) < 0);   /* nothing armed */
   TICK(p, 100);
   drain(p);
@@ -121,13 +119,12 @@ static void t_oom_records_leases_deadlines(void) {
  * key's open heap cannot grow takes no more shares. */
 static void t_oom_shared(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, x, y;
   hold_t h, held[7];
   clientpool_grant_t g;
   int i, st;
   c.capacity = 2; c.max_live = 8; c.max_idle = 8; c.max_concurrency = 16;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = PKEY(p);
   h = NEW_LEASE(p, k, 0);                   /* open: one share free */
   for (i = 0; i < 7; i++) {                 /* one lease per record: the lease array (8) */

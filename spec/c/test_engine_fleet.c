@@ -72,7 +72,6 @@ static void t_fleet_cap_across_engines(void) {
   clientpool_t *a, *b;
   int32_t ka, kb;
   hold_t h[3];
-  waiter_h w;
   clientpool_grant_t g;
   int i;
   fleet_up(3, 3, 2);
@@ -86,7 +85,7 @@ static void t_fleet_cap_across_engines(void) {
   CHECK_EQ(clientpool_fleet_count(g_fh[0], CLIENTPOOL_FLEET_LIVE, -1), 3);
   /* b is refused by the fleet: its caller waits, the driver is told */
   MUST_WAIT(b, kb, 2);
-  w = WAIT(b, kb, -1, 2);
+  waiter_h w = WAIT(b, kb, -1, 2);
   drain(b);
   CHECK_EQ(n_events(CLIENTPOOL_EV_BLOCKED), 1);
   CHECK(g_ev[find_ev(CLIENTPOOL_EV_BLOCKED, -1, -1, -1)].a & CLIENTPOOL_BLOCKED_LIVE);
@@ -138,7 +137,6 @@ static void t_fleet_max_idle_and_shed(void) {
   clientpool_t *a, *b;
   int32_t ka, kb;
   hold_t h[3];
-  waiter_h w;
   clientpool_grant_t g;
   fleet_up(2, 1, 2);
   c.max_live = 2;
@@ -159,7 +157,7 @@ static void t_fleet_max_idle_and_shed(void) {
   h[0] = NEW_LEASE(a, ka, 3);
   /* b waits, posts its demand; a's rebalance sheds what is above its share */
   MUST_WAIT(b, kb, 4);
-  w = WAIT(b, kb, -1, 4);
+  waiter_h w = WAIT(b, kb, -1, 4);
   drain(b);
   clientpool_fleet_demand(g_fh[1], CLIENTPOOL_FLEET_LIVE, -1, clientpool_blocked(b, CLIENTPOOL_FLEET_LIVE, -1));
   RELEASE(a, h[2], 5);                /* a release while b waits and a holds more than 1: shed */
@@ -274,13 +272,12 @@ static void t_fleet_floor_after_holder_gone(void) {
 
 static void t_fleet_gates(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *a;
   int32_t ka;
   clientpool_grant_t g;
   char reason[130];
   fleet_up(2, 2, 1);
   c.pause_fail = 1;
-  a = fleet_pool(c, 0, &ka);
+  clientpool_t *a = fleet_pool(c, 0, &ka);
   CHECK_EQ(clientpool_fleet_pause(g_fh[0], NULL, 0, "maintenance", 11, -1), 0);
   /* the engine sees the gates moved at an acquire and tells the driver */
   NEW_LEASE(a, ka, 1);
@@ -303,17 +300,15 @@ static void t_fleet_gates(void) {
 
 static void t_fleet_refusals(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *a;
-  int32_t k;
   fleet_up(2, 2, 1);
-  a = POOL(c);
+  clientpool_t *a = POOL(c);
   CHECK_EQ(clientpool_set_fleet(a, NULL, 0), CLIENTPOOL_EINVAL);
   CHECK_EQ(clientpool_key_fleet(a, 0, 0), CLIENTPOOL_EINVAL);     /* no fleet */
   CHECK_EQ(clientpool_blocked(a, CLIENTPOOL_FLEET_LIVE, -1), 0);
   CHECK_EQ(clientpool_retry(a, 1), 0);
   CHECK_EQ(clientpool_rebalance(a, 1), 0);
   CHECK_EQ(clientpool_gate_fleet(a, -1, 1, 1), CLIENTPOOL_EINVAL);
-  k = UKEY(a);
+  int32_t k = UKEY(a);
   CHECK_EQ(clientpool_set_fleet(a, g_fh[0], 0), CLIENTPOOL_EINVAL);   /* a key is open already */
   (void)k;
   free_pool(a);

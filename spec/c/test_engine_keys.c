@@ -12,12 +12,11 @@
 
 static void t_key_max_live_under_global(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t a, b, k3;
   hold_t a1, x;
   clientpool_grant_t g;
   c.key_max_live = 2;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   a = PKEY(p); b = PKEY(p); k3 = PKEY(p);
   a1 = NEW_LEASE(p, a, 0);
   (void)NEW_LEASE(p, a, 0);
@@ -45,14 +44,12 @@ static void t_key_max_live_under_global(void) {
 }
 
 static void t_evict_lru_idle_of_other_key(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(3, 3);
   int32_t a, b, k3;
   hold_t ha, hb, hc;
   clientpool_grant_t g;
   clientpool_stats_t s;
-  c.max_live = 3; c.max_idle = 3;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   a = UKEY(p); b = UKEY(p); k3 = UKEY(p);
   ha = NEW_LEASE(p, a, 0);
   hb = NEW_LEASE(p, b, 0);
@@ -81,15 +78,13 @@ static void t_evict_lru_idle_of_other_key(void) {
 }
 
 static void t_no_eviction_when_key_capped(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(2, 2);
   int32_t a, b;
-  hold_t hb;
-  c.max_live = 2; c.max_idle = 2; c.key_max_live = 1;
-  p = POOL(c);
+  c.key_max_live = 1;
+  clientpool_t *p = POOL(c);
   a = PKEY(p); b = PKEY(p);
   (void)NEW_LEASE(p, a, 0);
-  hb = NEW_LEASE(p, b, 0);
+  hold_t hb = NEW_LEASE(p, b, 0);
   RELEASE(p, hb, 1);
   drain(p);
   MUST_WAIT(p, a, 2);                       /* evicting b's record would not help a */
@@ -102,15 +97,14 @@ static void t_no_eviction_when_key_capped(void) {
  * key can take idle records, is passed over at most max_live times; then it
  * evicts.  Without the bound, continuous load on key a starves key b. */
 static void t_starvation_bound(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(2, 2);
   int32_t a, b;
   hold_t h[2];
   waiter_h wb, wa;
   clientpool_grant_t g;
   int i;
-  c.max_live = 2; c.max_idle = 2; c.max_concurrency = 2;
-  p = POOL(c);
+  c.max_concurrency = 2;
+  clientpool_t *p = POOL(c);
   a = PKEY(p); b = PKEY(p);
   h[0] = NEW_LEASE(p, a, 0);
   h[1] = NEW_LEASE(p, a, 0);
@@ -155,12 +149,11 @@ static void t_starvation_bound(void) {
 
 static void t_max_keys(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k0, k1, k2;
   clientpool_grant_t g;
   clientpool_stats_t s;
   c.max_keys = 2;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k0 = UKEY(p);
   k1 = UKEY(p);
   CHECK(k0 != k1);
@@ -223,14 +216,11 @@ static void t_key_pinned_not_forgotten(void) {
 }
 
 static void t_key_forget(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(1, 1);
   int32_t pk, k, k2;
-  hold_t h;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   pk = PKEY(p);
-  h = NEW_LEASE(p, pk, 0);
+  hold_t h = NEW_LEASE(p, pk, 0);
   k = UKEY(p);
   MUST_WAIT(p, k, 0);                       /* changes nothing: k is still open and empty */
   drain(p);
@@ -258,21 +248,17 @@ static void t_key_forget(void) {
 
 static void t_max_concurrency_independent_of_max_live(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t a, b;
-  waiter_h w;
   clientpool_grant_t g;
-  clientpool_stats_t s;
   c.max_live = 4; c.max_concurrency = 2;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   a = NEW_LEASE(p, k, 0);
   b = NEW_LEASE(p, k, 0);
   MUST_WAIT(p, k, 0);                       /* two of four records live: still must wait */
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.live == 2 && s.leases == 2);
-  w = WAIT(p, k, -1, 0);
+  waiter_h w = WAIT(p, k, -1, 0);
   drain(p);
   RELEASE(p, a, 1);
   drain(p);
@@ -285,17 +271,14 @@ static void t_max_concurrency_independent_of_max_live(void) {
 
 static void t_max_concurrency_counts_reservations(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   clientpool_grant_t g1, g2, g3;
-  waiter_h w;
   c.max_live = 4; c.max_concurrency = 2;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   CHECK_STATUS(ACQUIRE(p, k, 0, &g1), CLIENTPOOL_GRANT_CREATE);
   CHECK_STATUS(ACQUIRE(p, k, 0, &g2), CLIENTPOOL_GRANT_CREATE);
   MUST_WAIT(p, k, 0);
-  w = WAIT(p, k, -1, 0);
+  waiter_h w = WAIT(p, k, -1, 0);
   drain(p);
   CHECK_EQ(CREATED(p, g1.record, 0, 1), 0);
   drain(p);
@@ -309,15 +292,12 @@ static void t_max_concurrency_counts_reservations(void) {
 /* ===================================================================== */
 
 static void t_max_waiting_full(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
+  clientpool_config_t c = cfg_caps(1, 1);
   clientpool_grant_t g;
   uint32_t gen;
-  clientpool_stats_t s;
-  c.max_live = 1; c.max_idle = 1; c.max_waiting = 2;
-  p = POOL(c);
-  k = PKEY(p);
+  c.max_waiting = 2;
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   (void)NEW_LEASE(p, k, 0);
   MUST_WAIT(p, k, 0);
   (void)WAIT(p, k, -1, 0);
@@ -325,20 +305,18 @@ static void t_max_waiting_full(void) {
   (void)WAIT(p, k, -1, 0);
   CHECK_STATUS(ACQUIRE(p, k, 1, &g), CLIENTPOOL_FULL);
   CHECK_EQ(WAIT_RAW(p, k, -1, 1, &gen), -CLIENTPOOL_FULL);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.rejected == 2 && s.waiting == 2);
   CHECK(KSTATS(p, k).rejected == 2);
 }
 
 static void t_max_waiting_zero_fails_fast(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
+  clientpool_config_t c = cfg_caps(1, 1);
   clientpool_grant_t g;
   uint32_t gen;
-  c.max_live = 1; c.max_idle = 1; c.max_waiting = 0;
-  p = POOL(c);
-  k = PKEY(p);
+  c.max_waiting = 0;
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   (void)NEW_LEASE(p, k, 0);                 /* room: no waiting needed */
   CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_FULL);
   CHECK_EQ(WAIT_RAW(p, k, -1, 0, &gen), -CLIENTPOOL_FULL);
@@ -350,17 +328,13 @@ static void t_max_waiting_zero_fails_fast(void) {
 /* ===================================================================== */
 
 static void t_fifo_one_key(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
+  clientpool_config_t c = cfg_caps(1, 1);
   waiter_h w[3];
   clientpool_grant_t g;
   int i;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   for (i = 0; i < 3; i++) { MUST_WAIT(p, k, i); w[i] = WAIT(p, k, -1, i); }
   for (i = 0; i < 3; i++) {
     int j;
@@ -381,14 +355,13 @@ static void t_fifo_one_key(void) {
 /* A waiter of key B queued first but blocked by B's per-key cap does not
  * hold up a later waiter of key A that can use what was freed. */
 static void t_fifo_cross_key_capped_does_not_block(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(2, 2);
   int32_t a, b;
   hold_t la, lb;
   waiter_h wb, wa;
   clientpool_grant_t g;
-  c.max_live = 2; c.max_idle = 2; c.key_max_live = 1;
-  p = POOL(c);
+  c.key_max_live = 1;
+  clientpool_t *p = POOL(c);
   a = PKEY(p); b = PKEY(p);
   la = NEW_LEASE(p, a, 0);
   lb = NEW_LEASE(p, b, 0);
@@ -410,18 +383,15 @@ static void t_fifo_cross_key_capped_does_not_block(void) {
 
 /* Among waiters that can use what was freed, the earliest is served. */
 static void t_fifo_cross_key_earlier_servable_wins(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(1, 1);
   int32_t a, b;
-  hold_t la;
   waiter_h wb, wa;
   clientpool_grant_t g;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   a = PKEY(p); b = PKEY(p);
 
   /* capacity freed (record destroyed): both can use it, B queued first */
-  la = NEW_LEASE(p, a, 0);
+  hold_t la = NEW_LEASE(p, a, 0);
   MUST_WAIT(p, b, 1); wb = WAIT(p, b, -1, 1);
   MUST_WAIT(p, a, 2); wa = WAIT(p, a, -1, 2);
   drain(p);

@@ -47,15 +47,13 @@ static void t_retire(void) {
 
 static void t_close(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, k2, k3;
   hold_t idle1, held;
   clientpool_grant_t res, g;
   waiter_h w1, w2;
   uint32_t gen;
-  clientpool_stats_t s;
   c.max_concurrency = 2;                    /* waiters queue behind it while a record is idle */
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = PKEY(p);
   k2 = UKEY(p);
   k3 = PKEY(p);
@@ -67,7 +65,7 @@ static void t_close(void) {
   w1 = WAIT(p, k, 50, 1);
   w2 = WAIT(p, k2, -1, 1);
   drain(p);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.waiting == 2 && s.idle == 1 && s.leases == 2 && s.creating == 1);
 
   CLOSE(p, 2);
@@ -109,7 +107,6 @@ static void t_close_destroys_idle_and_is_idempotent(void) {
   int32_t k = PKEY(p), k2 = UKEY(p);
   hold_t a = NEW_LEASE(p, k, 0), b = NEW_LEASE(p, k2, 0), held = NEW_LEASE(p, k, 0);
   clientpool_grant_t g;
-  clientpool_stats_t s;
   RELEASE(p, a, 1);
   RELEASE(p, b, 1);
   drain(p);
@@ -118,7 +115,7 @@ static void t_close_destroys_idle_and_is_idempotent(void) {
   EXPECT_DESTROY(a.record, CLIENTPOOL_BY_DRAIN);
   EXPECT_DESTROY(b.record, CLIENTPOOL_BY_DRAIN);
   CHECK_EQ(n_key_free(k2), 1);              /* empty keys go */
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.idle == 0 && s.live == 1 && s.closed_by[CLIENTPOOL_BY_DRAIN] == 2);
   CLOSE(p, 3);                              /* idempotent */
   drain(p);
@@ -135,17 +132,12 @@ static void t_close_destroys_idle_and_is_idempotent(void) {
 }
 
 static void t_close_with_granted_unclaimed_waiter(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
-  waiter_h w;
+  clientpool_config_t c = cfg_caps(1, 1);
   clientpool_grant_t g;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
-  w = WAIT(p, k, -1, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
+  waiter_h w = WAIT(p, k, -1, 0);
   RELEASE(p, h, 1);                         /* w is granted, not yet claimed */
   CLOSE(p, 2);
   drain(p);
@@ -161,16 +153,12 @@ static void t_close_with_granted_unclaimed_waiter(void) {
 /* ===================================================================== */
 
 static void t_time_never_backwards(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
+  clientpool_config_t c = cfg_caps(1, 1);
   clientpool_grant_t g;
-  waiter_h w;
-  c.max_live = 1; c.max_idle = 1; c.idle_timeout = 10;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 10);
+  c.idle_timeout = 10;
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 10);
   RELEASE(p, h, 5);                         /* 5 < 10: taken as 10 */
   CHECK_NEAR(clientpool_next_deadline(p), 20);
   h = REUSE(p, k, 3, &g);
@@ -184,7 +172,7 @@ static void t_time_never_backwards(void) {
   CHECK_EQ(pstats(p).idle, 1);
   h = REUSE(p, k, 1, &g);                   /* seen as 19 */
   CHECK_NEAR(g.idle, 9);
-  w = WAIT(p, k, 25, 2);                    /* enqueued at 19 */
+  waiter_h w = WAIT(p, k, 25, 2);                    /* enqueued at 19 */
   TICK(p, 25);
   drain(p);
   EXPECT_WAKE(w);
@@ -196,14 +184,11 @@ static void t_time_never_backwards(void) {
 
 static void t_time_nan(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
   clientpool_grant_t g;
   c.idle_timeout = 10;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 4);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 4);
   RELEASE(p, h, NAN);                       /* NaN: the last time seen (4) */
   CHECK_NEAR(clientpool_next_deadline(p), 14);
   drain(p);
@@ -225,16 +210,14 @@ static void t_time_nan(void) {
 /* ===================================================================== */
 
 static void t_stats_identities(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(4, 3);
   int32_t keys[3];
   hold_t h[3], x;
-  waiter_h w;
   clientpool_grant_t g;
   int i;
-  c.max_live = 4; c.max_idle = 3; c.key_max_live = 2; c.max_waiting = 4;
+  c.key_max_live = 2; c.max_waiting = 4;
   c.idle_timeout = 20; c.max_lifetime = 50; c.leak_threshold = 10;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   for (i = 0; i < 3; i++) keys[i] = PKEY(p);
   CHECK_SUMS(p, keys, 3);
   for (i = 0; i < 3; i++) { h[i] = NEW_LEASE(p, keys[i], i); CHECK_SUMS(p, keys, 3); }
@@ -243,7 +226,7 @@ static void t_stats_identities(void) {
   CHECK_SUMS(p, keys, 3);
   x = NEW_LEASE(p, keys[0], 3);                           /* key 0 at its cap */
   MUST_WAIT(p, keys[0], 3);
-  w = WAIT(p, keys[0], 8, 3);
+  waiter_h w = WAIT(p, keys[0], 8, 3);
   CHECK_SUMS(p, keys, 3);
   TICK(p, 8);                                             /* timeout */
   CHECK_STATUS(CLAIM(p, w, 8, &g), CLIENTPOOL_TIMEOUT);
@@ -281,13 +264,9 @@ static void t_stats_identities(void) {
 
 static void t_gate_states_and_probe(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
   clientpool_grant_t g;
-  waiter_h w;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   CHECK_EQ(clientpool_gate(p, -1), 0);
   CHECK_EQ(clientpool_gate(p, k), 0);
   CHECK_EQ(clientpool_gate(p, 999), 0);     /* unknown key: open */
@@ -299,9 +278,9 @@ static void t_gate_states_and_probe(void) {
   CHECK_EQ(clientpool_gate(p, -1), 2);      /* half-open */
   CHECK_EQ(clientpool_resume(p, -1, 0, 0), 0);
   CHECK_EQ(clientpool_gate(p, -1), 2);      /* resume of an open gate changes nothing */
-  h = NEW_LEASE(p, k, 1);                   /* the probe */
+  hold_t h = NEW_LEASE(p, k, 1);                   /* the probe */
   MUST_WAIT(p, k, 1);                       /* admitted alone */
-  w = WAIT(p, k, -1, 1);
+  waiter_h w = WAIT(p, k, -1, 1);
   CHECK_EQ(clientpool_probe_ok(p, h.lease, h.gen + 1, 2), 0);   /* stale handle */
   CHECK_EQ(clientpool_probe_ok(p, h.lease, h.gen, 2), 1);
   INVARIANTS(p);
@@ -318,10 +297,9 @@ static void t_gate_states_and_probe(void) {
 
 static void t_key_pin_modes(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t a, b, d, r, kk;
   c.min_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   a = UKEY(p); b = UKEY(p); d = UKEY(p);
   CHECK_EQ(KEY_PIN(p, 999, 1), CLIENTPOOL_EINVAL);
   CHECK_EQ(KEY_PIN(p, a, -5), 0);           /* out of range: pinned */
@@ -348,15 +326,13 @@ static void t_key_pin_modes(void) {
  * reservation where there is room); at max_live the room comes when the
  * destroy is reported, and the caller keeps its place until then. */
 static void t_regrant_keeps_place(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t a;
+  clientpool_config_t c = cfg_caps(2, 2);
   hold_t h1, h2;
   clientpool_grant_t g;
   waiter_h w;
-  c.max_live = 2; c.max_idle = 2; c.max_concurrency = 2;
-  p = POOL(c);
-  a = PKEY(p);
+  c.max_concurrency = 2;
+  clientpool_t *p = POOL(c);
+  int32_t a = PKEY(p);
   h1 = NEW_LEASE(p, a, 0);
   h2 = NEW_LEASE(p, a, 0);
   RELEASE(p, h1, 1);
@@ -401,12 +377,11 @@ static void t_regrant_keeps_place(void) {
 /* retire_upto: the record and every older record of its key, by creation
  * order, even when all were created at the same instant. */
 static void t_retire_upto(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(5, 5);
   int32_t a, b;
   hold_t h1, h2, h3, h4, hb;
-  c.max_live = 5; c.max_idle = 5; c.max_concurrency = 5;
-  p = POOL(c);
+  c.max_concurrency = 5;
+  clientpool_t *p = POOL(c);
   a = PKEY(p); b = PKEY(p);
   h1 = NEW_LEASE(p, a, 1);                  /* all created at t = 1 */
   h2 = NEW_LEASE(p, a, 1);
@@ -440,11 +415,10 @@ static void t_retire_upto(void) {
 
 static void t_retire_before_variants(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t a, b;
   hold_t h1, h2, h3;
   clientpool_grant_t g;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   a = PKEY(p); b = PKEY(p);
   h1 = NEW_LEASE(p, a, 1);
   h2 = NEW_LEASE(p, a, 2);
@@ -490,11 +464,10 @@ static void t_retire_before_variants(void) {
  * and the first acquire that meets it destroys it. */
 static void t_retired_refill_is_not_reused(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, kk, r;
   clientpool_grant_t g;
   c.min_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = UKEY(p);
   CHECK_EQ(KEY_PIN(p, k, 2), 0);
   clientpool_floor(p, 1, 0);
@@ -515,12 +488,11 @@ static void t_retired_refill_is_not_reused(void) {
  * does not start refills max_idle has no room for; once an idle record of
  * another key goes, it refills. */
 static void t_floor_within_max_idle(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(4, 1);
   int32_t w, o, r2, kk;
   hold_t h, ho;
-  c.max_live = 4; c.max_idle = 1; c.min_idle = 1;
-  p = POOL(c);
+  c.min_idle = 1;
+  clientpool_t *p = POOL(c);
   w = PKEY(p);
   WARM_RECORD(p, w, 0);
   CHECK_EQ(clientpool_refill(p, 0, &kk), -1);   /* (the floor is met: the driver stops asking) */
@@ -562,11 +534,10 @@ static void t_floor_within_max_idle(void) {
  * one): the key's max_idle caps the refills, so none is made only to be
  * closed as max_idle. */
 static void t_floor_within_key_max_idle(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(4, 4);
   int32_t w, r, kk;
-  c.max_live = 4; c.max_idle = 4; c.min_idle = 2; c.key_max_idle = 1;
-  p = POOL(c);
+  c.min_idle = 2; c.key_max_idle = 1;
+  clientpool_t *p = POOL(c);
   w = PKEY(p);
   r = WARM_RECORD(p, w, 0);
   CHECK(r >= 0);
@@ -579,14 +550,12 @@ static void t_floor_within_key_max_idle(void) {
 /* The floor signals only for warm keys; a closed pool never refills. */
 static void t_floor_edges(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, kk;
-  hold_t h;
   c.min_idle = 1; c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = PKEY(p);                              /* pinned, not warm */
   clientpool_floor(p, 1, 0);
-  h = NEW_LEASE(p, k, 0);
+  hold_t h = NEW_LEASE(p, k, 0);
   RELEASE_AS(p, h, CLIENTPOOL_BY_ERROR, 1);
   drain(p);
   CHECK_EQ(n_events(CLIENTPOOL_EV_REFILL), 0);
@@ -603,11 +572,8 @@ static void t_floor_edges(void) {
 
 static void t_queries_and_stale_handles(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   CHECK_EQ(clientpool_record_key(p, -1), -1);
   CHECK_EQ(clientpool_record_key(p, 1 << 20), -1);
   CHECK(clientpool_record_created(p, -1) < 0);
@@ -616,7 +582,7 @@ static void t_queries_and_stale_handles(void) {
   CHECK(clientpool_lease_age(p, 1 << 20, 0, 0) < 0);
   CHECK_STATUS(CREATED(p, -1, 1, 0), CLIENTPOOL_STALE);
   CHECK_STATUS(CREATED(p, 1 << 20, 1, 0), CLIENTPOOL_STALE);
-  h = NEW_LEASE(p, k, 2);
+  hold_t h = NEW_LEASE(p, k, 2);
   CHECK_EQ(clientpool_record_key(p, h.record), k);
   CHECK(clientpool_record_created(p, h.record) == 2);
   CHECK(clientpool_lease_age(p, h.lease, h.gen, 5) == 3);
@@ -634,13 +600,12 @@ static void t_queries_and_stale_handles(void) {
  * release destroys it with the first loss's reason. */
 static void t_shared_fewest_leases_and_loss(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, r;
   hold_t held[24], h1, h2, h3;
   clientpool_grant_t g;
   int n = 0, i, step;
   c.capacity = 3; c.max_live = 4; c.max_idle = 4; c.max_concurrency = 12;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = PKEY(p);
   rng_seed(7);
   for (step = 0; step < 3000; step++) {
@@ -690,13 +655,11 @@ static void t_shared_fewest_leases_and_loss(void) {
  * the tick (and none at acquire even before it). */
 static void t_shared_lifetime(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t h1, h2, h3;
   clientpool_grant_t g;
   c.capacity = 2; c.max_lifetime = 10;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   h1 = NEW_LEASE(p, k, 0);
   TICK(p, 10);                              /* leased: retired, destroyed at release */
   CHECK_STATUS(ACQUIRE(p, k, 10, &g), CLIENTPOOL_GRANT_CREATE);

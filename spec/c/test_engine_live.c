@@ -13,17 +13,13 @@
  * and nothing changes; a closed pool: ECLOSED. */
 static void t_configure_refuses_and_changes_nothing(void) {
   clientpool_config_t c = cfg_base(), bad;
-  clientpool_t *p;
-  clientpool_stats_t before;
-  int32_t k;
-  hold_t h;
   c.max_lifetime = 50; c.leak_threshold = 20;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   (void)h;
   drain(p);
-  before = pstats(p);
+  clientpool_stats_t before = pstats(p);
   bad = c; bad.capacity = 2;
   CHECK_EQ(CONFIGURE(p, bad, 1), CLIENTPOOL_EINVAL);
   bad = c; bad.seed = 99;
@@ -52,17 +48,13 @@ static void t_configure_refuses_and_changes_nothing(void) {
  * under it; the count never grows meanwhile. */
 static void t_configure_lower_max_live(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t h[6];
   clientpool_grant_t g;
-  clientpool_stats_t s;
-  waiter_h w;
   int i;
   g_auto_destroy = 0;
   c.max_live = 6; c.max_idle = 6; c.max_concurrency = 6;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   for (i = 0; i < 6; i++) h[i] = NEW_LEASE(p, k, 0);
   RELEASE(p, h[4], 1);                       /* two idle, h[4] the older */
   RELEASE(p, h[5], 2);
@@ -72,7 +64,7 @@ static void t_configure_lower_max_live(void) {
   drain(p);
   EXPECT_DESTROY(h[4].record, CLIENTPOOL_BY_RESIZED);
   EXPECT_DESTROY(h[5].record, CLIENTPOOL_BY_RESIZED);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.live == 4 && s.closing == 2 && s.closed_by[CLIENTPOOL_BY_RESIZED] == 2);
   RELEASE(p, h[0], 4);                       /* over the cap: closed at release */
   RELEASE(p, h[1], 4);
@@ -85,7 +77,7 @@ static void t_configure_lower_max_live(void) {
   CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
   h[2] = REUSE(p, k, 5, &g);
   MUST_WAIT(p, k, 5);                        /* 2 live + 4 closing: no room */
-  w = WAIT(p, k, -1, 5);
+  waiter_h w = WAIT(p, k, -1, 5);
   for (i = 0; i < 3; i++) CHECK_EQ(DESTROYED(p, h[i == 2 ? 4 : i].record, 6), 0);
   drain(p);
   EXPECT_NO_WAKE(w);                         /* 2 live + 1 closing = 3 > 2 */
@@ -104,16 +96,14 @@ static void t_configure_lower_max_live(void) {
 /* A higher cap serves waiters at once; a lower max_waiting keeps the queued
  * ones and refuses new ones; a lower max_idle retires idle clients. */
 static void t_configure_raise_and_waiting(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
+  clientpool_config_t c = cfg_caps(1, 1);
   hold_t h, i1, i2, i3;
   waiter_h w1, w2, w3;
   uint32_t gen;
   clientpool_grant_t g;
-  c.max_live = 1; c.max_idle = 1; c.max_concurrency = 8; c.max_waiting = 4;
-  p = POOL(c);
-  k = PKEY(p);
+  c.max_concurrency = 8; c.max_waiting = 4;
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   h = NEW_LEASE(p, k, 0);
   w1 = WAIT(p, k, -1, 0); w2 = WAIT(p, k, -1, 0); w3 = WAIT(p, k, -1, 0);
   c.max_waiting = 1;
@@ -148,12 +138,10 @@ static void t_configure_raise_and_waiting(void) {
  * reports follow the new threshold; an earlier deadline is announced. */
 static void t_configure_durations(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t h, h2;
   c.max_lifetime = 100; c.leak_threshold = 50;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   h = NEW_LEASE(p, k, 0);
   h2 = NEW_LEASE(p, k, 10);
   RELEASE(p, h2, 10);
@@ -214,15 +202,13 @@ static void t_configure_durations(void) {
 
 /* A key's own caps (the fleet's share of a key's budget). */
 static void t_key_caps(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(4, 4);
   int32_t k, u;
   hold_t h[3];
   clientpool_grant_t g;
-  waiter_h w;
   int i;
-  c.max_live = 4; c.max_idle = 4; c.key_max_live = 3; c.max_concurrency = 4;
-  p = POOL(c);
+  c.key_max_live = 3; c.max_concurrency = 4;
+  clientpool_t *p = POOL(c);
   k = PKEY(p);
   for (i = 0; i < 3; i++) h[i] = NEW_LEASE(p, k, 0);
   for (i = 0; i < 3; i++) RELEASE(p, h[i], 1 + i);
@@ -237,7 +223,7 @@ static void t_key_caps(void) {
   CHECK_EQ(KSTATS(p, k).live, 1);
   h[2] = REUSE(p, k, 5, &g);
   MUST_WAIT(p, k, 5);                        /* the key's cap: the pool has room */
-  w = WAIT(p, k, -1, 5);
+  waiter_h w = WAIT(p, k, -1, 5);
   CHECK_EQ(KEY_CAPS(p, k, 0, 0, 6), 0);      /* a share of nothing */
   RELEASE(p, h[2], 7);
   drain(p);
@@ -298,17 +284,14 @@ static void serve_in_turn(clientpool_t *p, hold_t h, waiter_h *ws, int n, int *o
 /* Higher priority first, arrival order within a priority. */
 static void t_priority_order(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
   waiter_h ws[6];
   int order[6], i;
   static const int prio[6] = { 0, 1, 0, 1, 5, -3 };
   static const int want[6] = { 4, 1, 3, 0, 2, 5 };
   c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   for (i = 0; i < 6; i++) ws[i] = WAIT_PRIO(p, k, prio[i], 0);
   drain(p);
   serve_in_turn(p, h, ws, 6, order);
@@ -320,16 +303,13 @@ static void t_priority_order(void) {
  * every later one, whatever their priority. */
 static void t_priority_aging_bound(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
   clientpool_grant_t g;
   waiter_h low, high[200];
   int i, served_before = 0, nh = 2 * CLIENTPOOL_PRIORITY_STEP + 8;
   c.max_live = 1; c.max_idle = 1; c.max_waiting = 300;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   low = WAIT_PRIO(p, k, 0, 0);
   for (i = 0; i < nh; i++) high[i] = WAIT_PRIO(p, k, i < CLIENTPOOL_PRIORITY_STEP + 4 ? 1 : 2, 0);
   drain(p);
@@ -356,14 +336,13 @@ static void t_priority_aging_bound(void) {
  * priority first; one that cannot use it holds nobody up; the extremes of
  * int32 neither overflow nor pass a kept place. */
 static void t_priority_cross_key_and_extremes(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(2, 2);
   int32_t a, b, d;
   hold_t h, hb;
   waiter_h wa, wb, wd, wmax, wmin;
   clientpool_grant_t g;
-  c.max_live = 2; c.max_idle = 2; c.key_max_live = 1;
-  p = POOL(c);
+  c.key_max_live = 1;
+  clientpool_t *p = POOL(c);
   a = PKEY(p); b = PKEY(p); d = PKEY(p);
   h = NEW_LEASE(p, a, 0);
   hb = NEW_LEASE(p, b, 0);
@@ -415,15 +394,12 @@ static int n_keepalive(int32_t r) { return count_ev(CLIENTPOOL_EV_KEEPALIVE, r, 
  * its idle time from its last use; a bad one destroys it. */
 static void t_keepalive_exact_time_ok_and_fail(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t h, h2;
   clientpool_grant_t g;
-  clientpool_stats_t s;
   int i;
   c.keepalive = 10; c.max_live = 2; c.max_idle = 2;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   h = NEW_LEASE(p, k, 0);
   RELEASE(p, h, 0);
   drain(p);
@@ -436,7 +412,7 @@ static void t_keepalive_exact_time_ok_and_fail(void) {
   drain(p);
   CHECK_EQ(n_keepalive(h.record), 1);
   CHECK(g_ev[find_ev(CLIENTPOOL_EV_KEEPALIVE, h.record, -1, k)].t == 10);   /* seconds idle */
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.idle == 1 && s.keepalive == 1 && KSTATS(p, k).keepalive == 1);
   h2 = NEW_LEASE(p, k, 10);                  /* not granted while out: a new client */
   CHECK(h2.record != h.record);
@@ -467,14 +443,12 @@ static void t_keepalive_exact_time_ok_and_fail(void) {
  * comes back. */
 static void t_keepalive_bounded_and_waiters(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, out[8];
   hold_t h[5];
   clientpool_grant_t g;
-  waiter_h w;
   int i, n;
   c.keepalive = 5; c.max_live = 5; c.max_idle = 5; c.max_concurrency = 8;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = PKEY(p);
   for (i = 0; i < 5; i++) h[i] = NEW_LEASE(p, k, 0);
   for (i = 0; i < 5; i++) RELEASE(p, h[i], 1);
@@ -489,7 +463,7 @@ static void t_keepalive_bounded_and_waiters(void) {
   /* the three left idle are taken; a waiter then gets one coming back */
   for (i = 0; i < 3; i++) { hold_t x = REUSE(p, k, 7, &g); (void)x; }
   CHECK_STATUS(ACQUIRE(p, k, 7, &g), CLIENTPOOL_MUST_WAIT);   /* max_live 5: all are in use */
-  w = WAIT(p, k, -1, 7);
+  waiter_h w = WAIT(p, k, -1, 7);
   CHECK_EQ(KEEPALIVE_DONE(p, out[1], 1, 8), 0);
   drain(p);
   EXPECT_WAKE(w);
@@ -502,7 +476,6 @@ static void t_keepalive_bounded_and_waiters(void) {
  * destroyed at the report; while one is out its key does not fail fast. */
 static void t_keepalive_while_out(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, b;
   hold_t h[4];
   clientpool_grant_t g;
@@ -510,7 +483,7 @@ static void t_keepalive_while_out(void) {
   g_auto_destroy = 1;
   c.keepalive = 1; c.max_live = 4; c.max_idle = 4; c.idle_timeout = 3; c.max_lifetime = 100;
   c.create_backoff = 10; c.create_backoff_max = 10;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = PKEY(p); b = PKEY(p);
   for (i = 0; i < 2; i++) h[i] = NEW_LEASE(p, k, 0);
   for (i = 0; i < 2; i++) RELEASE(p, h[i], 0);
@@ -559,14 +532,10 @@ static void t_keepalive_while_out(void) {
 /* configure: keepalive on for idle records (measured from when they went
  * idle), a new value for those armed, off. */
 static void t_keepalive_configure(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
-  c.max_live = 2; c.max_idle = 2;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_config_t c = cfg_caps(2, 2);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   RELEASE(p, h, 2);
   CHECK(clientpool_next_deadline(p) == -1);
   c.keepalive = 10;
@@ -597,12 +566,11 @@ static void t_keepalive_configure(void) {
  * the ones the timer finds while it is out (its lifetime). */
 static void t_edges_keepalive_reasons(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, o[2];
   hold_t h[2];
   int i, n;
   c.keepalive = 1; c.max_live = 4; c.max_idle = 4; c.idle_timeout = 10; c.max_lifetime = 20;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = PKEY(p);
   h[0] = NEW_LEASE(p, k, 0);
   h[1] = NEW_LEASE(p, k, 1);
@@ -646,14 +614,11 @@ static void t_edges_keepalive_reasons(void) {
  * out of memory an idle record goes without a keepalive. */
 static void t_edges_keepalive_with_the_rest(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t h, l;
   clientpool_grant_t g;
-  waiter_h w;
   c.keepalive = 1; c.max_live = 4; c.max_idle = 4; c.create_backoff = 5; c.create_backoff_max = 5;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   h = NEW_LEASE(p, k, 0);
   l = NEW_LEASE(p, k, 0);
   RELEASE(p, h, 0);
@@ -662,7 +627,7 @@ static void t_edges_keepalive_with_the_rest(void) {
   CHECK_STATUS(ACQUIRE(p, k, 1, &g), CLIENTPOOL_GRANT_CREATE);
   CHECK_EQ(CREATED(p, g.record, 0, 1), 0);  /* a window opens */
   MUST_WAIT(p, k, 1);                       /* h may come back: no BACKOFF */
-  w = WAIT(p, k, -1, 1);
+  waiter_h w = WAIT(p, k, -1, 1);
   CHECK_EQ(clientpool_retire_before(p, -1, -1, 1), 0);   /* passes h (out): at its report */
   c.max_lifetime = 100;                     /* lifetimes on: h's too */
   CHECK_EQ(CONFIGURE(p, c, 1), 0);
@@ -707,13 +672,12 @@ static void t_edges_keepalive_with_the_rest(void) {
  * that completes over a lowered cap is closed; key_caps on a closed pool. */
 static void t_edges_configure(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, u[3], r, kk;
   hold_t h[3];
   clientpool_grant_t g;
   int i;
   c.max_keys = 4; c.max_live = 4; c.max_idle = 4; c.max_concurrency = 4; c.min_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   for (i = 0; i < 3; i++) { u[i] = UKEY(p); h[i] = NEW_LEASE(p, u[i], i); }
   c.max_keys = 1; c.max_concurrency = 1;
   CHECK_EQ(CONFIGURE(p, c, 3), 0);
@@ -768,15 +732,12 @@ static void t_edges_configure(void) {
  * memory the backoff window goes (one create at a time instead); a key with
  * caps of its own goes at close. */
 static void t_edges_closing_backoff_caps(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t u;
-  hold_t h;
+  clientpool_config_t c = cfg_caps(1, 1);
   clientpool_grant_t g, g2;
-  c.max_live = 1; c.max_idle = 1; c.create_backoff = 1; c.create_backoff_max = 1;
-  p = POOL(c);
-  u = UKEY(p);
-  h = NEW_LEASE(p, u, 0);
+  c.create_backoff = 1; c.create_backoff_max = 1;
+  clientpool_t *p = POOL(c);
+  int32_t u = UKEY(p);
+  hold_t h = NEW_LEASE(p, u, 0);
   RELEASE(p, h, 0);
   h = REUSE(p, u, 1, &g);
   CHECK_EQ(clientpool_regrant(p, h.lease, h.gen, 1, &g), CLIENTPOOL_MUST_WAIT);

@@ -25,20 +25,16 @@
  */
 static void t_regress_acquire_expired_idle_keeps_key(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
   clientpool_grant_t g;
   clientpool_stats_t s;
   char buf[256];
-  int st;
   c.idle_timeout = 10;
-  p = POOL(c);
-  k = UKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = UKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   RELEASE(p, h, 1);
   drain(p);
-  st = clientpool_acquire(p, k, 20, &g);    /* raw call: checked step by step below */
+  int st = clientpool_acquire(p, k, 20, &g);    /* raw call: checked step by step below */
   drain(p);
   CHECK_STATUS(st, CLIENTPOOL_GRANT_CREATE);
   EXPECT_DESTROY(h.record, CLIENTPOOL_BY_IDLE);
@@ -76,17 +72,14 @@ static void t_regress_acquire_expired_idle_keeps_key(void) {
  * Expected: A stays until its last waiter slot is claimed; K survives.
  */
 static void t_regress_key_kept_for_unclaimed_waiter(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
+  clientpool_config_t c = cfg_caps(1, 1);
   int32_t a, b, k2;
   waiter_h w1, w2;
   clientpool_grant_t g;
-  hold_t hb;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   b = PKEY(p);
   a = UKEY(p);
-  hb = NEW_LEASE(p, b, 0);                  /* fills max_live */
+  hold_t hb = NEW_LEASE(p, b, 0);                  /* fills max_live */
   MUST_WAIT(p, a, 0);
   w1 = WAIT(p, a, 5, 0);
   w2 = WAIT(p, a, 5, 0);
@@ -125,15 +118,13 @@ static void t_regress_key_kept_for_unclaimed_waiter(void) {
  */
 static void t_regress_take_open_stale_key_starves_others(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, j, x;
-  hold_t hx;
   waiter_h w1, w2;
   c.capacity = 2; c.max_live = 4; c.max_idle = 4; c.max_concurrency = 2; c.key_max_live = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = PKEY(p); j = PKEY(p); x = PKEY(p);
   (void)NEW_LEASE(p, k, 0);                 /* k's only record, open for one more share */
-  hx = NEW_LEASE(p, x, 0);                  /* max_concurrency reached */
+  hold_t hx = NEW_LEASE(p, x, 0);                  /* max_concurrency reached */
   CHECK_EQ(clientpool_retire_before(p, -1, -1, 1), 0);   /* k's record: retired by age */
   INVARIANTS(p);
   MUST_WAIT(p, k, 1);
@@ -157,15 +148,13 @@ static void t_regress_take_open_stale_key_starves_others(void) {
  */
 static void t_regress_refill_at_cap_starves_others(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, j, x, kk = -1, r;
-  hold_t hx;
   waiter_h w1, w2;
   c.max_live = 4; c.max_idle = 4; c.min_idle = 1; c.max_concurrency = 1; c.key_max_live = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = UKEY(p); j = PKEY(p); x = PKEY(p);
   CHECK_EQ(KEY_PIN(p, k, 2), 0);            /* warm */
-  hx = NEW_LEASE(p, x, 0);                  /* max_concurrency reached */
+  hold_t hx = NEW_LEASE(p, x, 0);                  /* max_concurrency reached */
   MUST_WAIT(p, k, 1);
   w1 = WAIT(p, k, -1, 1);
   MUST_WAIT(p, j, 1);

@@ -15,15 +15,13 @@
 static void t_scale_100k_idle_1k_keys(void) {
   enum { NKEYS = 1000, PER = 100, N = NKEYS * PER, PAIRS = 50000 };
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t *keys = own_mem(sizeof *keys * NKEYS);
   hold_t *h = own_mem(sizeof *h * N);
   long destroys = 0, by_idle = 0, key_frees = 0;
-  clientpool_stats_t s;
   int i;
   c.max_live = N; c.max_idle = N; c.max_concurrency = N; c.max_waiting = 16;
   c.max_keys = NKEYS; c.idle_timeout = 100; c.validate_after_idle = 1;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   g_stride = 1000;
   for (i = 0; i < NKEYS; i++) keys[i] = UKEY(p);
   CHECK_EQ(KEY_OPEN(p), CLIENTPOOL_EKEYS);
@@ -37,7 +35,7 @@ static void t_scale_100k_idle_1k_keys(void) {
   }
   drain(p);
   INVARIANTS(p);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.live == N && s.idle == N && s.opened == N && s.leases == 0);
   CHECK_EQ(KSTATS(p, keys[0]).idle, PER);
 
@@ -447,7 +445,7 @@ static void fz_op_release(int leak) {
   fz_dead_lease(x.l, x.gen);
   fz.rstate[x.rec] = FR_RELEASED;           /* set before its DESTROY is drained */
   if (leak) {
-    CHECK_EQ(w_leak(fz.p, x.l, x.gen, fz_time(), __FILE__, __LINE__), 0);
+    CHECK_EQ(CALLED(fz.p, clientpool_leak(fz.p, x.l, x.gen, fz_time())), 0);
     fz_drain();
     CHECK(fz.by[CLIENTPOOL_BY_LEAKED] == leaked_before + 1);
     CHECK(fz.rstate[x.rec] == FR_FREE);
@@ -472,7 +470,7 @@ static void fz_op_stale(void) {
     fz_seen(fz.now);
     h = fz.dead_l[rng_int(fz.ndl < FZ_DEAD ? fz.ndl : FZ_DEAD)];
     CHECK_STATUS(RELEASE_RAW(fz.p, h.a, h.b, -1, fz.now), CLIENTPOOL_STALE);
-    CHECK_STATUS(w_leak(fz.p, h.a, h.b, fz.now, __FILE__, __LINE__), CLIENTPOOL_STALE);
+    CHECK_STATUS(CALLED(fz.p, clientpool_leak(fz.p, h.a, h.b, fz.now)), CLIENTPOOL_STALE);
   } else if (fz.ndw) {
     fz_seen(fz.now);
     h = fz.dead_w[rng_int(fz.ndw < FZ_DEAD ? fz.ndw : FZ_DEAD)];
@@ -723,14 +721,13 @@ static void t_fuzz_random_ops(void) {
  * 1e-3 relative: validate was skipped for a client idle long enough). */
 static void t_floor_renewals_keep_idle_time(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   int32_t k, r, i;
   clientpool_grant_t g;
   double t = 0;
   c.min_idle = c.max_idle = c.max_live = 1;
   c.idle_timeout = 0.7;
   c.validate_after_idle = 0.7 * 3000 + 0.3;   /* the idle time at the acquire below */
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = UKEY(p);
   r = WARM_RECORD(p, k, 0);
   for (i = 1; i <= 3000; i++) {
@@ -752,16 +749,12 @@ static void t_floor_renewals_keep_idle_time(void) {
  * 0.0999999999999999778 s of idle. */
 static void t_idle_expiry_never_early_by_rounding(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
-  double d;
   c.idle_timeout = 0.1;
-  p = POOL(c);
-  k = UKEY(p);
-  h = NEW_LEASE(p, k, 0.7);
+  clientpool_t *p = POOL(c);
+  int32_t k = UKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0.7);
   RELEASE(p, h, 0.7);
-  d = clientpool_next_deadline(p);
+  double d = clientpool_next_deadline(p);
   CHECK(d - 0.7 >= 0.1);
   TICK(p, nextafter(d, -HUGE_VAL));
   CHECK_EQ(KSTATS(p, k).idle, 1);
@@ -784,13 +777,12 @@ static void t_idle_record_bytes(void) {
 #ifdef __GLIBC__
   enum { N = 100000 };
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
   clientpool_event_t e;
   int32_t k, kk, r, i;
   size_t before, after;
   c.max_live = c.max_idle = c.min_idle = N;
   c.max_concurrency = N;
-  p = POOL(c);
+  clientpool_t *p = POOL(c);
   k = UKEY(p);
   CHECK_EQ(KEY_PIN(p, k, 2), 0);
   clientpool_floor(p, 1, 0);

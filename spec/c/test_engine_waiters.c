@@ -10,18 +10,13 @@
 /* ===================================================================== */
 
 static void t_waiter_timeout_by_tick(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  waiter_h w;
+  clientpool_config_t c = cfg_caps(1, 1);
   clientpool_grant_t g;
-  clientpool_stats_t s;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   (void)NEW_LEASE(p, k, 0);
   MUST_WAIT(p, k, 1);
-  w = WAIT(p, k, 5, 1);
+  waiter_h w = WAIT(p, k, 5, 1);
   CHECK_NEAR(clientpool_next_deadline(p), 5);
   drain(p);
   TICK(p, 4.9);
@@ -32,7 +27,7 @@ static void t_waiter_timeout_by_tick(void) {
   drain(p);
   EXPECT_WAKE(w);
   CHECK(find_ev(CLIENTPOOL_EV_WAKE, w.w, (int32_t)w.gen, k) >= 0);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.waiting == 0 && s.timeouts == 1 && s.wait_count == 1);
   CHECK_NEAR(s.wait_time, 4);
   CHECK_STATUS(CLAIM(p, w, 6, &g), CLIENTPOOL_TIMEOUT);
@@ -44,15 +39,11 @@ static void t_waiter_timeout_by_tick(void) {
 }
 
 static void t_waiter_cancel_queued(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
+  clientpool_config_t c = cfg_caps(1, 1);
   waiter_h w1, w2, w3;
   clientpool_grant_t g;
-  clientpool_stats_t s;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   (void)NEW_LEASE(p, k, 0);
   w1 = WAIT(p, k, 10, 0);
   w2 = WAIT(p, k, -1, 0);
@@ -62,7 +53,7 @@ static void t_waiter_cancel_queued(void) {
   CHECK_NEAR(clientpool_next_deadline(p), -1);          /* its deadline left with it */
   CHECK_STATUS(CANCEL(p, w2, CLIENTPOOL_CANCELLED, 3, &g), CLIENTPOOL_CANCELLED);
   CHECK_STATUS(CANCEL(p, w3, 12345, 3, &g), CLIENTPOOL_CANCELLED);   /* other codes: cancelled */
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.waiting == 0 && s.timeouts == 1 && s.cancelled == 2 && s.wait_count == 3);
   CHECK_NEAR(s.wait_time, 8);
   CHECK_STATUS(CANCEL(p, w1, CLIENTPOOL_CANCELLED, 4, &g), CLIENTPOOL_STALE);
@@ -70,17 +61,12 @@ static void t_waiter_cancel_queued(void) {
 }
 
 static void t_waiter_cancel_after_grant_returns_grant(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
-  waiter_h w;
+  clientpool_config_t c = cfg_caps(1, 1);
   clientpool_grant_t g;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
-  w = WAIT(p, k, 10, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
+  waiter_h w = WAIT(p, k, 10, 0);
   RELEASE(p, h, 1);
   drain(p);
   EXPECT_WAKE(w);
@@ -92,14 +78,11 @@ static void t_waiter_cancel_after_grant_returns_grant(void) {
 }
 
 static void t_waiter_claim_pending_and_stale(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
+  clientpool_config_t c = cfg_caps(1, 1);
   waiter_h w, bad;
   clientpool_grant_t g;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   (void)NEW_LEASE(p, k, 0);
   w = WAIT(p, k, -1, 0);
   CHECK_STATUS(CLAIM(p, w, 1, &g), CLIENTPOOL_PENDING);
@@ -121,10 +104,9 @@ static void t_waiter_served_at_once(void) {
   clientpool_config_t c = cfg_base();
   clientpool_t *p = POOL(c);
   int32_t k = PKEY(p);
-  waiter_h w;
   clientpool_grant_t g;
   drain(p);
-  w = WAIT(p, k, 5, 1);                     /* room: granted right away */
+  waiter_h w = WAIT(p, k, 5, 1);                     /* room: granted right away */
   drain(p);
   EXPECT_WAKE(w);
   CHECK_STATUS(CLAIM(p, w, 1, &g), CLIENTPOOL_GRANT_CREATE);
@@ -137,16 +119,12 @@ static void t_waiter_served_at_once(void) {
 /* ===================================================================== */
 
 static void t_abandon_queued(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  waiter_h w;
+  clientpool_config_t c = cfg_caps(1, 1);
   clientpool_grant_t g;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   (void)NEW_LEASE(p, k, 0);
-  w = WAIT(p, k, 9, 0);
+  waiter_h w = WAIT(p, k, 9, 0);
   CHECK_EQ(ABANDON(p, w, 1), 0);
   CHECK(pstats(p).waiting == 0 && pstats(p).cancelled == 1);
   CHECK_NEAR(clientpool_next_deadline(p), -1);
@@ -155,17 +133,12 @@ static void t_abandon_queued(void) {
 }
 
 static void t_abandon_granted_idle_back_to_stack(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
+  clientpool_config_t c = cfg_caps(1, 1);
   hold_t h, x;
-  waiter_h w;
-  clientpool_stats_t s;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   h = NEW_LEASE(p, k, 0);
-  w = WAIT(p, k, -1, 0);
+  waiter_h w = WAIT(p, k, -1, 0);
   RELEASE(p, h, 1);
   drain(p);
   EXPECT_WAKE(w);
@@ -173,7 +146,7 @@ static void t_abandon_granted_idle_back_to_stack(void) {
   CHECK_EQ(ABANDON(p, w, 2), 0);
   drain(p);
   CHECK_EQ(n_events(CLIENTPOOL_EV_DESTROY), 0);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.idle == 1 && s.leases == 0 && s.active == 0 && s.live == 1);
   CHECK(s.reused == 0 && s.cancelled == 1);              /* handed back unused */
   x = REUSE(p, k, 3, NULL);
@@ -181,16 +154,12 @@ static void t_abandon_granted_idle_back_to_stack(void) {
 }
 
 static void t_abandon_granted_idle_to_next_waiter(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
-  hold_t h;
+  clientpool_config_t c = cfg_caps(1, 1);
   waiter_h w1, w2;
   clientpool_grant_t g;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
-  h = NEW_LEASE(p, k, 0);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
   w1 = WAIT(p, k, -1, 0);
   w2 = WAIT(p, k, -1, 0);
   RELEASE(p, h, 1);
@@ -206,16 +175,11 @@ static void t_abandon_granted_idle_to_next_waiter(void) {
 }
 
 static void t_abandon_granted_reservation_forfeited(void) {
-  clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
+  clientpool_config_t c = cfg_caps(1, 1);
   clientpool_grant_t g, g2;
   waiter_h w1, w2;
-  clientpool_stats_t s;
-  hold_t x;
-  c.max_live = 1; c.max_idle = 1;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_GRANT_CREATE);
   w1 = WAIT(p, k, -1, 0);
   w2 = WAIT(p, k, -1, 0);
@@ -228,10 +192,10 @@ static void t_abandon_granted_reservation_forfeited(void) {
   EXPECT_WAKE(w2);
   CHECK_STATUS(CLAIM(p, w2, 2, &g2), CLIENTPOOL_GRANT_CREATE);
   CHECK_EQ(CREATED(p, g2.record, 1, 3), 0);
-  s = pstats(p);
+  clientpool_stats_t s = pstats(p);
   CHECK(s.live == 1 && s.creating == 0 && s.leases == 1 && s.waiting == 0);
   CHECK(s.create_failed == 1 && s.cancelled == 1 && s.opened == 1);
-  x = hold_of(&g2);
+  hold_t x = hold_of(&g2);
   RELEASE(p, x, 4);                           /* no capacity lost */
   x = REUSE(p, k, 5, NULL);
   CHECK_EQ(x.record, g2.record);
@@ -359,13 +323,10 @@ static void t_ids_reused_only_after_their_event(void) {
 
 static void t_leak_threshold_reports_once(void) {
   clientpool_config_t c = cfg_base();
-  clientpool_t *p;
-  int32_t k;
   hold_t h, h2;
-  int i;
   c.leak_threshold = 5;
-  p = POOL(c);
-  k = PKEY(p);
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
   h = NEW_LEASE(p, k, 1);
   CHECK_NEAR(clientpool_next_deadline(p), 6);
   drain(p);
@@ -375,7 +336,7 @@ static void t_leak_threshold_reports_once(void) {
   TICK(p, 6);
   drain(p);
   CHECK_EQ(n_leak(h.lease, h.gen), 1);
-  i = find_ev(CLIENTPOOL_EV_LEAK, h.lease, (int32_t)h.gen, k);
+  int i = find_ev(CLIENTPOOL_EV_LEAK, h.lease, (int32_t)h.gen, k);
   CHECK(i >= 0);
   CHECK_NEAR(g_ev[i].t, 1);                 /* when the lease was granted */
   TICK(p, 100);

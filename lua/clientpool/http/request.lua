@@ -209,9 +209,15 @@ local function h2_body(stream, conn, deadline)
   end
 end
 
+-- HTTP/1.1 reads with lua-http's own waits (which take the seconds left).
+local function h1_headers(stream, _, deadline) return stream:get_headers(left(deadline)) end
+local function h1_body(stream, _, deadline) return stream:get_body_as_string(left(deadline)) end
+
 -- One exchange on conn: the stream, the response headers, the body, and
 -- on failure err, errno (stream first: the caller resets it).
 local function exchange(conn, h2, h, body, method, deadline)
+  local read_headers, read_body = h1_headers, h1_body
+  if h2 then read_headers, read_body = h2_headers, h2_body end
   local stream = conn:new_stream()
   if not stream then return nil, nil, nil, ce.strerror(ce.EPIPE), ce.EPIPE end
   local ok, err, errno = stream:write_headers(h, body == nil, left(deadline))
@@ -219,21 +225,13 @@ local function exchange(conn, h2, h, body, method, deadline)
   if not ok then return stream, nil, nil, err, errno end
   local rh
   repeat
-    if h2 then
-      rh, err, errno = h2_headers(stream, conn, deadline)
-    else
-      rh, err, errno = stream:get_headers(left(deadline))
-    end
+    rh, err, errno = read_headers(stream, conn, deadline)
     if not rh then return stream, nil, nil, err or "connection closed", errno end
     local status = rh:get(":status")
   until string_sub(status, 1, 1) ~= "1" or status == "101"
   if method == "HEAD" then return stream, rh, "" end
   local data
-  if h2 then
-    data, err, errno = h2_body(stream, conn, deadline)
-  else
-    data, err, errno = stream:get_body_as_string(left(deadline))
-  end
+  data, err, errno = read_body(stream, conn, deadline)
   if not data then return stream, rh, nil, err or "connection closed", errno end
   return stream, rh, data
 end

@@ -149,6 +149,17 @@ local function lost_wake(e)
 end
 M.lost_wake = lost_wake
 
+--- A wait takes the wake remembered for its coroutine (entry e's woke,
+-- set by a wake that came while it was not waiting) and the give-back it
+-- carried, which is not needed now: true if there was one.
+local function take_wake(e)
+  if not e.woke then return false end
+  e.woke = false
+  e.lost = nil
+  return true
+end
+M.take_wake = take_wake
+
 --- Reports a message (listener and destroy-hook errors) on stderr.
 function M.log(msg)
   io.stderr:write(tostring(msg), "\n")
@@ -402,13 +413,7 @@ function M.new(opts)
   -- other ready tasks run first. A wake does not cut it short. Raises
   -- outside a coroutine.
   function S.sleep(s)
-    local co = running_co()
-    if not co or (co_isyieldable and not co_isyieldable()) then
-      error(name .. ": sleep outside a coroutine", 2)
-    end
-    if type(s) ~= "number" or s ~= s or s < 0 or s == huge then
-      error(name .. ": sleep expects a finite number of seconds >= 0", 2)
-    end
+    local co = check_sleep(name, s)
     local e = entry_of(co)
     if e.state ~= IDLE then cancel(e) end
     e.sleeping = true
@@ -447,24 +452,11 @@ function M.new(opts)
   -- true at once. Returns nil, "not in a coroutine" where it cannot wait.
   -- Spurious returns (true) happen if someone else resumes the coroutine.
   function S.wait(h, deadline)
-    local co = running_co()
-    if not co then return nil, "not in a coroutine" end
-    if co_isyieldable and not co_isyieldable() then
-      return nil, "coroutine cannot yield here"
-    end
-    if h ~= co then
-      error(name .. ": wait: handle is not the running coroutine", 2)
-    end
-    if deadline ~= nil and (type(deadline) ~= "number" or deadline ~= deadline) then
-      error(name .. ": wait: deadline must be a number or nil", 2)
-    end
+    local co, why = wait_start(name, h, deadline)
+    if not co then return nil, why end
     local e = entry_of(co)
     if e.state ~= IDLE then cancel(e) end
-    if e.woke then
-      e.woke = false
-      e.lost = nil
-      return true
-    end
+    if take_wake(e) then return true end
     if deadline and deadline <= now() then return nil, "timeout" end
     e.sleeping = false
     e.state = WAITING

@@ -71,6 +71,7 @@ end
 -- (the scheduler core's helpers: one definition of waking and its checks)
 local running_co, cannot_wait = sched_core.running_co, sched_core.cannot_wait
 local wait_start, check_sleep, lost_wake = sched_core.wait_start, sched_core.check_sleep, sched_core.lost_wake
+local take_wake = sched_core.take_wake
 
 local new
 
@@ -135,11 +136,7 @@ new = function(bound)
     local co, why = wait_start(NAME, h, deadline)
     if not co then return nil, why end
     local e = entry_of(co)
-    if e.woke then
-      e.woke = false
-      e.lost = nil
-      return true
-    end
+    if take_wake(e) then return true end
     local t
     if deadline and deadline < huge then
       t = deadline - monotime()
@@ -150,11 +147,7 @@ new = function(bound)
     e.waiting = true
     co_yield(_POLL, e)
     e.waiting = false
-    if e.woke then
-      e.woke = false
-      e.lost = nil
-      return true
-    end
+    if take_wake(e) then return true end
     if deadline and monotime() >= deadline then return nil, "timeout" end
     return true -- spurious: the driver looks again
   end
