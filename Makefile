@@ -354,8 +354,8 @@ SOAK_VALGRIND_ARGS ?= --coroutines 1000 --acquisitions 100000 --margin 0.25
 # look; valgrind caught one. About a minute for both.
 test-valgrind-%: build/%/clientpool/core.so
 	@BUSTED_PREFIX="valgrind --quiet --error-exitcode=99" CLIENTPOOL_BACKEND=core scripts/busted-run.sh $* \
-	  '--lpath=$(LPATH)' '--cpath=./build/$*/?.so' spec/checkout_spec.lua spec/acquire_spec.lua spec/lease_spec.lua \
-	  spec/leak_spec.lua spec/stats_spec.lua
+	  '--lpath=$(LPATH)' '--cpath=./build/$*/?.so' spec/checkout_spec.lua spec/acquire_spec.lua spec/acquire_lifecycle_spec.lua \
+	  spec/lease_spec.lua spec/leak_spec.lua spec/stats_spec.lua
 
 soak-valgrind: build/lua5.4/clientpool/core.so
 	$(call lua_env,build/lua5.4) valgrind --quiet --error-exitcode=99 --leak-check=full \

@@ -1,5 +1,7 @@
--- The shared semantic suite (spec/acquire_wait_spec.lua, spec/acquire_spec.lua,
--- spec/lease_spec.lua, spec/leak_spec.lua and spec/stats_spec.lua, written
+-- The shared semantic suite (spec/acquire_wait_spec.lua,
+-- spec/acquire_wait_dead_spec.lua, spec/acquire_spec.lua,
+-- spec/acquire_lifecycle_spec.lua, spec/lease_spec.lua, spec/leak_spec.lua
+-- and spec/stats_spec.lua, written
 -- once for every adapter) on the
 -- ngx adapter, inside nginx, on its real clock: 1 spec second = 10 ms, times
 -- checked as lower bounds, as for the other hosts (spec/helpers.lua).
@@ -93,7 +95,8 @@ env.it = function(desc, fn, ...)
   if why then return env.pending(desc .. " [not in nginx: " .. why .. "]") end
   return it(desc, fn, ...)
 end
-for _, name in ipairs { "acquire_wait_spec", "acquire_spec", "lease_spec", "leak_spec", "stats_spec" } do
+for _, name in ipairs { "acquire_wait_spec", "acquire_wait_dead_spec", "acquire_spec", "acquire_lifecycle_spec",
+                        "lease_spec", "leak_spec", "stats_spec" } do
   local chunk = assert(loadfile(H.conf.root .. "/spec/" .. name .. ".lua"))
   setfenv(chunk, env)
   describe(name, chunk)
