@@ -5,32 +5,8 @@
 -- (H.time).
 local clientpool = require "clientpool"
 local H = require "spec.helpers"
--- (busted gives its assert to the spec files, not to the modules they require)
-local assert = require "luassert"
 
 local A = {}
-
-local function contains(s, part)
-  return type(s) == "string" and s:find(part, 1, true) ~= nil
-end
-
--- The message of the error fn raises (it must raise).
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert(not ok, "expected an error")
-  return tostring(err)
-end
-
--- A programming error: "clientpool:" first (after a position prefix) and
--- every word given.
-local function assert_api_error(msg, ...)
-  local bare = msg:gsub("^[^\n]-:%d+: ", "", 1)
-  assert(bare:sub(1, 11) == "clientpool:", "not a 'clientpool:' error: " .. msg)
-  for i = 1, select("#", ...) do
-    local w = select(i, ...)
-    assert(contains(bare, w), "error does not mention '" .. w .. "': " .. msg)
-  end
-end
 
 -- An adapter that is sched with some fields replaced (say `log`, or a
 -- `background` that never runs so the pool has no timer).
@@ -38,7 +14,7 @@ local function wrap(sched, fields)
   return setmetatable(fields, { __index = sched })
 end
 
-A.contains, A.errmsg, A.assert_api_error, A.wrap = contains, errmsg, assert_api_error, wrap
+A.wrap = wrap
 
 -- The helpers bound to scheduler entry S (one table per describe):
 --   T(x)                     spec seconds to the entry's seconds

@@ -11,7 +11,7 @@
 local clientpool = require "clientpool"
 local H = require "spec.helpers"
 local A = require "spec.acquire_helpers"
-local contains, errmsg, assert_api_error, wrap = A.contains, A.errmsg, A.assert_api_error, A.wrap
+local contains, errmsg, assert_api_error, wrap = H.contains, H.errmsg, H.assert_api_error, A.wrap
 
 A.each_scheduler({ describe = describe, pending = pending, after_each = after_each }, function(S, P)
     local T, run, near, mkpool, settle, record_events =

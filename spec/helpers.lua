@@ -270,4 +270,27 @@ function H.fleet_names(file)
   return name_for, cleanup, made
 end
 
+-- Whether s is a string holding part (plain text).
+function H.contains(s, part)
+  return type(s) == "string" and s:find(part, 1, true) ~= nil
+end
+
+-- The message of the error fn raises (it must raise).
+function H.errmsg(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected an error")
+  return tostring(err)
+end
+
+-- A programming error: "clientpool:" first (after a position prefix) and
+-- every word given.
+function H.assert_api_error(msg, ...)
+  local bare = msg:gsub("^[^\n]-:%d+: ", "", 1)
+  assert(bare:sub(1, 11) == "clientpool:", "not a 'clientpool:' error: " .. msg)
+  for i = 1, select("#", ...) do
+    local w = select(i, ...)
+    assert(H.contains(bare, w), "error does not mention '" .. w .. "': " .. msg)
+  end
+end
+
 return H
