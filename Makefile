@@ -284,7 +284,7 @@ test-busted-asan: build/asan-lua5.4/clientpool/core.so
 .PHONY: fuzz fuzz-ci fuzz-merge coverage soak soak-valgrind stress $(addprefix stress-,$(INTERPS)) stress-luajit-ffi
 
 # The driver's model-checked random workload (spec/stress_spec.lua,
-# spec/stress_model.lua) for longer than the 200 seeds each busted step of
+# spec/stress_model.lua, spec/stress_ops.lua) for longer than the 200 seeds each busted step of
 # `make test` runs: STRESS_SEEDS seeds from STRESS_SEED on every interpreter
 # and both LuaJIT backends. STRESS_FLAGS passes more, e.g.
 # CLIENTPOOL_STRESS_PHYSICAL=1 (the physical cap) or

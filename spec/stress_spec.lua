@@ -1,5 +1,6 @@
 -- The driver under a randomized, seeded, model-checked workload (issue 18;
--- the harness and what it checks: spec/stress_model.lua). `make test` runs
+-- the model and what it checks: spec/stress_model.lua; the configuration
+-- and the random operations: spec/stress_ops.lua). `make test` runs
 -- a few hundred seeds on every interpreter; `make stress` more:
 --   CLIENTPOOL_STRESS_SEEDS=n      seeds to run (default 200)
 --   CLIENTPOOL_STRESS_SEED=s       the first seed (default 1)
