@@ -1442,13 +1442,20 @@ static void hammer_on_reclaim(void *ud, int32_t row, int32_t pid, uint64_t start
     int32_t z = 0;                     /* a reclaim continued: its first reclaimer may have died before this hook */
     atomic_compare_exchange_strong(&H->reclaims[c], &z, 1);
   }
+  /* One unit at a time, the independent totals before the belief: a
+   * reclaimer killed inside this loop leaves at most one unit that the
+   * reclaim's continuation subtracts again (an undercount of one, as a kill
+   * in a child's own two-step bookkeeping).  Exchanging the belief to zero
+   * first lost the whole cell when the kill fell between the exchange and
+   * the subtraction: the totals then overcounted for good, a false "fleet
+   * cap exceeded" (seen once under valgrind, whose slowness widens it). */
   for (k = 0; k <= HK; k++)
-    for (kind = 0; kind < KINDS; kind++) {
-      int32_t v = XCHG(H->belief[c][k][kind], 0);
-      if (!v) continue;
-      SUB(H->indep[kind], v);
-      if (k < HK) SUB(H->indep_key[k][kind], v);
-    }
+    for (kind = 0; kind < KINDS; kind++)
+      while (LD(H->belief[c][k][kind]) > 0) {
+        SUB(H->indep[kind], 1);
+        if (k < HK) SUB(H->indep_key[k][kind], 1);
+        SUB(H->belief[c][k][kind], 1);
+      }
 }
 
 static void hviolation(hammer_t *H, const char *what, int kind, int k, int32_t v) {
