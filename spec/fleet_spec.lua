@@ -104,6 +104,32 @@ describe("clientpool.fleet", function()
     assert.equal(3, fleet.stats(name).limits.max_live)
   end)
 
+  it("refuses a second attach of a Redis fleet with another ttl, machine or redis (the agent's lease keeps the first)",
+     function()
+    local name = name_for("rattach")
+    local base = { backend = "redis", max_live = 4, ttl = 1, machine = "m1", redis = { host = "127.0.0.1", port = 6 } }
+    local function with(k, v)
+      local o = {}
+      for k2, v2 in pairs(base) do o[k2] = v2 end
+      o[k] = v
+      return o
+    end
+    local f = fleet.new(name, base)               -- no Redis call at new: port 6 is never dialled here
+    for _, c in ipairs {
+      { with("ttl", 10), "option 'ttl' differs from this process's first attach (1, now 10)" },
+      { with("machine", "m2"), "option 'machine' differs from this process's first attach (m1, now m2)" },
+      { with("redis", { host = "127.0.0.1", port = 7 }), "option 'redis.port' differs" },
+      { with("redis", { host = "127.0.0.1", port = 6, password = "x" }), "option 'redis.password' differs" },
+    } do
+      local e = err_of(fleet.new, name, c[1])
+      assert.truthy(e:find("clientpool: fleet.new('" .. name .. "'): " .. c[2], 1, true), e)
+    end
+    assert.equal(f, fleet.new(name, with("max_live", 6)))   -- figures read at every lease may change
+    assert.equal(6, f._redis.cfg.max_live)
+    assert.equal(1, f._redis.cfg.ttl)
+    fleet.remove(name)
+  end)
+
   it("reports counts fleet-wide, per key and per member, and pauses fleet-wide or per key", function()
     local name = name_for("stats")
     fleet.new(name, { max_live = 4 })

@@ -118,7 +118,23 @@ local function redis_new(name, opts)
   local f = registry[name]
   if f and f._redis then
     h:close(); R.h:close(); R.eh:close()
-    f._redis.cfg = R.cfg                  -- attach again: the new figures apply at the next lease
+    -- The agent derived its lease's ttl, its Redis connection and its
+    -- member name from the first attach: a second one with others would
+    -- fence on one ttl while Redis keeps the lease for another. Only the
+    -- figures read at every lease (max_live, block) may change.
+    local old, new = f._redis.cfg, R.cfg
+    local function differs(what, a, b)
+      if a ~= b then
+        if what == "redis.password" then a, b = "(hidden)", "(hidden)" end
+        fail("fleet.new('%s'): option '%s' differs from this process's first attach (%s, now %s):"
+          .. " a Redis fleet's ttl, machine and redis are fixed while the process is attached", name, what, a, b)
+      end
+    end
+    differs("ttl", old.ttl, new.ttl)
+    differs("machine", old.machine, new.machine)
+    for k, v in pairs(old.redis) do differs("redis." .. k, v, new.redis[k]) end
+    for k, v in pairs(new.redis) do differs("redis." .. k, old.redis[k], v) end
+    f._redis.cfg = new                    -- attach again: max_live and block apply at the next lease
     return f
   end
   if f then error("clientpool: fleet.new('" .. name .. "'): this process has it as a one-machine fleet", 0) end
@@ -284,7 +300,7 @@ function _M.pause(name, reason, key, opts)
   if temp then h:close() end
   if ok and rf then
     -- every machine: through Redis (this one's gate is closed already)
-    local ms = till >= 0 and math.floor((till - monotime()) * 1000) or 0
+    local ms = till >= 0 and math.max(1, math.ceil((till - monotime()) * 1000)) or 0   -- 0: no expiry
     local rok, err = require("clientpool.redisfleet").agent.pause(rf, reason, ms)
     if not rok then fail("fleet.pause('%s'): paused here, but not across machines: redis: %s", name, err) end
   end
