@@ -108,9 +108,24 @@ describe("the Redis fleet's scripts", function()
     assert.equal(0, q.n)                                -- 2 units are free, but not granted while quiet
     assert.is_true(q.quiet > 200)
     q = lease(name, 300, "a", 5, 2, 5)
-    assert.equal(3, q.n)                                -- a keeps its lease (max(min(cur, want), need)), no growth
+    assert.equal(2, q.n)                                -- what it claims to hold (n = need), not its old lease 3
     socket.sleep(0.32)
     assert.equal(2, lease(name, 60000, "b", 2, 0, 5).n)
+  end)
+
+  it("while quiet grants only what is claimed, not the new server's stale rows (a replica's)", function()
+    -- cap 6; the replica has a = 5; on the master a dropped to 1 and b took
+    -- 5 (not replicated); the failover: another run_id, quiet
+    local name = ready(300)
+    assert.equal(5, lease(name, 60000, "a", 5, 0, 6).n)
+    local keys = scripts.keys("clientpool:fleet:", name)
+    assert(c:raw("HSET", keys[1], "run_id", "the-old-master"))
+    local a = lease(name, 60000, "a", 5, 1, 6)          -- holding 1, wanting 5
+    assert.is_true(a.quiet > 0)
+    assert.equal(1, a.n); assert.equal(1, a.stored)
+    local b = lease(name, 60000, "b", 5, 5, 6)          -- b claims the 5 it took on the master
+    assert.equal(5, b.n)
+    assert.equal(6, b.sum)                              -- 1 + 5: never above the cap
   end)
 
   it("pauses fleet-wide, with a deadline, and resumes", function()
