@@ -128,6 +128,39 @@ describe("the Redis fleet's scripts", function()
     assert.equal(6, b.sum)                              -- 1 + 5: never above the cap
   end)
 
+  it("a machine holding nothing but waiting is seen by the holders (others, machines) and gets their spare", function()
+    local name = ready(200)
+    local a = lease(name, 60000, "a", 6, 4, 6)          -- a holds 4 and takes the whole 6
+    assert.equal(6, a.n)
+    local b = lease(name, 60000, "b", 3, 0, 6, nil, 3)  -- b: 3 callers waiting, nothing free
+    assert.equal(0, b.n); assert.equal(0, b.stored)
+    assert.equal(2, b.members)
+    local s = stats(name)
+    assert.equal(0, s.members.b.units); assert.equal(3, s.members.b.demand)
+    a = lease(name, 60000, "a", 6, 4, 6)                -- a's renewal sees b waiting
+    assert.equal(3, a.others); assert.equal(2, a.members)
+    -- the fairness rule (docs/fleet.md 14.5): others wait, a has no waiters,
+    -- so it asks for what it holds and its spare block goes back
+    a = lease(name, 60000, "a", 4, 4, 6)
+    assert.equal(4, a.n); assert.equal(4, a.sum)
+    b = lease(name, 60000, "b", 3, 0, 6, nil, 3)
+    assert.equal(2, b.n); assert.equal(6, b.sum)
+    -- a machine holding nothing with nobody waiting is no member
+    assert.equal(0, lease(name, 60000, "c", 0, 0, 6).stored)
+    assert.is_nil(stats(name).members.c)
+  end)
+
+  it("a waiting machine's row lapses with its ttl like any lease", function()
+    local name = ready(200)
+    assert.equal(2, lease(name, 60000, "a", 2, 2, 2).n)
+    assert.equal(0, lease(name, 250, "b", 1, 0, 2, nil, 1).n)
+    assert.equal(1, lease(name, 60000, "a", 2, 2, 2).others)
+    socket.sleep(0.3)
+    local a = lease(name, 60000, "a", 2, 2, 2)
+    assert.equal(0, a.others); assert.equal(1, a.members)
+    assert.is_nil(stats(name).members.b)
+  end)
+
   it("pauses fleet-wide, with a deadline, and resumes", function()
     local name = ready(100)
     local keys = scripts.keys("clientpool:fleet:", name)
