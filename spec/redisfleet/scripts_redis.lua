@@ -133,7 +133,8 @@ describe("the Redis fleet's scripts", function()
   -- doubled the re-admission after a Redis restart in members_redis.lua
   -- ("redis killed under load": first create 2.0 s after redis was back,
   -- bound ttl + ttl/8 + a poll) for a cause not yet found: backed out.
-  pending("a machine holding nothing but waiting is seen by the holders (others, machines) and gets their spare", function()
+  pending("a machine holding nothing but waiting is seen by the holders (others, machines) and gets their spare",
+          function()
     local name = ready(200)
     local a = lease(name, 60000, "a", 6, 4, 6)          -- a holds 4 and takes the whole 6
     assert.equal(6, a.n)
