@@ -13,7 +13,7 @@
 -- clock for every process here). `burst`: that many more tasks start at
 -- once when the process finds it was stopped (its clock jumped by more
 -- than 0.5 s between two 20 ms sleeps), so it wants new clients the moment
--- it resumes. At the end: "stats <grants> <failures>
+-- it resumes. `keep`: the word "keep" and no release destroys. At the end: "stats <grants> <failures>
 -- <asks> <commands>", then "done".
 local lpath, cpath, name, machine, out = arg[1], arg[2], arg[3], arg[4], arg[5]
 local coord_port, target_port = tonumber(arg[6]), tonumber(arg[7])
@@ -66,6 +66,7 @@ local pool = clientpool.new {
   end,
 }
 
+local keep = arg[14] == "keep"     -- no release destroys its client
 local grants, failures, rnd = 0, 0, tonumber(pid)
 local function random(n)
   rnd = (rnd * 1103515245 + 12345) % 2147483648
@@ -79,7 +80,7 @@ local function worker()
         grants = grants + 1
         log("g", string.format("%.6f", monotime()))
         loop.sleep(random(4) / 1000)
-        if random(8) == 0 then l:release(false) else l:release() end
+        if random(8) == 0 and not keep then l:release(false) else l:release() end
       else
         failures = failures + 1
         log("f", string.format("%.6f", monotime()), tostring(err))
@@ -103,12 +104,20 @@ if burst then
   end)
 end
 -- the log goes out every 0.1 s (a SIGKILL loses at most that); "agent
--- <t>" when this process became its machine's agent
+-- <t>" when this process became its machine's agent, "valid <t> <till>"
+-- when the machine's published lease validity (the election gate's
+-- deadline) changed
 loop.spawn(function()
   local R, was, n = fleet._redis(name), false, 0
   while monotime() < t_end do
     loop.sleep(0.01)
     if R.is_agent and not was then log("agent", string.format("%.6f", monotime())) end
+    -- "valid <t> <deadline>" when the machine's published validity changed
+    local _, _, till = R.eh:gate()
+    if till and till ~= R.spec_till then
+      R.spec_till = till
+      log("valid", string.format("%.6f %.6f", monotime(), till))
+    end
     was = R.is_agent
     n = n + 1
     if n % 10 == 0 then flush() end

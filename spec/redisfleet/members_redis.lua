@@ -53,12 +53,12 @@ describe("a Redis fleet across member processes (machines)", function()
     return string.format("spec-redis-%d-%d", n_fleet, os.time() % 100000 * 100 + math.random(0, 99))
   end
 
-  local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst)
+  local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst, keep)
     local c = { out = os.tmpname(), machine = machine }
     os.remove(c.out)
-    local cmd = string.format("exec %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s %s %s",
+    local cmd = string.format("exec %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s %s %s %s",
       INTERP, package.path, package.cpath, name, machine, c.out, coord.port, target.port, max_live, ttl, tasks, secs,
-      block or "", burst or "")
+      block or "", burst or "", keep or "")
     c.p = assert(io.popen(cmd, "r"))
     children[#children + 1] = c
     for _ = 1, 2000 do
@@ -297,6 +297,61 @@ describe("a Redis fleet across member processes (machines)", function()
     assert.is_true(after > 0)
     assert.equal(0, other.stats.failures)
     assert.is_true(peak_of(samples) <= cap)
+  end)
+
+  -- PENDING (a known defect, docs/fleet.md 14.4): the fence covers creates
+  -- only; the other process keeps granting its idle clients after the
+  -- validity passed (lowering the machine-local cap does not stop the reuse
+  -- of idle clients: measured 478502 grants after the deadline with the cap
+  -- at 0). Turn this back into `it` with the fix.
+  pending("a machine's agent SIGSTOPped past its validity: its other process grants nothing once the deadline passed",
+     function()
+    local name, cap, ttl = fresh(), 6, 1
+    -- (no release destroys: the other process keeps idle clients to grant)
+    local cs = { spawn(name, "m1", cap, ttl, 3, 6, 6, 0, "keep"), spawn(name, "m1", cap, ttl, 3, 6, 6, 0, "keep") }
+    local function agent_at(c)
+      for _, l in ipairs(lines_of(c.out)) do
+        local t = l:match("^agent (%S+)$")
+        if t then return tonumber(t) end
+      end
+    end
+    local t0 = monotime()
+    local t_stop, t_cont, stopped, other
+    sample(cs, {
+      [t0 + 2.0] = function()
+        local a1, a2 = agent_at(cs[1]), agent_at(cs[2])
+        assert(a1 or a2, "m1 has no agent")
+        stopped, other = a1 and cs[1] or cs[2], a1 and cs[2] or cs[1]
+        t_stop = monotime()
+        os.execute("kill -STOP " .. stopped.pid)
+      end,
+      [t0 + 2.0 + 2.5 * ttl] = function() t_cont = monotime(); os.execute("kill -CONT " .. stopped.pid) end,
+    })
+    -- the deadline in force when the agent stopped: the last one the other
+    -- process saw published before the stop; the next one (if the other
+    -- took over, or after the resume) ends the lapse
+    read_logs(cs)
+    local deadline, renewed
+    for _, l in ipairs(lines_of(other.out)) do
+      local at, till = l:match("^valid (%S+) (%S+)$")
+      at, till = tonumber(at), tonumber(till)
+      if at and at <= t_stop then deadline = till end
+      if at and at > t_stop and till > (deadline or 0) and not renewed then renewed = at end
+    end
+    assert.is_not_nil(deadline, "no validity published before the stop")
+    local lapse_end = math.min(renewed or t_cont, t_cont)
+    local before, after = 0, 0
+    for _, t in ipairs(other.grants) do
+      if t > t_stop and t <= deadline then before = before + 1 end
+      -- (a grant in flight at the deadline: the fence wakes at it, ttl / 20 slack)
+      if t > deadline + ttl / 20 and t < lapse_end then after = after + 1 end
+    end
+    print(string.format("\n  m1's agent stopped %.1f s (ttl %g s): the other process granted %d before the " ..
+      "published deadline, %d in the %.0f ms after it until the lease was renewed", t_cont - t_stop, ttl, before,
+      after, (lapse_end - deadline) * 1000))
+    assert.is_true(lapse_end > deadline + ttl / 20, "the lease never lapsed")
+    assert.equal(0, after)
+    for _, c in ipairs(cs) do assert.is_not_nil(c.stats, c.machine .. " did not finish") end
   end)
 
   it("fleet.pause and fleet.resume reach every machine through Redis", function()

@@ -108,9 +108,63 @@ describe("the Redis fleet's scripts", function()
     assert.equal(0, q.n)                                -- 2 units are free, but not granted while quiet
     assert.is_true(q.quiet > 200)
     q = lease(name, 300, "a", 5, 2, 5)
-    assert.equal(3, q.n)                                -- a keeps its lease (max(min(cur, want), need)), no growth
+    assert.equal(2, q.n)                                -- what it claims to hold (n = need), not its old lease 3
     socket.sleep(0.32)
     assert.equal(2, lease(name, 60000, "b", 2, 0, 5).n)
+  end)
+
+  it("while quiet grants only what is claimed, not the new server's stale rows (a replica's)", function()
+    -- cap 6; the replica has a = 5; on the master a dropped to 1 and b took
+    -- 5 (not replicated); the failover: another run_id, quiet
+    local name = ready(300)
+    assert.equal(5, lease(name, 60000, "a", 5, 0, 6).n)
+    local keys = scripts.keys("clientpool:fleet:", name)
+    assert(c:raw("HSET", keys[1], "run_id", "the-old-master"))
+    local a = lease(name, 60000, "a", 5, 1, 6)          -- holding 1, wanting 5
+    assert.is_true(a.quiet > 0)
+    assert.equal(1, a.n); assert.equal(1, a.stored)
+    local b = lease(name, 60000, "b", 5, 5, 6)          -- b claims the 5 it took on the master
+    assert.equal(5, b.n)
+    assert.equal(6, b.sum)                              -- 1 + 5: never above the cap
+  end)
+
+  -- PENDING (issue 16, the fairness defect): keeping a waiting machine's
+  -- demand row and exp entry when it holds nothing makes these pass, but
+  -- doubled the re-admission after a Redis restart in members_redis.lua
+  -- ("redis killed under load": first create 2.0 s after redis was back,
+  -- bound ttl + ttl/8 + a poll) for a cause not yet found: backed out.
+  pending("a machine holding nothing but waiting is seen by the holders (others, machines) and gets their spare",
+          function()
+    local name = ready(200)
+    local a = lease(name, 60000, "a", 6, 4, 6)          -- a holds 4 and takes the whole 6
+    assert.equal(6, a.n)
+    local b = lease(name, 60000, "b", 3, 0, 6, nil, 3)  -- b: 3 callers waiting, nothing free
+    assert.equal(0, b.n); assert.equal(0, b.stored)
+    assert.equal(2, b.members)
+    local s = stats(name)
+    assert.equal(0, s.members.b.units); assert.equal(3, s.members.b.demand)
+    a = lease(name, 60000, "a", 6, 4, 6)                -- a's renewal sees b waiting
+    assert.equal(3, a.others); assert.equal(2, a.members)
+    -- the fairness rule (docs/fleet.md 14.5): others wait, a has no waiters,
+    -- so it asks for what it holds and its spare block goes back
+    a = lease(name, 60000, "a", 4, 4, 6)
+    assert.equal(4, a.n); assert.equal(4, a.sum)
+    b = lease(name, 60000, "b", 3, 0, 6, nil, 3)
+    assert.equal(2, b.n); assert.equal(6, b.sum)
+    -- a machine holding nothing with nobody waiting is no member
+    assert.equal(0, lease(name, 60000, "c", 0, 0, 6).stored)
+    assert.is_nil(stats(name).members.c)
+  end)
+
+  pending("a waiting machine's row lapses with its ttl like any lease", function()
+    local name = ready(200)
+    assert.equal(2, lease(name, 60000, "a", 2, 2, 2).n)
+    assert.equal(0, lease(name, 250, "b", 1, 0, 2, nil, 1).n)
+    assert.equal(1, lease(name, 60000, "a", 2, 2, 2).others)
+    socket.sleep(0.3)
+    local a = lease(name, 60000, "a", 2, 2, 2)
+    assert.equal(0, a.others); assert.equal(1, a.members)
+    assert.is_nil(stats(name).members.b)
   end)
 
   it("pauses fleet-wide, with a deadline, and resumes", function()

@@ -31,9 +31,10 @@
 -- holding it wants); mode "leave" drops the member's lease.
 -- While quiet (for one ttl after Redis is first seen by a fleet, after it
 -- restarted, lost its data or failed over: its run_id changed) nothing
--- is granted beyond what members claim to hold (n = max(min(cur, want),
--- need): their leases were valid, the server lost them), so a member that
--- may still be admitting within its own validity is never overbooked.
+-- is granted beyond what members claim to hold (n = need: their leases
+-- were valid, the server lost them; the server's own rows may be stale,
+-- e.g. a replica's, so they grant nothing), so a member that may still be
+-- admitting within its own validity is never overbooked.
 local M = {}
 
 -- The keys of fleet `name` under `prefix`.
@@ -79,7 +80,7 @@ local cur = tonumber(redis.call('HGET', KEYS[2], member) or '0')
 local n, stored = 0, 0
 if mode ~= 'leave' then
   if quiet > 0 then
-    n = math.max(math.min(cur, want), need)
+    n = need
   else
     n = math.max(0, math.min(want, max_live - (sum - cur)))
   end
