@@ -124,6 +124,9 @@ describe("clientpool.fleet", function()
       local e = err_of(fleet.new, name, c[1])
       assert.truthy(e:find("clientpool: fleet.new('" .. name .. "'): " .. c[2], 1, true), e)
     end
+    -- nothing was opened by a refused call: no local segment for machine m2
+    assert.is_nil((fleet._backend.open(name .. ".m2")))
+    assert.is_nil((fleet._backend.open(name .. ".m2.agent")))
     assert.equal(f, fleet.new(name, with("max_live", 6)))   -- figures read at every lease may change
     assert.equal(6, f._redis.cfg.max_live)
     assert.equal(1, f._redis.cfg.ttl)

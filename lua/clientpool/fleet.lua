@@ -113,21 +113,23 @@ local fleet_mt = { __index = Fleet, __tostring = function(self) return "clientpo
 -- the machine holds from Redis (docs/fleet.md section 14).
 local function redis_new(name, opts)
   local rf = require "clientpool.redisfleet"
-  local ok, h, R = pcall(rf.new, name, opts, B)
-  if not ok then error(h, 0) end
   local f = registry[name]
-  if f and f._redis then
-    h:close(); R.h:close(); R.eh:close()
+  -- Both refusals come before anything is opened: a refused call leaves
+  -- no machine-local segment behind.
+  if f and not f._redis then fail("fleet.new('%s'): this process has it as a one-machine fleet", name) end
+  if f then
+    local ok, new = pcall(rf.validate, opts)
+    if not ok then error(new, 0) end
     -- The agent derived its lease's ttl, its Redis connection and its
     -- member name from the first attach: a second one with others would
     -- fence on one ttl while Redis keeps the lease for another. Only the
     -- figures read at every lease (max_live, block) may change.
-    local old, new = f._redis.cfg, R.cfg
-    local function differs(what, a, b)
-      if a ~= b then
-        if what == "redis.password" then a, b = "(hidden)", "(hidden)" end
+    local old = f._redis.cfg
+    local function differs(what, x, y)
+      if x ~= y then
+        if what == "redis.password" then x, y = "(hidden)", "(hidden)" end
         fail("fleet.new('%s'): option '%s' differs from this process's first attach (%s, now %s):"
-          .. " a Redis fleet's ttl, machine and redis are fixed while the process is attached", name, what, a, b)
+          .. " a Redis fleet's ttl, machine and redis are fixed while the process is attached", name, what, x, y)
       end
     end
     differs("ttl", old.ttl, new.ttl)
@@ -137,7 +139,8 @@ local function redis_new(name, opts)
     f._redis.cfg = new                    -- attach again: max_live and block apply at the next lease
     return f
   end
-  if f then error("clientpool: fleet.new('" .. name .. "'): this process has it as a one-machine fleet", 0) end
+  local ok, h, R = pcall(rf.new, name, opts, B)
+  if not ok then error(h, 0) end
   f = setmetatable({ name = name, created = false, _h = h, _redis = R }, fleet_mt)
   registry[name] = f
   return f
