@@ -11,15 +11,10 @@
 
 local clientpool = require "clientpool"
 local H = require "spec.helpers"
+local errmsg = H.errmsg
 local core = require "clientpool.core"
 
 local STEP = core.PRIORITY_STEP
-
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert(not ok, "expected an error")
-  return tostring(err)
-end
 
 for _, M in ipairs(H.missing_schedulers()) do
   describe("clientpool acquire priorities on " .. M.name, function()

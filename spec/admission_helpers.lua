@@ -2,7 +2,6 @@
 -- admission_resume_spec.lua): every scenario runs as a task on each
 -- scheduler of H.schedulers(), on a virtual clock: time only moves when
 -- tasks sleep, so resume_after deadlines and acquire timeouts are exact.
-local clientpool = require "clientpool"
 local H = require "spec.helpers"
 
 local P = {}
@@ -31,47 +30,12 @@ P.near, P.echo, P.copy = near, echo, copy
 -- The helpers bound to scheduler entry S:
 --   run(body)                           runs body(sched) as a task on a fresh scheduler
 --   mkpool(sched, o, fo)                a pool over simulated clients (max_live 4, echo policy)
+--   (run, mkpool, settle, waiter: H.kit of spec/helpers.lua)
 --   settle(sched)                       lets the tasks spawned so far run
 --   waiter(sched, pool, key, opts, f)   a task that acquires key and records the outcome
 --   record_gate_events(pool, sched)     listeners recording pause and resume events
 local function bind(S)
-  -- Runs body(sched) as a task on a fresh scheduler, to completion.
-  local function run(body)
-    local sched = S.new()
-    S.run(sched, body, sched)
-    return sched
-  end
-
-  -- A pool over simulated clients: max_live 4 and the echo policy unless o
-  -- says otherwise. fo: factory options.
-  local function mkpool(sched, o, fo)
-    local f = H.factory(sched, fo)
-    local opts = { create = f.create, destroy = f.destroy, max_live = 4, policy = echo, scheduler = sched }
-    for k, v in pairs(o or {}) do opts[k] = v end
-    return clientpool.new(opts), f
-  end
-
-  -- Lets tasks spawned so far (destroy hooks, woken waiters) run.
-  local function settle(sched)
-    sched.sleep(0)
-    sched.sleep(0)
-  end
-
-  -- Spawns a task that acquires key and records the outcome: t0/t1
-  -- (virtual time before and after), lease, client, code, detail, done.
-  -- then_fn(w), if given, runs after the acquire.
-  local function waiter(sched, pool, key, opts, then_fn)
-    local w = { done = false }
-    sched.spawn(function()
-      w.t0 = sched.now()
-      w.lease, w.code, w.detail = pool:acquire(key, opts)
-      w.client = w.lease and w.lease.client
-      w.t1 = sched.now()
-      w.done = true
-      if then_fn then then_fn(w) end
-    end)
-    return w
-  end
+  local run, mkpool, settle, waiter = H.kit(S, { max_live = 4, policy = echo })
 
   -- Listeners recording pause and resume events in order.
   local function record_gate_events(pool, sched)

@@ -5,21 +5,12 @@
 
 local clientpool = require "clientpool"
 local H = require "spec.helpers"
+local contains, errmsg = H.contains, H.errmsg
 
 local IS_JIT = rawget(_G, "jit") ~= nil
 
 local function is_int(v)
   return type(v) == "number" and v >= 0 and math.floor(v) == v
-end
-
-local function contains(s, part)
-  return type(s) == "string" and s:find(part, 1, true) ~= nil
-end
-
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert(not ok, "expected an error")
-  return tostring(err)
 end
 
 for _, backend in ipairs { "core", "ffi" } do

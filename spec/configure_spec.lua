@@ -10,17 +10,7 @@
 
 local clientpool = require "clientpool"
 local H = require "spec.helpers"
-
-local function contains(s, part)
-  return type(s) == "string" and s:find(part, 1, true) ~= nil
-end
-
--- The message of the error fn raises (it must raise), without its position.
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert(not ok, "expected an error")
-  return (tostring(err):gsub("^[^\n]-:%d+: ", "", 1))
-end
+local contains, errmsg = H.contains, H.errmsg_bare
 
 -- Hooks that count clients open at once; destroy takes `slow` seconds.
 local function counting(sched, slow)

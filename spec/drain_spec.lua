@@ -6,30 +6,8 @@
 -- virtual clock: drain timeouts and cancellation graces are exact and cost
 -- no real time.
 
-local clientpool = require "clientpool"
 local H = require "spec.helpers"
-
-local function contains(s, part)
-  return type(s) == "string" and s:find(part, 1, true) ~= nil
-end
-
--- The message of the error fn raises (it must raise).
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert(not ok, "expected an error")
-  return tostring(err)
-end
-
--- A programming error: "clientpool:" first (after a position prefix) and
--- every word given.
-local function assert_api_error(msg, ...)
-  local bare = msg:gsub("^[^\n]-:%d+: ", "", 1)
-  assert(bare:sub(1, 11) == "clientpool:", "not a 'clientpool:' error: " .. msg)
-  for i = 1, select("#", ...) do
-    local w = select(i, ...)
-    assert(contains(bare, w), "error does not mention '" .. w .. "': " .. msg)
-  end
-end
+local contains, errmsg, assert_api_error = H.contains, H.errmsg, H.assert_api_error
 
 local function near(expected, got, what)
   assert(type(got) == "number" and math.abs(got - expected) < 1e-6,
@@ -39,40 +17,8 @@ end
 for _, S in ipairs(H.schedulers()) do
   describe("clientpool drain on " .. S.name, function()
 
-    -- Runs body(sched) as a task on a fresh scheduler, to completion.
-    local function run(body)
-      local sched = S.new()
-      S.run(sched, body, sched)
-      return sched
-    end
-
-    -- A pool over simulated clients: max_live 4 unless o says otherwise.
-    local function mkpool(sched, o, fo)
-      local f = H.factory(sched, fo)
-      local opts = { create = f.create, destroy = f.destroy, max_live = 4, scheduler = sched }
-      for k, v in pairs(o or {}) do opts[k] = v end
-      return clientpool.new(opts), f
-    end
-
-    -- Lets tasks spawned so far (destroy hooks, woken waiters) run.
-    local function settle(sched)
-      sched.sleep(0)
-      sched.sleep(0)
-    end
-
-    -- Spawns a task that acquires key and records the outcome: t1, lease,
-    -- client, code, done. then_fn(w), if given, runs after the acquire.
-    local function waiter(sched, pool, key, opts, then_fn)
-      local w = { done = false }
-      sched.spawn(function()
-        w.lease, w.code, w.detail = pool:acquire(key, opts)
-        w.client = w.lease and w.lease.client
-        w.t1 = sched.now()
-        w.done = true
-        if then_fn then then_fn(w) end
-      end)
-      return w
-    end
+    -- run, mkpool, settle, waiter: spec/helpers.lua H.kit
+    local run, mkpool, settle, waiter = H.kit(S, { max_live = 4 })
 
     -- Spawns a task that calls pool:drain(timeout) and records its results.
     local function drainer(sched, pool, timeout)

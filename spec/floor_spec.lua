@@ -8,28 +8,7 @@
 
 local clientpool = require "clientpool"
 local H = require "spec.helpers"
-
-local function contains(s, part)
-  return type(s) == "string" and s:find(part, 1, true) ~= nil
-end
-
--- The message of the error fn raises (it must raise).
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert(not ok, "expected an error")
-  return tostring(err)
-end
-
--- A programming error: "clientpool:" first (after a position prefix) and
--- every word given.
-local function assert_api_error(msg, ...)
-  local bare = msg:gsub("^[^\n]-:%d+: ", "", 1)
-  assert(bare:sub(1, 11) == "clientpool:", "not a 'clientpool:' error: " .. msg)
-  for i = 1, select("#", ...) do
-    local w = select(i, ...)
-    assert(contains(bare, w), "error does not mention '" .. w .. "': " .. msg)
-  end
-end
+local contains, errmsg, assert_api_error = H.contains, H.errmsg, H.assert_api_error
 
 -- H.factory with create instrumented: attempts (calls, failed or not),
 -- inflight and max_inflight (creates running at once), keys (the key of

@@ -282,6 +282,11 @@ function H.errmsg(fn, ...)
   return tostring(err)
 end
 
+-- The message of the error fn raises (it must raise), without its position.
+function H.errmsg_bare(fn, ...)
+  return (H.errmsg(fn, ...):gsub("^[^\n]-:%d+: ", "", 1))
+end
+
 -- A programming error: "clientpool:" first (after a position prefix) and
 -- every word given.
 function H.assert_api_error(msg, ...)
@@ -291,6 +296,46 @@ function H.assert_api_error(msg, ...)
     local w = select(i, ...)
     assert(H.contains(bare, w), "error does not mention '" .. w .. "': " .. msg)
   end
+end
+
+-- The task kit most scheduler-parametrised suites share, bound to scheduler
+-- entry S; defaults are the pool options mkpool starts from (o overrides):
+--   run(body)                          body(sched) as a task on a fresh scheduler
+--   mkpool(sched, o, fo)               a pool over H.factory(sched, fo)'s clients
+--   settle(sched)                      lets the tasks spawned so far run
+--   waiter(sched, pool, key, opts, f)  a task that acquires key and records
+--                                      co, t0, t1, lease, client, code, detail, done
+function H.kit(S, defaults)
+  local function run(body)
+    local sched = S.new()
+    S.run(sched, body, sched)
+    return sched
+  end
+  local function mkpool(sched, o, fo)
+    local f = H.factory(sched, fo)
+    local opts = { create = f.create, destroy = f.destroy, scheduler = sched }
+    for k, v in pairs(defaults or {}) do opts[k] = v end
+    for k, v in pairs(o or {}) do opts[k] = v end
+    return require("clientpool").new(opts), f
+  end
+  local function settle(sched)
+    sched.sleep(0)
+    sched.sleep(0)
+  end
+  local function waiter(sched, pool, key, opts, then_fn)
+    local w = { done = false }
+    sched.spawn(function()
+      w.co = coroutine.running()
+      w.t0 = sched.now()
+      w.lease, w.code, w.detail = pool:acquire(key, opts)
+      w.client = w.lease and w.lease.client -- release clears lease.client
+      w.t1 = sched.now()
+      w.done = true
+      if then_fn then then_fn(w) end
+    end)
+    return w
+  end
+  return run, mkpool, settle, waiter
 end
 
 return H

@@ -13,18 +13,9 @@
 
 local clientpool = require "clientpool"
 local H = require "spec.helpers"
+local contains, errmsg = H.contains, H.errmsg_bare
 local core = require "clientpool.core"
 local socket_ok, socket = pcall(require, "socket")
-
-local function contains(s, part)
-  return type(s) == "string" and s:find(part, 1, true) ~= nil
-end
-
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert(not ok, "expected an error")
-  return (tostring(err):gsub("^[^\n]-:%d+: ", "", 1))
-end
 
 -- A TCP server on 127.0.0.1 (an ephemeral port) stepped by a task of the
 -- scheduler: it echoes lines and closes a connection idle (no line from

@@ -3,14 +3,10 @@
 -- place a lease was acquired. The whole suite runs once per scheduler entry
 -- of spec/helpers.lua, as spec/acquire_spec.lua does (same helpers).
 
-local clientpool = require "clientpool"
 local H = require "spec.helpers"
+local contains = H.contains
 
 local SPEC_NAME = "leak_spec"
-
-local function contains(s, part)
-  return type(s) == "string" and s:find(part, 1, true) ~= nil
-end
 
 -- Full collections, after overwriting stack slots a finished call may have
 -- left a lease in (dead stack slots can keep an object one cycle too long).
@@ -44,30 +40,11 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
     -- Spec seconds to the entry's seconds.
     local function T(x) return x * S.scale end
 
-    -- Runs body(sched) as a task on a fresh scheduler, to completion.
-    local function run(body)
-      local sched = S.new()
-      S.run(sched, body, sched)
-      return sched
-    end
+    -- run, mkpool, settle: spec/helpers.lua H.kit
+    local run, mkpool, settle = H.kit(S, { max_live = 4 })
 
     -- The duration got (the entry's seconds) is `expected` spec seconds.
     local function near(expected, got, what) H.time(S, expected, got, what) end
-
-    -- A pool over simulated clients: max_live 4 unless o says otherwise.
-    -- fo: factory options (latency).
-    local function mkpool(sched, o, fo)
-      local f = H.factory(sched, fo)
-      local opts = { create = f.create, destroy = f.destroy, max_live = 4, scheduler = sched }
-      for k, v in pairs(o or {}) do opts[k] = v end
-      return clientpool.new(opts), f
-    end
-
-    -- Lets tasks spawned so far (destroy hooks) run.
-    local function settle(sched)
-      sched.sleep(0)
-      sched.sleep(0)
-    end
 
     ---------------------------------------------------------------------------
     describe("leaks", function()

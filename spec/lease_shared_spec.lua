@@ -15,36 +15,8 @@ end
 for _, S in ipairs(H.schedulers()) do
   describe("clientpool shared leases on " .. S.name, function()
 
-    -- Runs body(sched) as a task on a fresh scheduler, to completion.
-    local function run(body)
-      local sched = S.new()
-      S.run(sched, body, sched)
-      return sched
-    end
-
-    -- capacity 3, max_live 2 unless o says otherwise.
-    local function mkpool(sched, o, fo)
-      local f = H.factory(sched, fo)
-      local opts = { create = f.create, destroy = f.destroy, max_live = 2, capacity = 3, scheduler = sched }
-      for k, v in pairs(o or {}) do opts[k] = v end
-      return clientpool.new(opts), f
-    end
-
-    local function settle(sched)
-      sched.sleep(0)
-      sched.sleep(0)
-    end
-
-    local function waiter(sched, pool, key, opts)
-      local w = { done = false }
-      sched.spawn(function()
-        w.lease, w.code, w.detail = pool:acquire(key, opts)
-        w.client = w.lease and w.lease.client
-        w.t1 = sched.now()
-        w.done = true
-      end)
-      return w
-    end
+    -- run, mkpool, settle, waiter: spec/helpers.lua H.kit
+    local run, mkpool, settle, waiter = H.kit(S, { max_live = 2, capacity = 3 })
 
     ---------------------------------------------------------------------------
     describe("sharing", function()

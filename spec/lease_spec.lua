@@ -3,32 +3,10 @@
 -- whole suite runs once per scheduler entry of spec/helpers.lua, as
 -- spec/acquire_spec.lua does (same helpers); times are spec seconds x T().
 
-local clientpool = require "clientpool"
 local H = require "spec.helpers"
+local contains, errmsg, assert_api_error = H.contains, H.errmsg, H.assert_api_error
 
 local it54 = _VERSION == "Lua 5.4" and it or pending
-
-local function contains(s, part)
-  return type(s) == "string" and s:find(part, 1, true) ~= nil
-end
-
--- The message of the error fn raises (it must raise).
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert(not ok, "expected an error")
-  return tostring(err)
-end
-
--- A programming error: "clientpool:" first (after a position prefix) and
--- every word given.
-local function assert_api_error(msg, ...)
-  local bare = msg:gsub("^[^\n]-:%d+: ", "", 1)
-  assert(bare:sub(1, 11) == "clientpool:", "not a 'clientpool:' error: " .. msg)
-  for i = 1, select("#", ...) do
-    local w = select(i, ...)
-    assert(contains(bare, w), "error does not mention '" .. w .. "': " .. msg)
-  end
-end
 
 for _, M in ipairs(H.missing_schedulers()) do
   describe("clientpool leases on " .. M.name, function()
@@ -40,27 +18,8 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
   describe("clientpool leases on " .. S.name, function()
     after_each(function() if S.finish then S.finish() end end)
 
-    -- Runs body(sched) as a task on a fresh scheduler, to completion.
-    local function run(body)
-      local sched = S.new()
-      S.run(sched, body, sched)
-      return sched
-    end
-
-    -- A pool over simulated clients: max_live 4 unless o says otherwise.
-    -- fo: factory options (latency).
-    local function mkpool(sched, o, fo)
-      local f = H.factory(sched, fo)
-      local opts = { create = f.create, destroy = f.destroy, max_live = 4, scheduler = sched }
-      for k, v in pairs(o or {}) do opts[k] = v end
-      return clientpool.new(opts), f
-    end
-
-    -- Lets tasks spawned so far (destroy hooks) run.
-    local function settle(sched)
-      sched.sleep(0)
-      sched.sleep(0)
-    end
+    -- run, mkpool, settle: spec/helpers.lua H.kit
+    local run, mkpool, settle = H.kit(S, { max_live = 4 })
 
     ---------------------------------------------------------------------------
     describe("release and destroy", function()

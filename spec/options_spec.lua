@@ -7,6 +7,7 @@
 
 local clientpool = require "clientpool"
 local H = require "spec.helpers"
+local contains = H.contains
 
 local NAN, INF = 0 / 0, math.huge
 local NONE = {} -- in an override table: leave the option out
@@ -49,10 +50,6 @@ end
 -- The message without a "chunk:line: " position prefix.
 local function strip_position(msg)
   return (msg:gsub("^[^\n]-:%d+: ", "", 1))
-end
-
-local function contains(s, part)
-  return s:find(part, 1, true) ~= nil
 end
 
 -- Asserts the rejection: "clientpool:" first, and every name mentioned.

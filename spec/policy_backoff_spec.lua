@@ -9,16 +9,11 @@
 local clientpool = require "clientpool"
 local policy = require "clientpool.policy"
 local H = require "spec.helpers"
+local errmsg = H.errmsg
 
 local function near(expected, got, what)
   assert(type(got) == "number" and math.abs(got - expected) < 1e-6,
          (what or "value") .. ": expected " .. tostring(expected) .. ", got " .. tostring(got))
-end
-
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert(not ok, "expected an error")
-  return tostring(err)
 end
 
 -- Runs body(loop) as a task on a fresh virtual-clock loop, to completion.

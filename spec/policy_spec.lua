@@ -24,43 +24,8 @@ end
 for _, S in ipairs(H.schedulers()) do
   describe("clientpool ready-made policies on " .. S.name, function()
 
-    -- Runs body(sched) as a task on a fresh scheduler, to completion.
-    local function run(body)
-      local sched = S.new()
-      S.run(sched, body, sched)
-      return sched
-    end
-
-    -- A pool over simulated clients: max_live 4 and the echo policy unless o
-    -- says otherwise. fo: factory options.
-    local function mkpool(sched, o, fo)
-      local f = H.factory(sched, fo)
-      local opts = { create = f.create, destroy = f.destroy, max_live = 4, policy = echo, scheduler = sched }
-      for k, v in pairs(o or {}) do opts[k] = v end
-      return clientpool.new(opts), f
-    end
-
-    -- Lets tasks spawned so far (destroy hooks, woken waiters) run.
-    local function settle(sched)
-      sched.sleep(0)
-      sched.sleep(0)
-    end
-
-    -- Spawns a task that acquires key and records the outcome: t0/t1
-    -- (virtual time before and after), lease, client, code, detail, done.
-    -- then_fn(w), if given, runs after the acquire.
-    local function waiter(sched, pool, key, opts, then_fn)
-      local w = { done = false }
-      sched.spawn(function()
-        w.t0 = sched.now()
-        w.lease, w.code, w.detail = pool:acquire(key, opts)
-        w.client = w.lease and w.lease.client
-        w.t1 = sched.now()
-        w.done = true
-        if then_fn then then_fn(w) end
-      end)
-      return w
-    end
+    -- run, mkpool, settle, waiter: spec/helpers.lua H.kit
+    local run, mkpool, settle, waiter = H.kit(S, { max_live = 4, policy = echo })
 
     ---------------------------------------------------------------------------
     describe("clientpool.policy.http", function()

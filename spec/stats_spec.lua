@@ -24,24 +24,11 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
     -- Spec seconds to the entry's seconds.
     local function T(x) return x * S.scale end
 
-    -- Runs body(sched) as a task on a fresh scheduler, to completion.
-    local function run(body)
-      local sched = S.new()
-      S.run(sched, body, sched)
-      return sched
-    end
+    -- run, mkpool: spec/helpers.lua H.kit
+    local run, mkpool = H.kit(S, { max_live = 4 })
 
     -- The duration got (the entry's seconds) is `expected` spec seconds.
     local function near(expected, got, what) H.time(S, expected, got, what) end
-
-    -- A pool over simulated clients: max_live 4 unless o says otherwise.
-    -- fo: factory options (latency).
-    local function mkpool(sched, o, fo)
-      local f = H.factory(sched, fo)
-      local opts = { create = f.create, destroy = f.destroy, max_live = 4, scheduler = sched }
-      for k, v in pairs(o or {}) do opts[k] = v end
-      return clientpool.new(opts), f
-    end
 
     ---------------------------------------------------------------------------
     describe("stats", function()
