@@ -18,6 +18,8 @@ local conf = require "fleet_conf"
 local clientpool = require "clientpool"
 local cpngx = require "clientpool.ngx"
 local fleet = require "clientpool.fleet"
+local common = require "fleet_common"
+local ping = common.ping
 
 local M = {}
 local pool
@@ -33,32 +35,7 @@ function M.init_worker()
   })
 end
 
-local function ping(sock)
-  local ok, err = sock:send("PING\r\n")
-  if not ok then return nil, err end
-  local line
-  line, err = sock:receive("*l")
-  if line ~= "+PONG" then return nil, err or line end
-  return true
-end
-
-function M.redis()
-  local lease, code, detail = pool:acquire()
-  if not lease then
-    ngx.status = 503
-    ngx.say("acquire: ", tostring(code), " ", tostring(detail))
-    return
-  end
-  local ok, err = ping(lease.client)
-  if not ok then
-    lease:release(false)
-    ngx.status = 502
-    ngx.say("ping: ", tostring(err))
-    return
-  end
-  lease:release()
-  ngx.say("PONG")
-end
+function M.redis() common.redis(pool) end
 
 function M.fleet()
   local s = fleet.stats(conf.name)

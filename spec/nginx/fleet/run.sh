@@ -70,7 +70,7 @@ EOF
 http {
   access_log off;
 $(nginx_temp_paths "$run")
-  lua_package_path "$here/?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
+  lua_package_path "$here/?.lua;$here/../?.lua;$root/lua/?.lua;$root/lua/?/init.lua;$run/?.lua;;";
   lua_package_cpath "$root/build/luajit/?.so;;";
   init_by_lua_block { require("fleet_app").init() }
   init_worker_by_lua_block { require("fleet_app").init_worker() }
