@@ -40,7 +40,7 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "int atomics must be lock-free");
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free");
 
 #define FL_MAGIC 0x31544c4650504c43ULL     /* "CLPPFLT1" */
-#define FL_VERSION 1u
+#define FL_VERSION 2u                      /* 2: the validity deadline (valid_ns) */
 #define FL_READY UINT64_MAX                /* init word once initialized */
 #define FL_LINE 64
 #define FL_MAX_ROWS 4096
@@ -129,6 +129,7 @@ typedef struct fl_hdr {
   _Atomic uint32_t repair_needed, gc_needed, timed;   /* timed: some gate has a deadline */
   _Atomic uint64_t reclaimed, repairs, repaired_units, resets, joins, repair_negative;
   _Atomic uint64_t gates_gen;
+  _Atomic uint64_t valid_ns;         /* CLOCK_MONOTONIC ns past which admission is closed; 0: none */
   fl_gate gate;
 } fl_hdr;
 
@@ -1688,6 +1689,37 @@ int clientpool_fleet_gate(clientpool_fleet_t *f, int32_t slot, char *reason, siz
 }
 
 uint64_t clientpool_fleet_gates_gen(const clientpool_fleet_t *f) { return LD(f->h->gates_gen); }
+
+/* ---- validity ----------------------------------------------------------
+ * The reverse of a gate's `until`: closed past the deadline unless it is
+ * moved.  A Redis fleet's agent writes its lease's validity here at every
+ * renewal, so that every member's engine stops granting once the lease may
+ * have lapsed, even when the agent's process is stopped and cannot lower
+ * the cap.  One word: the deadline needs no reason, and a reader must
+ * never see a torn one. */
+
+int clientpool_fleet_set_valid(clientpool_fleet_t *f, double until) {
+  uint64_t v, was;
+  if (!f || !f->base || until != until) return CLIENTPOOL_FLEET_EINVAL;
+  if (until < 0) v = 0;
+  else if (until >= 1.8e10) v = UINT64_MAX;         /* (about 570 years: never) */
+  else { v = (uint64_t)(until * 1e9); if (v == 0) v = 1; }
+  was = XCHG(f->h->valid_ns, v);
+  /* reopened: members look again at their next acquisition or tick (they
+   * compare gates_gen), so waiters held at the closed gate are served */
+  if (was != 0 && mono_ns() >= was && (v == 0 || mono_ns() < v)) ADD(f->h->gates_gen, 1);
+  return 0;
+}
+
+int32_t clientpool_fleet_lapsed(const clientpool_fleet_t *f) {
+  uint64_t v = LD(f->h->valid_ns);
+  return v != 0 && mono_ns() >= v;
+}
+
+double clientpool_fleet_valid_until(const clientpool_fleet_t *f) {
+  uint64_t v = LD(f->h->valid_ns);
+  return v == 0 ? -1.0 : (double)v * 1e-9;
+}
 
 /* ---- figures ----------------------------------------------------------- */
 

@@ -264,6 +264,24 @@ static int lcp_fleet_resume(lua_State *L) {
   return push_status(L, clientpool_fleet_resume(f, key, klen));
 }
 
+/* f:set_valid(until) -> true | nil, code, msg (until < 0: none) */
+static int lcp_fleet_set_valid(lua_State *L) {
+  clientpool_fleet_t *f = check_fleet(L);
+  return push_status(L, clientpool_fleet_set_valid(f, luaL_checknumber(L, 2)));
+}
+
+/* f:lapsed() -> boolean; f:valid_until() -> seconds | nil */
+static int lcp_fleet_lapsed(lua_State *L) {
+  lua_pushboolean(L, clientpool_fleet_lapsed(check_fleet(L)) == 1);
+  return 1;
+}
+
+static int lcp_fleet_valid_until(lua_State *L) {
+  double u = clientpool_fleet_valid_until(check_fleet(L));
+  if (u < 0) lua_pushnil(L); else lua_pushnumber(L, u);
+  return 1;
+}
+
 /* f:gate([slot]) -> paused, reason, until|nil */
 static int lcp_fleet_gate(lua_State *L) {
   clientpool_fleet_t *f = check_fleet(L);
@@ -413,7 +431,8 @@ int lcp_fleet_register(lua_State *L) {
     {"take", lcp_fleet_take}, {"give", lcp_fleet_give}, {"demand", lcp_fleet_demand},
     {"seq", lcp_fleet_seq}, {"poll", lcp_fleet_poll}, {"shed", lcp_fleet_shed}, {"scan", lcp_fleet_scan},
     {"pause", lcp_fleet_pause}, {"resume", lcp_fleet_resume}, {"gate", lcp_fleet_gate},
-    {"gates_gen", lcp_fleet_gates_gen}, {"limits", lcp_fleet_limits}, {"stats", lcp_fleet_stats},
+    {"gates_gen", lcp_fleet_gates_gen}, {"set_valid", lcp_fleet_set_valid}, {"lapsed", lcp_fleet_lapsed},
+    {"valid_until", lcp_fleet_valid_until}, {"limits", lcp_fleet_limits}, {"stats", lcp_fleet_stats},
     {"update", lcp_fleet_update}, {"count", lcp_fleet_count}, {"waiting", lcp_fleet_waiting},
     {"key_stats", lcp_fleet_key_stats}, {"member_stats", lcp_fleet_member_stats},
     {NULL, NULL}

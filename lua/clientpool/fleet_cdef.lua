@@ -313,6 +313,23 @@ int clientpool_fleet_gate(clientpool_fleet_t *f, int32_t slot, char *reason, siz
  * last saw (a plain load) and reads the gates only when it moved. */
 uint64_t clientpool_fleet_gates_gen(const clientpool_fleet_t *f);
 
+/* The validity deadline (CLOCK_MONOTONIC seconds, as clientpool_monotime):
+ * past it the fleet reads lapsed, and every member's engine admits
+ * nothing, keeps no released client idle and closes its idle ones, until
+ * the deadline is moved.  until < 0 clears it: no deadline, never lapsed
+ * (a fleet that never had one, as every one-machine fleet).  A Redis
+ * fleet's agent writes its lease's validity here at each renewal.  Moving
+ * the deadline of a lapsed fleet bumps gates_gen (members look again).
+ * Any handle.  0, EINVAL (NaN). */
+int clientpool_fleet_set_valid(clientpool_fleet_t *f, double until);
+
+/* 1 past the validity deadline, 0 before it or without one: one load, and
+ * a clock read (vDSO) only when a deadline is set. */
+int32_t clientpool_fleet_lapsed(const clientpool_fleet_t *f);
+
+/* The validity deadline, or -1 when none is set: one load. */
+double clientpool_fleet_valid_until(const clientpool_fleet_t *f);
+
 /* The current limits.  0. */
 int clientpool_fleet_limits(const clientpool_fleet_t *f, clientpool_fleet_limits_t *out);
 

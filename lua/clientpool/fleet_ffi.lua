@@ -202,6 +202,16 @@ function Fleet:resume(key)
   return status(C.clientpool_fleet_resume(self.p, key, key and #key or 0))
 end
 
+function Fleet:set_valid(till)
+  return status(C.clientpool_fleet_set_valid(self.p, check_int(till, 2, "set_valid")))
+end
+function Fleet:lapsed() return C.clientpool_fleet_lapsed(self.p) == 1 end
+function Fleet:valid_until()
+  local u = C.clientpool_fleet_valid_until(self.p)
+  if u < 0 then return nil end
+  return u
+end
+
 function Fleet:gate(s)
   local rc = C.clientpool_fleet_gate(self.p, s or -1, self._reason, _M.REASON_MAX + 1, self._until)
   if rc < 0 then return fail(rc) end

@@ -24,7 +24,10 @@
 -- (nothing new is admitted; held leases stay with their callers), and at
 -- valid_until to 0. valid_until is published as the gate deadline of the
 -- `.agent` fleet, so every process's create hook checks it (fleetlink):
--- even with the agent stopped, no client is created on a lapsed share.
+-- even with the agent stopped, no client is created on a lapsed share; and
+-- as the machine-local fleet's validity (clientpool_fleet_set_valid), which
+-- every engine reads at acquire and release: past it nothing is granted,
+-- idle or new, and released clients are closed.
 local scripts = require "clientpool.redisfleet.scripts"
 local resp = require "clientpool.redisfleet.resp"
 local monotime = require("clientpool.core").monotime
@@ -71,9 +74,13 @@ end
 M.set_cap = set_cap
 
 -- Publishes valid_until to every process of the machine: the election
--- fleet's gate reads closed until then (fleetlink's create fence reads it).
+-- fleet's gate reads closed until then (fleetlink's create fence reads it),
+-- and the machine-local fleet's validity deadline closes every engine's
+-- admission after it (no idle grant, no release kept idle) until the next
+-- renewal moves it, whether or not this process runs then.
 local function publish(R)
   R.eh:pause("lease", nil, R.valid_until)
+  R.h:set_valid(R.valid_until)
 end
 
 --- The create fence: true while this machine's lease is valid.
