@@ -97,6 +97,30 @@ local function mirror_pause(R, p, ms)
   else R.h:pause(p:sub(2), nil, (ms and ms >= 0) and (monotime() + ms / 1000) or -1) end
 end
 
+-- Redis must not evict the fleet's keys (docs/fleet.md 14.13): each has an
+-- expiry, so under an evicting maxmemory-policy one could go (a machine's
+-- units, its exp entry) while the run id stays, and the sum would read low
+-- with no quiet period. Read once per connection from INFO memory (no
+-- CONFIG permission needed); nil, message when the policy evicts.
+local function check_policy(R)
+  local c = R.conn
+  if c.sock and c.policy_of == c.connects then return true end
+  local ok, err = c:open()
+  if not ok then return nil, err end
+  local v, e = c:raw("INFO", "memory")
+  if type(v) ~= "string" then return nil, "INFO memory: " .. tostring(e) end
+  local policy = v:match("maxmemory_policy:([%w_%-]+)")
+  if policy and policy ~= "noeviction" then
+    c:close()                     -- (the next try reconnects and reads it again)
+    return nil, "clientpool: fleet '" .. R.name .. "': redis at " .. tostring(R.cfg.redis.host) .. ":" ..
+      tostring(R.cfg.redis.port) .. " has maxmemory-policy '" .. policy .. "', which may evict the fleet's " ..
+      "keys and break the cap: this machine leases nothing until it is 'noeviction' (docs/fleet.md 14.13)", true
+  end
+  c.policy_of = c.connects
+  return true
+end
+M.check_policy = check_policy
+
 -- One lease call: asks for `want` units, keeping `need` accounted.
 local function ask(R, t, held, waiting)
   local cfg = R.cfg
@@ -127,8 +151,23 @@ local function ask(R, t, held, waiting)
   if not R.conn then R.conn = resp.new(R.redis_opts, R.transport, R.sleep) end
   local t0 = monotime()
   R.asks = R.asks + 1
-  local v, err = R.conn:script("lease", scripts.lease, R.keys,
-                               { R.ttl_ms, R.member, want, need, waiting, cfg.max_live, "lease" })
+  local v, err, evicting = check_policy(R)
+  if evicting then
+    -- refused: said once per episode, tried again once a ttl
+    R.fails = R.fails + 1
+    if R.last_err ~= err then
+      local ngx_ = rawget(_G, "ngx")
+      if ngx_ and ngx_.log then ngx_.log(ngx_.ERR, err) else io.stderr:write(err, "\n") end
+    end
+    R.last_err = err
+    R.next_due = monotime() + cfg.ttl
+    R.next_ask = R.next_due
+    return
+  end
+  if v then
+    v, err = R.conn:script("lease", scripts.lease, R.keys,
+                           { R.ttl_ms, R.member, want, need, waiting, cfg.max_live, "lease" })
+  end
   if type(v) ~= "table" then
     R.fails = R.fails + 1
     R.last_err = tostring(err)
