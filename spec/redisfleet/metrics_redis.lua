@@ -33,9 +33,11 @@ describe("clientpool.metrics over a Redis fleet", function()
       loop.sleep(ttl / 2)
       text = metrics.prometheus { db = name }
       -- the same figures, read from Redis directly
-      local keys = scripts.keys("clientpool:fleet:", name)
-      units = tonumber(server.cmd(r.port, "HGET", keys[2], "mx-1"))
-      held = tonumber(server.cmd(r.port, "HGET", keys[4], "mx-1"))
+      -- (the machine's row in Redis is its agent's: "mx-1~<epoch>")
+      local keys, member = scripts.keys("clientpool:fleet:", name), fleet._redis(name).member
+      assert.equal("mx-1~1", member)
+      units = tonumber(server.cmd(r.port, "HGET", keys[2], member))
+      held = tonumber(server.cmd(r.port, "HGET", keys[4], member))
       a:release(); b:release()
       pool:close()
     end)
