@@ -1906,14 +1906,18 @@ int32_t clientpool_wait_priority(clientpool_t *p, int32_t k, double deadline, in
                                  uint32_t *gen) {
   int32_t w;
   waiter_t *x;
-  int kept;
+  int kept, held;
   now = clamp(p, now);
   if (p->closed) return -CLIENTPOOL_CLOSED;
   if (!key_ok(p, k)) return -CLIENTPOOL_STALE;
+  held = p->kept != NONE;
   kept = take_kept(p, k);
   if (p->st.waiting >= p->cfg.max_waiting) {
     BOTH(p, k, rejected, 1);
     key_maybe_free(p, k);
+    /* a place kept (by this caller or another key's) held dispatch back:
+     * now that it is dropped, the waiters it held are served */
+    if (held) finish(p, now);
     return -CLIENTPOOL_FULL;
   }
   if (!queue_room(&p->keys[k])) return CLIENTPOOL_ENOMEM;
