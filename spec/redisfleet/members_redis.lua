@@ -438,7 +438,11 @@ describe("a Redis fleet across member processes (machines)", function()
     -- renewed
     local granted, created, renewed = 0, 0, nil
     for _, t in ipairs(other.grants) do if t_took and t > t_took and t < t_cont then granted = granted + 1 end end
-    for _, t in ipairs(other.creates) do if t > t_stop and t < t_cont then created = created + 1 end end
+    local first_create
+    for _, t in ipairs(other.creates) do
+      if t > t_stop and t < t_cont then created = created + 1 end
+      if t_took and t > t_took and not first_create then first_create = t end
+    end
     for _, c in ipairs(cs) do
       if c.machine == "m1" then
         for _, l in ipairs(lines_of(c.out)) do
@@ -490,6 +494,10 @@ describe("a Redis fleet across member processes (machines)", function()
     -- the old validity ended by t_stop + 3/4 ttl: renewed before, no lapse
     assert.is_true(renewed < t_stop + 0.75 * ttl, "renewed " .. (renewed - t_stop) .. " s after")
     assert.is_true(granted > 0)
+    -- creates resume: the first after the takeover, within the takeover's
+    -- bound plus a renewal
+    assert.is_not_nil(first_create, "no create after the takeover")
+    assert.is_true(first_create - t_stop < stall + 0.25 + ttl / 2, "first create " .. (first_create - t_stop))
     -- at most until the takeover's lease (the bound above). (The new
     -- agent's first lease counts the old epoch's row as another machine's:
     -- applied as granted, that dip let m2 take m1's units until the
