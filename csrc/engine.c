@@ -29,10 +29,12 @@ enum { KM_LIVE = 1, KM_FLOOR = 2 };
 
 /* Admission gate of the pool or of a key: paused, or half-open (one probe
  * admitted, the rest held until its lease reports a continuing outcome);
- * fpaused: the fleet's gate, as the driver mirrors it (clientpool_gate_fleet). */
+ * fpaused: the fleet's gate, as the driver mirrors it (clientpool_gate_fleet);
+ * flapsed (the pool's gate only): the fleet's validity passed (fl_lapse_check). */
 typedef struct gate {
   int32_t paused;
   int32_t fpaused;
+  int32_t flapsed;
   int32_t probe;
   int32_t probe_lease;
   uint32_t probe_gen;
@@ -301,8 +303,10 @@ static void fl_lease_give(clientpool_t *p, int32_t k) {
 }
 
 /* A record that stays idle takes its fleet IDLE unit: 1, or 0 when the
- * fleet's max_idle (or the key's) is reached, and the caller destroys it. */
+ * fleet's max_idle (or the key's) is reached, or its validity passed, and
+ * the caller destroys it. */
 static int fl_keep_idle(clientpool_t *p, int32_t r) {
+  if (p->gate.flapsed) return 0;
   if (!fl_take(p, CLIENTPOOL_FLEET_IDLE, p->rec[r].key)) return 0;
   p->rec[r].fidle = 1;
   return 1;
@@ -329,6 +333,18 @@ static void fl_gates_check(clientpool_t *p) {
   if (g == p->fl_gates) return;
   p->fl_gates = g;
   push_event(p, CLIENTPOOL_EV_GATES, 0, 0, 0, 0);
+}
+
+/* The fleet's validity (clientpool_fleet_set_valid: a Redis fleet's lease,
+ * which its agent renews).  Past the deadline the pool's gate is closed:
+ * nothing is granted, idle or new, and waiters wait (availability, not
+ * the cap), and no client is kept idle.  The engine cannot be told by the
+ * agent (it may be another process, and stopped), so it looks itself: at
+ * every acquisition, release, retry and rebalance (the driver's tick); the
+ * call that sees it renewed serves the waiters at its end.  One load while
+ * no deadline is set (a one-machine fleet). */
+static void fl_lapse_check(clientpool_t *p) {
+  p->gate.flapsed = clientpool_fleet_lapsed(p->fl) ? 1 : 0;
 }
 
 /* ---- deadline heap ---------------------------------------------------- */
@@ -475,7 +491,7 @@ static int key_room(const clientpool_t *p, int32_t k) {
 
 /* Which heap key k belongs in: RH_IDLE, RH_CREATE or NONE. */
 static int gate_blocked(const gate_t *g) {
-  return g->paused || g->fpaused || g->probe == PROBE_OUT;
+  return g->paused || g->fpaused || g->flapsed || g->probe == PROBE_OUT;
 }
 
 static int key_ready(const clientpool_t *p, int32_t k) {
@@ -1847,9 +1863,11 @@ int clientpool_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_
    * call (and, on MUST_WAIT, until the driver queues or forgets) */
   p->hold_key = k;
   if (p->keys[k].bstate == B_WINDOW) backoff_check(p, k, now);
-  if (p->fl) fl_gates_check(p);
+  if (p->fl) { fl_gates_check(p); fl_lapse_check(p); }
   if (!admits(p, k)) {
-    if (p->cfg.pause_fail) {
+    gate_t own = p->gate;
+    own.flapsed = 0;                   /* (a lapse is no pause: its callers wait, whatever pause_mode) */
+    if (p->cfg.pause_fail && (gate_blocked(&own) || gate_blocked(&p->keys[k].gate))) {
       BOTH(p, k, rejected, 1);
       g->status = CLIENTPOOL_PAUSED;
     } else if (p->st.waiting >= p->cfg.max_waiting) {
@@ -1888,14 +1906,18 @@ int32_t clientpool_wait_priority(clientpool_t *p, int32_t k, double deadline, in
                                  uint32_t *gen) {
   int32_t w;
   waiter_t *x;
-  int kept;
+  int kept, held;
   now = clamp(p, now);
   if (p->closed) return -CLIENTPOOL_CLOSED;
   if (!key_ok(p, k)) return -CLIENTPOOL_STALE;
+  held = p->kept != NONE;
   kept = take_kept(p, k);
   if (p->st.waiting >= p->cfg.max_waiting) {
     BOTH(p, k, rejected, 1);
     key_maybe_free(p, k);
+    /* a place kept (by this caller or another key's) held dispatch back:
+     * now that it is dropped, the waiters it held are served */
+    if (held) finish(p, now);
     return -CLIENTPOOL_FULL;
   }
   if (!queue_room(&p->keys[k])) return CLIENTPOOL_ENOMEM;
@@ -2085,6 +2107,7 @@ int clientpool_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason,
   if (!x || p->rec[x->record].state != R_LEASED) return CLIENTPOOL_STALE;
   if (reason >= CLIENTPOOL_BY_COUNT) reason = CLIENTPOOL_BY_ERROR;
   if (reason < 0 && fast_release(p, l, now)) return 0;
+  if (p->fl) fl_lapse_check(p);
   release(p, l, reason, now);
   finish(p, now);
   return 0;
@@ -2547,6 +2570,7 @@ int32_t clientpool_retry(clientpool_t *p, double now) {
   if (!p->fl) return 0;
   was = p->fl_mark | (p->fl_kmarked > 0 ? CLIENTPOOL_BLOCKED_KEY : 0);
   fl_gates_check(p);
+  fl_lapse_check(p);
   p->fl_mark = 0;
   p->fl_signalled = 0;
   for (k = 0; k < p->nkeys; k++) {
@@ -2562,12 +2586,12 @@ int32_t clientpool_retry(clientpool_t *p, double now) {
 
 /* Destroys up to n idle records of key k (k < 0: of any key), least
  * recently used first, for the fleet.  Returns how many. */
-static int32_t shed_idle(clientpool_t *p, int32_t k, int32_t n) {
+static int32_t shed_idle(clientpool_t *p, int32_t k, int32_t n, int32_t why) {
   int32_t done = 0;
   while (done < n) {
     int32_t r = k < 0 ? lru_idle(p) : idle_bottom(p, k);
     if (r == NONE) break;
-    destroy(p, r, CLIENTPOOL_BY_SHED);
+    destroy(p, r, why);
     done++;
   }
   return done;
@@ -2577,15 +2601,19 @@ int32_t clientpool_rebalance(clientpool_t *p, double now) {
   int32_t n, k, done = 0;
   now = clamp(p, now);
   if (!p->fl || p->closed) return 0;
+  /* past the fleet's validity no client stays idle (as a release: the
+   * machine's idle cap is nothing until its lease is renewed) */
+  fl_lapse_check(p);
+  if (p->gate.flapsed) done += shed_idle(p, NONE, INT32_MAX, CLIENTPOOL_BY_MAX_IDLE);
   n = clientpool_fleet_shed(p->fl, NONE) - p->st.closing;
-  if (n > 0) done += shed_idle(p, NONE, n);
+  if (n > 0) done += shed_idle(p, NONE, n, CLIENTPOOL_BY_SHED);
   for (k = 0; k < p->nkeys; k++) {
     key_t_ *key = &p->keys[k];
     if (!key->used || key->fslot < 0) continue;   /* (each call renews the key's pledge) */
     n = clientpool_fleet_shed(p->fl, key->fslot) - key->st.closing;
     if (n > 0) {
       p->hold_key = k;
-      done += shed_idle(p, k, n);
+      done += shed_idle(p, k, n, CLIENTPOOL_BY_SHED);
       p->hold_key = NONE;
       key_maybe_free(p, k);
     }
@@ -2611,6 +2639,7 @@ int clientpool_gate_fleet(clientpool_t *p, int32_t k, int32_t paused, double now
   now = clamp(p, now);
   if (!gt || !p->fl) return CLIENTPOOL_EINVAL;
   gt->fpaused = paused != 0;
+  fl_lapse_check(p);
   if (k >= 0) key_refresh(p, k);
   finish(p, now);
   return 0;

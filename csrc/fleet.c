@@ -40,7 +40,7 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "int atomics must be lock-free");
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free");
 
 #define FL_MAGIC 0x31544c4650504c43ULL     /* "CLPPFLT1" */
-#define FL_VERSION 1u
+#define FL_VERSION 2u                      /* 2: the validity deadline (valid_ns) */
 #define FL_READY UINT64_MAX                /* init word once initialized */
 #define FL_LINE 64
 #define FL_MAX_ROWS 4096
@@ -129,6 +129,9 @@ typedef struct fl_hdr {
   _Atomic uint32_t repair_needed, gc_needed, timed;   /* timed: some gate has a deadline */
   _Atomic uint64_t reclaimed, repairs, repaired_units, resets, joins, repair_negative;
   _Atomic uint64_t gates_gen;
+  _Atomic uint64_t valid_ns;         /* CLOCK_MONOTONIC ns past which admission is closed; 0: none */
+  _Atomic uint64_t agent;            /* epoch << 32 | holder's pid (0: vacant) */
+  _Atomic uint64_t agent_beat;       /* the holder's last beat, CLOCK_MONOTONIC ns */
   fl_gate gate;
 } fl_hdr;
 
@@ -1689,6 +1692,37 @@ int clientpool_fleet_gate(clientpool_fleet_t *f, int32_t slot, char *reason, siz
 
 uint64_t clientpool_fleet_gates_gen(const clientpool_fleet_t *f) { return LD(f->h->gates_gen); }
 
+/* ---- validity ----------------------------------------------------------
+ * The reverse of a gate's `until`: closed past the deadline unless it is
+ * moved.  A Redis fleet's agent writes its lease's validity here at every
+ * renewal, so that every member's engine stops granting once the lease may
+ * have lapsed, even when the agent's process is stopped and cannot lower
+ * the cap.  One word: the deadline needs no reason, and a reader must
+ * never see a torn one. */
+
+int clientpool_fleet_set_valid(clientpool_fleet_t *f, double until) {
+  uint64_t v, was;
+  if (!f || !f->base || until != until) return CLIENTPOOL_FLEET_EINVAL;
+  if (until < 0) v = 0;
+  else if (until >= 1.8e10) v = UINT64_MAX;         /* (about 570 years: never) */
+  else { v = (uint64_t)(until * 1e9); if (v == 0) v = 1; }
+  was = XCHG(f->h->valid_ns, v);
+  /* reopened: members look again at their next acquisition or tick (they
+   * compare gates_gen), so waiters held at the closed gate are served */
+  if (was != 0 && mono_ns() >= was && (v == 0 || mono_ns() < v)) ADD(f->h->gates_gen, 1);
+  return 0;
+}
+
+int32_t clientpool_fleet_lapsed(const clientpool_fleet_t *f) {
+  uint64_t v = LD(f->h->valid_ns);
+  return v != 0 && mono_ns() >= v;
+}
+
+double clientpool_fleet_valid_until(const clientpool_fleet_t *f) {
+  uint64_t v = LD(f->h->valid_ns);
+  return v == 0 ? -1.0 : (double)v * 1e-9;
+}
+
 /* ---- figures ----------------------------------------------------------- */
 
 int clientpool_fleet_limits(const clientpool_fleet_t *f, clientpool_fleet_limits_t *o) {
@@ -1707,10 +1741,9 @@ int clientpool_fleet_limits(const clientpool_fleet_t *f, clientpool_fleet_limits
   return 0;
 }
 
-int clientpool_fleet_update(clientpool_fleet_t *f, const clientpool_fleet_limits_t *lim, char *err, size_t errlen) {
+/* The checks of an update (no lock taken): 0 or an error, in err. */
+static int update_ok(const clientpool_fleet_t *f, const clientpool_fleet_limits_t *lim, char *err, size_t errlen) {
   char why[160];
-  if (err && errlen) err[0] = 0;
-  if (!f || !f->base || !lim) return CLIENTPOOL_FLEET_EINVAL;
   if (!limits_ok(lim, why, sizeof why)) {
     msg(err, errlen, "%s", why);
     return CLIENTPOOL_FLEET_EINVAL;
@@ -1721,6 +1754,15 @@ int clientpool_fleet_update(clientpool_fleet_t *f, const clientpool_fleet_limits
         (int)f->nrows, (int)f->keys_cap, (int)lim->members, (int)lim->max_keys);
     return CLIENTPOOL_FLEET_EGEOMETRY;
   }
+  return 0;
+}
+
+int clientpool_fleet_update(clientpool_fleet_t *f, const clientpool_fleet_limits_t *lim, char *err, size_t errlen) {
+  int rc;
+  if (err && errlen) err[0] = 0;
+  if (!f || !f->base || !lim) return CLIENTPOOL_FLEET_EINVAL;
+  rc = update_ok(f, lim, err, errlen);
+  if (rc) return rc;
   if (admin_lock(f, FL_ADMIN_SPINS * 4) != 0) {
     msg(err, errlen, "the fleet's admin lock is held by a live process: limits not updated");
     return CLIENTPOOL_FLEET_EBUSY;
@@ -1729,6 +1771,85 @@ int clientpool_fleet_update(clientpool_fleet_t *f, const clientpool_fleet_limits
   admin_unlock(f);
   ADD(f->h->seq, 1);                   /* a raised cap is room: waiters look again */
   return 0;
+}
+
+/* ---- the agent's place ------------------------------------------------
+ * A Redis fleet's machine has one agent.  A dead holder stops beating; so
+ * does a stopped one (SIGSTOP, a paused VM), which is still alive and may
+ * resume in the middle of anything.  So the place is taken by epoch, not
+ * by liveness: a claim bumps the epoch, and every write the agent makes to
+ * the segment checks its epoch under the admin lock that claims also take,
+ * so a resumed holder's write either lands before the claim (it was the
+ * agent then) or not at all. */
+
+#define AG_WORD(e, pid) (((uint64_t)(e) << 32) | (uint32_t)(pid))
+#define AG_EPOCH(w) ((uint32_t)((w) >> 32))
+#define AG_PID(w) ((int32_t)(uint32_t)((w) & 0xffffffffu))
+
+uint32_t clientpool_fleet_agent(const clientpool_fleet_t *f, int32_t *pid, double *age) {
+  uint64_t w = LD(f->h->agent), b = LD(f->h->agent_beat), now = mono_ns();
+  if (pid) *pid = AG_PID(w);
+  if (age) *age = AG_PID(w) == 0 ? -1.0 : (now > b ? (double)(now - b) * 1e-9 : 0.0);
+  return AG_EPOCH(w);
+}
+
+uint32_t clientpool_fleet_agent_claim(clientpool_fleet_t *f, uint32_t epoch, double stale) {
+  uint64_t w, now;
+  double age;
+  uint32_t e = 0;
+  if (!f || !f->base || !(stale >= 0)) return 0;
+  if (admin_lock(f, FL_ADMIN_SPINS) != 0) return 0;
+  w = LD(f->h->agent);
+  now = mono_ns();
+  age = (double)(now - LD(f->h->agent_beat)) * 1e-9;
+  /* vacant, silent for `stale`, or silent as a dead member row is and dead */
+  if (AG_EPOCH(w) == epoch && epoch != UINT32_MAX &&
+      (AG_PID(w) == 0 || age >= stale ||
+       (age * 1e9 >= (double)FL_HB_STALE_NS && !proc_alive(AG_PID(w), 0)))) {
+    e = epoch + 1;
+    ST(f->h->agent_beat, now);
+    ST(f->h->agent, AG_WORD(e, getpid()));
+  }
+  admin_unlock(f);
+  return e;
+}
+
+int clientpool_fleet_agent_beat(clientpool_fleet_t *f, uint32_t epoch) {
+  if (!f || !f->base) return CLIENTPOOL_FLEET_EINVAL;
+  if (LD(f->h->agent) != AG_WORD(epoch, getpid())) return CLIENTPOOL_FLEET_ESTALE;
+  /* (a beat that lands just after a claim only refreshes the new holder's) */
+  ST(f->h->agent_beat, mono_ns());
+  return 0;
+}
+
+int clientpool_fleet_agent_update(clientpool_fleet_t *f, uint32_t epoch, const clientpool_fleet_limits_t *lim,
+                                  double until, char *err, size_t errlen) {
+  int rc;
+  if (err && errlen) err[0] = 0;
+  if (!f || !f->base) return CLIENTPOOL_FLEET_EINVAL;
+  if (lim && (rc = update_ok(f, lim, err, errlen)) != 0) return rc;
+  if (admin_lock(f, FL_ADMIN_SPINS * 4) != 0) {
+    msg(err, errlen, "the fleet's admin lock is held by a live process: not updated");
+    return CLIENTPOOL_FLEET_EBUSY;
+  }
+  if (LD(f->h->agent) != AG_WORD(epoch, getpid())) {
+    admin_unlock(f);
+    msg(err, errlen, "%s", clientpool_fleet_strerror(CLIENTPOOL_FLEET_ESTALE));
+    return CLIENTPOOL_FLEET_ESTALE;
+  }
+  if (lim) limits_store(f->h, lim);
+  if (until == until) clientpool_fleet_set_valid(f, until);
+  ST(f->h->agent_beat, mono_ns());
+  admin_unlock(f);
+  if (lim) ADD(f->h->seq, 1);
+  return 0;
+}
+
+int clientpool_fleet_agent_release(clientpool_fleet_t *f, uint32_t epoch) {
+  uint64_t w;
+  if (!f || !f->base) return CLIENTPOOL_FLEET_EINVAL;
+  w = AG_WORD(epoch, getpid());
+  return atomic_compare_exchange_strong(&f->h->agent, &w, AG_WORD(epoch, 0)) ? 0 : CLIENTPOOL_FLEET_ESTALE;
 }
 
 int32_t clientpool_fleet_count(const clientpool_fleet_t *f, int32_t kind, int32_t key) {
@@ -1848,6 +1969,7 @@ const char *clientpool_fleet_strerror(int code) {
   case CLIENTPOOL_FLEET_ESYS: return "system call failed";
   case CLIENTPOOL_FLEET_ENOTHELD: return "not held";
   case CLIENTPOOL_FLEET_ETIMEDOUT: return "segment still being initialized";
+  case CLIENTPOOL_FLEET_ESTALE: return "another process took the agent's place";
   default: return "unknown error";
   }
 }

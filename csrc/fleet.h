@@ -77,7 +77,8 @@ enum {
   CLIENTPOOL_FLEET_ENOTMEMBER = -12,/* the handle has not joined (or its row was lost) */
   CLIENTPOOL_FLEET_ESYS = -13,      /* a system call failed (errno in the message) */
   CLIENTPOOL_FLEET_ENOTHELD = -14,  /* give of a unit the member does not hold; key not open */
-  CLIENTPOOL_FLEET_ETIMEDOUT = -15  /* the segment stayed half-initialized by a live creator */
+  CLIENTPOOL_FLEET_ETIMEDOUT = -15, /* the segment stayed half-initialized by a live creator */
+  CLIENTPOOL_FLEET_ESTALE = -16     /* the agent's place was taken by another process (a newer epoch) */
 };
 
 /* Bounds of names, keys and pause reasons, in bytes. */
@@ -314,6 +315,54 @@ int clientpool_fleet_gate(clientpool_fleet_t *f, int32_t slot, char *reason, siz
 /* Bumped at every pause and resume: a member compares it to the value it
  * last saw (a plain load) and reads the gates only when it moved. */
 uint64_t clientpool_fleet_gates_gen(const clientpool_fleet_t *f);
+
+/* The validity deadline (CLOCK_MONOTONIC seconds, as clientpool_monotime):
+ * past it the fleet reads lapsed, and every member's engine admits
+ * nothing, keeps no released client idle and closes its idle ones, until
+ * the deadline is moved.  until < 0 clears it: no deadline, never lapsed
+ * (a fleet that never had one, as every one-machine fleet).  A Redis
+ * fleet's agent writes its lease's validity here at each renewal.  Moving
+ * the deadline of a lapsed fleet bumps gates_gen (members look again).
+ * Any handle.  0, EINVAL (NaN). */
+int clientpool_fleet_set_valid(clientpool_fleet_t *f, double until);
+
+/* 1 past the validity deadline, 0 before it or without one: one load, and
+ * a clock read (vDSO) only when a deadline is set. */
+int32_t clientpool_fleet_lapsed(const clientpool_fleet_t *f);
+
+/* The validity deadline, or -1 when none is set: one load. */
+double clientpool_fleet_valid_until(const clientpool_fleet_t *f);
+
+/* The machine's agent (a Redis fleet's machine-local fleet: the one process
+ * that leases for the machine).  The place is one word: an epoch, bumped by
+ * every claim, and the holder's pid, with the holder's beat (its last sign
+ * of life, CLOCK_MONOTONIC).  Whoever holds the current epoch may write
+ * the limits and the validity through agent_update; a holder that was
+ * stopped and replaced finds its epoch stale there (ESTALE), atomically
+ * with the write, so two agents never both set the machine's share. */
+
+/* The current epoch (0: never claimed); *pid the holder (0: vacant), *age
+ * seconds since its last beat (-1 vacant).  pid and age may be NULL. */
+uint32_t clientpool_fleet_agent(const clientpool_fleet_t *f, int32_t *pid, double *age);
+
+/* Claims the place for this process if `epoch` is still current and the
+ * place is vacant, or its beat is at least `stale` seconds old (a stopped
+ * holder), or half a second old with its process gone (a dead one).  Returns the new epoch (> 0), or 0 when the place is
+ * not claimable or another claim came first.  Under the admin lock. */
+uint32_t clientpool_fleet_agent_claim(clientpool_fleet_t *f, uint32_t epoch, double stale);
+
+/* The holder's beat.  0, or ESTALE when epoch is no longer this process's. */
+int clientpool_fleet_agent_beat(clientpool_fleet_t *f, uint32_t epoch);
+
+/* As clientpool_fleet_update (lim; NULL: unchanged) and
+ * clientpool_fleet_set_valid (until; NaN: unchanged), both only while
+ * `epoch` is this process's, checked under the admin lock that claims
+ * take.  0, ESTALE (nothing written), EINVAL, EGEOMETRY, EBUSY. */
+int clientpool_fleet_agent_update(clientpool_fleet_t *f, uint32_t epoch, const clientpool_fleet_limits_t *lim,
+                                  double until, char *err, size_t errlen);
+
+/* Leaves the place vacant (the epoch stays).  0, or ESTALE. */
+int clientpool_fleet_agent_release(clientpool_fleet_t *f, uint32_t epoch);
 
 /* The current limits.  0. */
 int clientpool_fleet_limits(const clientpool_fleet_t *f, clientpool_fleet_limits_t *out);

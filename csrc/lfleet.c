@@ -52,6 +52,7 @@ static const char *err_name(int code) {
   case CLIENTPOOL_FLEET_ESYS: return "esys";
   case CLIENTPOOL_FLEET_ENOTHELD: return "enotheld";
   case CLIENTPOOL_FLEET_ETIMEDOUT: return "etimedout";
+  case CLIENTPOOL_FLEET_ESTALE: return "estale";
   default: return "unknown";
   }
 }
@@ -264,6 +265,24 @@ static int lcp_fleet_resume(lua_State *L) {
   return push_status(L, clientpool_fleet_resume(f, key, klen));
 }
 
+/* f:set_valid(until) -> true | nil, code, msg (until < 0: none) */
+static int lcp_fleet_set_valid(lua_State *L) {
+  clientpool_fleet_t *f = check_fleet(L);
+  return push_status(L, clientpool_fleet_set_valid(f, luaL_checknumber(L, 2)));
+}
+
+/* f:lapsed() -> boolean; f:valid_until() -> seconds | nil */
+static int lcp_fleet_lapsed(lua_State *L) {
+  lua_pushboolean(L, clientpool_fleet_lapsed(check_fleet(L)) == 1);
+  return 1;
+}
+
+static int lcp_fleet_valid_until(lua_State *L) {
+  double u = clientpool_fleet_valid_until(check_fleet(L));
+  if (u < 0) lua_pushnil(L); else lua_pushnumber(L, u);
+  return 1;
+}
+
 /* f:gate([slot]) -> paused, reason, until|nil */
 static int lcp_fleet_gate(lua_State *L) {
   clientpool_fleet_t *f = check_fleet(L);
@@ -311,6 +330,51 @@ static int lcp_fleet_update(lua_State *L) {
   if (rc < 0) return push_fail(L, rc, err);
   lua_pushboolean(L, 1);
   return 1;
+}
+
+/* f:agent() -> epoch, pid, age (age -1: vacant) */
+static int lcp_fleet_agent(lua_State *L) {
+  int32_t pid = 0;
+  double age = -1;
+  uint32_t e = clientpool_fleet_agent(check_fleet(L), &pid, &age);
+  lua_pushnumber(L, (lua_Number)e);
+  lua_pushinteger(L, pid);
+  lua_pushnumber(L, age);
+  return 3;
+}
+
+/* f:agent_claim(epoch, stale) -> the new epoch, or 0 */
+static int lcp_fleet_agent_claim(lua_State *L) {
+  clientpool_fleet_t *f = check_fleet(L);
+  lua_pushnumber(L, (lua_Number)clientpool_fleet_agent_claim(f, (uint32_t)luaL_checknumber(L, 2),
+                                                             luaL_checknumber(L, 3)));
+  return 1;
+}
+
+static int lcp_fleet_agent_beat(lua_State *L) {
+  clientpool_fleet_t *f = check_fleet(L);
+  return push_status(L, clientpool_fleet_agent_beat(f, (uint32_t)luaL_checknumber(L, 2)));
+}
+
+/* f:agent_update(epoch, limits | nil, until | nil) -> true | nil, code, msg */
+static int lcp_fleet_agent_update(lua_State *L) {
+  clientpool_fleet_t *f = check_fleet(L);
+  clientpool_fleet_limits_t lim;
+  char err[320];
+  int rc;
+  uint32_t e = (uint32_t)luaL_checknumber(L, 2);
+  int has_lim = !lua_isnoneornil(L, 3);
+  double until = lua_isnoneornil(L, 4) ? (0.0 / 0.0) : luaL_checknumber(L, 4);
+  if (has_lim) read_limits(L, 3, &lim);
+  rc = clientpool_fleet_agent_update(f, e, has_lim ? &lim : NULL, until, err, sizeof err);
+  if (rc < 0) return push_fail(L, rc, err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lcp_fleet_agent_release(lua_State *L) {
+  clientpool_fleet_t *f = check_fleet(L);
+  return push_status(L, clientpool_fleet_agent_release(f, (uint32_t)luaL_checknumber(L, 2)));
 }
 
 static int lcp_fleet_count(lua_State *L) {
@@ -413,7 +477,10 @@ int lcp_fleet_register(lua_State *L) {
     {"take", lcp_fleet_take}, {"give", lcp_fleet_give}, {"demand", lcp_fleet_demand},
     {"seq", lcp_fleet_seq}, {"poll", lcp_fleet_poll}, {"shed", lcp_fleet_shed}, {"scan", lcp_fleet_scan},
     {"pause", lcp_fleet_pause}, {"resume", lcp_fleet_resume}, {"gate", lcp_fleet_gate},
-    {"gates_gen", lcp_fleet_gates_gen}, {"limits", lcp_fleet_limits}, {"stats", lcp_fleet_stats},
+    {"gates_gen", lcp_fleet_gates_gen}, {"set_valid", lcp_fleet_set_valid}, {"lapsed", lcp_fleet_lapsed},
+    {"valid_until", lcp_fleet_valid_until}, {"agent", lcp_fleet_agent}, {"agent_claim", lcp_fleet_agent_claim},
+    {"agent_beat", lcp_fleet_agent_beat}, {"agent_update", lcp_fleet_agent_update},
+    {"agent_release", lcp_fleet_agent_release}, {"limits", lcp_fleet_limits}, {"stats", lcp_fleet_stats},
     {"update", lcp_fleet_update}, {"count", lcp_fleet_count}, {"waiting", lcp_fleet_waiting},
     {"key_stats", lcp_fleet_key_stats}, {"member_stats", lcp_fleet_member_stats},
     {NULL, NULL}

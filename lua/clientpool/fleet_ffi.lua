@@ -34,6 +34,7 @@ local ERR = {
   [C.CLIENTPOOL_FLEET_EBUSY] = "ebusy", [C.CLIENTPOOL_FLEET_ENOTMEMBER] = "enotmember",
   [C.CLIENTPOOL_FLEET_ESYS] = "esys", [C.CLIENTPOOL_FLEET_ENOTHELD] = "enotheld",
   [C.CLIENTPOOL_FLEET_ETIMEDOUT] = "etimedout",
+  [C.CLIENTPOOL_FLEET_ESTALE] = "estale",
 }
 
 local function fail(code, msg)
@@ -202,6 +203,16 @@ function Fleet:resume(key)
   return status(C.clientpool_fleet_resume(self.p, key, key and #key or 0))
 end
 
+function Fleet:set_valid(till)
+  return status(C.clientpool_fleet_set_valid(self.p, check_int(till, 2, "set_valid")))
+end
+function Fleet:lapsed() return C.clientpool_fleet_lapsed(self.p) == 1 end
+function Fleet:valid_until()
+  local u = C.clientpool_fleet_valid_until(self.p)
+  if u < 0 then return nil end
+  return u
+end
+
 function Fleet:gate(s)
   local rc = C.clientpool_fleet_gate(self.p, s or -1, self._reason, _M.REASON_MAX + 1, self._until)
   if rc < 0 then return fail(rc) end
@@ -234,6 +245,32 @@ function Fleet:update(lim)
   local rc = C.clientpool_fleet_update(self.p, read_limits(lim, 2, "update"), err, 320)
   if rc < 0 then return fail(rc, ffi_string(err)) end
   return true
+end
+
+-- The agent's place (fleet.h): epoch, pid, age; claim, beat, guarded
+-- update, release.
+local agent_pid, agent_age = ffi.new("int32_t[1]"), ffi.new("double[1]")
+function Fleet:agent()
+  local e = C.clientpool_fleet_agent(self.p, agent_pid, agent_age)
+  return tonumber(e), agent_pid[0], agent_age[0]
+end
+function Fleet:agent_claim(epoch, stale)
+  return tonumber(C.clientpool_fleet_agent_claim(self.p, check_int(epoch, 2, "agent_claim"),
+                                                 check_int(stale, 3, "agent_claim")))
+end
+function Fleet:agent_beat(epoch)
+  return status(C.clientpool_fleet_agent_beat(self.p, check_int(epoch, 2, "agent_beat")))
+end
+function Fleet:agent_update(epoch, lim, till)
+  local err = errbuf_t()
+  local rc = C.clientpool_fleet_agent_update(self.p, check_int(epoch, 2, "agent_update"),
+                                             lim ~= nil and read_limits(lim, 3, "agent_update") or nil,
+                                             till == nil and 0 / 0 or check_int(till, 4, "agent_update"), err, 320)
+  if rc < 0 then return fail(rc, ffi_string(err)) end
+  return true
+end
+function Fleet:agent_release(epoch)
+  return status(C.clientpool_fleet_agent_release(self.p, check_int(epoch, 2, "agent_release")))
 end
 
 function Fleet:count(kind, key) return C.clientpool_fleet_count(self.p, kind, key or -1) end

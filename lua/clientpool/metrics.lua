@@ -32,7 +32,9 @@
 --
 -- A pool's place in `pools` may hold a fleet name (a string) instead: its
 -- statistics then come from metrics.fleet_stats(name) (clientpool.fleet's
--- stats: the fleet-wide gauges, per key too).
+-- stats: the fleet-wide gauges, per key too). For a Redis fleet those are
+-- this machine's local fleet, and clientpool_redis_fleet_* add the figures
+-- across machines (fleet.stats(name).redis; per machine labelled machine=).
 local type, error, pairs, ipairs, tostring, tonumber, pcall, select, setmetatable, getmetatable =
       type, error, pairs, ipairs, tostring, tonumber, pcall, select, setmetatable, getmetatable
 local string_format, string_gsub, string_find, string_sub = string.format, string.gsub, string.find, string.sub
@@ -97,6 +99,30 @@ for _, scope in ipairs { "", "key_" } do
   family("clientpool_" .. scope .. "closed_total", "counter", CLOSED_HELP)
   if scope == "" then family("clientpool_wait_duration_seconds", "histogram", HIST_HELP) end
 end
+
+-- A Redis fleet's figures across machines (fleet.stats(name).redis): the
+-- pool families above render this machine's local fleet (its share).
+-- { stats field, name, help }; the machine ones are labelled machine=.
+local REDIS_GAUGES = {
+  { "leased", "clientpool_redis_fleet_leased",
+    "Units leased in Redis by all machines of the fleet (what each may hold until its lease ends)." },
+  { "live", "clientpool_redis_fleet_live",
+    "Clients the machines said they may hold (open, or to open before their next renewal), summed." },
+  { "max_live", "clientpool_redis_fleet_max_live", "The fleet-wide cap across machines." },
+}
+local REDIS_MACHINE = {
+  { "units", "clientpool_redis_fleet_machine_units", "Units leased in Redis to this machine." },
+  { "held", "clientpool_redis_fleet_machine_held",
+    "Clients this machine said it may hold (open, or to open before its next renewal)." },
+  { "demand", "clientpool_redis_fleet_machine_demand", "Callers waiting on this machine at its last renewal." },
+}
+family("clientpool_redis_fleet_up", "gauge",
+       "1 when the fleet's Redis answered for these figures, else 0 (and the other redis families are left out).")
+for _, g in ipairs(REDIS_GAUGES) do family(g[2], "gauge", g[3]) end
+family("clientpool_redis_fleet_quiet_seconds", "gauge",
+       "Seconds left of the quiet period (a new or restarted Redis grants no new units for one ttl).")
+family("clientpool_redis_fleet_paused", "gauge", "1 while the fleet is paused across machines (fleet.pause), else 0.")
+for _, g in ipairs(REDIS_MACHINE) do family(g[2], "gauge", g[3]) end
 local RANK = {}
 for i, name in ipairs(ORDER) do RANK[name] = i end
 
@@ -253,6 +279,31 @@ local function scope_samples(fams, prefix, s, labels)
   end
 end
 
+-- fleet.stats(name).redis: { leased, live, max_live, quiet_ms, paused,
+-- machines = { [m] = { units, held, demand } } } or { error = ... }
+local function redis_samples(fams, r, labels)
+  local up = r.error == nil and type(r.max_live) == "number"
+  add(fams, "clientpool_redis_fleet_up", "clientpool_redis_fleet_up", labels, up and 1 or 0)
+  if not up then return end
+  for _, g in ipairs(REDIS_GAUGES) do
+    if type(r[g[1]]) == "number" then add(fams, g[2], g[2], labels, r[g[1]]) end
+  end
+  if type(r.quiet_ms) == "number" then
+    add(fams, "clientpool_redis_fleet_quiet_seconds", "clientpool_redis_fleet_quiet_seconds", labels, r.quiet_ms / 1000)
+  end
+  if r.paused ~= nil then
+    add(fams, "clientpool_redis_fleet_paused", "clientpool_redis_fleet_paused", labels, r.paused and 1 or 0)
+  end
+  if type(r.machines) == "table" then
+    for _, m in ipairs(sorted_keys(r.machines)) do
+      local row, ml = r.machines[m], with(labels, "machine", tostring(m))
+      for _, g in ipairs(REDIS_MACHINE) do
+        if type(row[g[1]]) == "number" then add(fams, g[2], g[2], ml, row[g[1]]) end
+      end
+    end
+  end
+end
+
 local function hist_samples(fams, h, labels)
   local name = "clientpool_wait_duration_seconds"
   local cum = 0
@@ -279,7 +330,7 @@ local function check_opts(opts, what)
       if type(k) ~= "string" or not string_find(k, "^[%a_][%w_]*$") or string_sub(k, 1, 2) == "__" then
         fail("%s: bad label name %s", what, string_format("%q", tostring(k)))
       end
-      if k == "pool" or k == "key" or k == "reason" or k == "le" or k == "worker" then
+      if k == "pool" or k == "key" or k == "reason" or k == "le" or k == "worker" or k == "machine" then
         fail("%s: label '%s' is clientpool.metrics' own", what, k)
       end
       if type(v) ~= "string" and type(v) ~= "number" then fail("%s: label '%s' must be a string or number", what, k) end
@@ -319,6 +370,7 @@ local function collect(pools, opts, base, what)
       h = { bounds = {}, counts = {}, sum = s.wait_time or 0, count = s.wait_count }
     end
     if h then hist_samples(fams, h, labels) end   -- (a fleet's stats have no waits)
+    if type(s.redis) == "table" then redis_samples(fams, s.redis, labels) end
     if opts.keys ~= false and type(s.keys) == "table" then
       for _, kname in ipairs(sorted_keys(s.keys)) do
         scope_samples(fams, "clientpool_key_", s.keys[kname], with(labels, "key", tostring(kname)))

@@ -798,15 +798,19 @@ int model_wait(model_t *m, int k, double deadline, double now, unsigned *gen) {
 }
 
 int model_wait_priority(model_t *m, int k, double deadline, int priority, double now, unsigned *gen) {
-  int w, kept;
+  int w, kept, held;
   m_waiter_t *x;
   now = clamp(m, now);
   if (m->closed) return -CLIENTPOOL_CLOSED;
   if (!key_ok(m, k)) return -CLIENTPOOL_STALE;
+  held = m->kept != NONE;
   kept = take_kept(m, k);
   if (n_waiting(m, -1) >= m->cfg.max_waiting) {
     COUNT(m, k, rejected, 1);
     key_maybe_free(m, k);
+    /* "the caller that kept its place comes first": a full queue drops the
+     * place, and whom it held back is served */
+    if (held) finish(m, now);
     return -CLIENTPOOL_FULL;
   }
   for (w = 0; w < M_MAXWAIT && m->wai[w].state != MW_FREE; w++) {}

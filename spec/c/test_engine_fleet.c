@@ -4,7 +4,7 @@
  * this process (two handles, two rows), driven as the Lua driver drives
  * them (lua/clientpool/fleetlink.lua): the fleet's cap across engines,
  * EV_BLOCKED and clientpool_blocked, the retry after a give elsewhere, the
- * fleet's max_idle, rebalance (BY_SHED), the fleet's gates, and every unit
+ * fleet's max_idle, rebalance (BY_SHED), the fleet's gates and validity, and every unit
  * given back when an engine is freed.  After every wrapped call
  * clientpool_check (fl_check) compares the engine with its member's
  * shares; here each handle has one engine, so they must be equal.
@@ -298,6 +298,89 @@ static void t_fleet_gates(void) {
   fleet_down(1);
 }
 
+/* The fleet's validity (clientpool_fleet_set_valid, a Redis fleet's lease
+ * written by its agent, possibly another process): past the deadline the
+ * engine grants nothing (its callers wait, pause_fail or not), closes a
+ * released client instead of keeping it idle and its idle ones at the
+ * driver's tick; moving the deadline reopens the gate (gates_gen moved)
+ * and the next call serves the waiter.  No deadline: no gate. */
+static void t_fleet_validity(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *a;
+  int32_t ka;
+  hold_t h[2];
+  clientpool_grant_t g;
+  waiter_h w;
+  uint64_t gen;
+  fleet_up(4, 4, 2);
+  c.max_live = 4; c.max_idle = 4; c.max_concurrency = 4;
+  c.pause_fail = 1;
+  a = fleet_pool(c, 0, &ka);
+  CHECK_EQ(clientpool_fleet_lapsed(g_fh[0]), 0);      /* none set: never lapsed */
+  CHECK(clientpool_fleet_valid_until(g_fh[0]) < 0);
+  h[0] = NEW_LEASE(a, ka, 1);
+  h[1] = NEW_LEASE(a, ka, 1);
+  RELEASE(a, h[0], 2);
+  CHECK_EQ(pstats(a).idle, 1);
+  /* a deadline ahead: open */
+  CHECK_EQ(clientpool_fleet_set_valid(g_fh[1], clientpool_monotime() + 3600), 0);
+  CHECK_EQ(clientpool_fleet_lapsed(g_fh[0]), 0);
+  CHECK(clientpool_fleet_valid_until(g_fh[0]) > clientpool_monotime() + 3000);
+  h[0] = REUSE(a, ka, 3, NULL);
+  RELEASE(a, h[0], 3);
+  /* the deadline passed (written through the other member's handle): an
+   * idle client is there, yet the caller waits (not PAUSED: a lapse is
+   * not a pause) */
+  gen = clientpool_fleet_gates_gen(g_fh[0]);
+  CHECK_EQ(clientpool_fleet_set_valid(g_fh[1], clientpool_monotime() - 1), 0);
+  CHECK_EQ(clientpool_fleet_lapsed(g_fh[0]), 1);
+  CHECK_EQ(clientpool_fleet_gates_gen(g_fh[0]), gen);  /* (closing moves nothing) */
+  MUST_WAIT(a, ka, 4);
+  w = WAIT(a, ka, -1, 4);
+  drain(a);
+  EXPECT_NO_WAKE(w);
+  CHECK_EQ(clientpool_blocked(a, CLIENTPOOL_FLEET_LIVE, -1), 0);   /* (no demand posted for it) */
+  /* a release is not kept idle nor handed to the waiter: closed */
+  RELEASE(a, h[1], 5);
+  drain(a);
+  EXPECT_NO_WAKE(w);
+  CHECK_EQ(g_evby[CLIENTPOOL_BY_MAX_IDLE], 1);
+  CHECK_EQ(pstats(a).idle, 1);
+  /* the driver's tick closes the idle one */
+  CHECK_EQ(clientpool_rebalance(a, 6), 1);
+  after(a, __FILE__, __LINE__, "rebalance");
+  drain(a);
+  EXPECT_NO_WAKE(w);
+  CHECK_EQ(pstats(a).idle, 0);
+  CHECK_EQ(pstats(a).live, 0);
+  same_as_row(a, 0);
+  CHECK_EQ(clientpool_fleet_count(g_fh[0], CLIENTPOOL_FLEET_LIVE, -1), 0);
+  /* renewed: gates_gen moved, the next call serves the waiter */
+  CHECK_EQ(clientpool_fleet_set_valid(g_fh[1], clientpool_monotime() + 3600), 0);
+  CHECK_EQ(clientpool_fleet_lapsed(g_fh[0]), 0);
+  CHECK(clientpool_fleet_gates_gen(g_fh[0]) != gen);
+  clientpool_retry(a, 7);
+  after(a, __FILE__, __LINE__, "retry");
+  drain(a);
+  EXPECT_WAKE(w);
+  CHECK_STATUS(CLAIM(a, w, 7, &g), CLIENTPOOL_GRANT_CREATE);
+  CHECK_EQ(CREATED(a, g.record, 1, 7), 0);
+  h[0] = hold_of(&g);
+  RELEASE(a, h[0], 8);
+  CHECK_EQ(pstats(a).idle, 1);
+  /* cleared: no gate; a NaN is refused and changes nothing */
+  CHECK_EQ(clientpool_fleet_set_valid(g_fh[1], -1), 0);
+  CHECK(clientpool_fleet_valid_until(g_fh[0]) < 0);
+  CHECK_EQ(clientpool_fleet_set_valid(g_fh[1], 0.0 / 0.0), CLIENTPOOL_FLEET_EINVAL);
+  CHECK(clientpool_fleet_valid_until(g_fh[0]) < 0);
+  CHECK_EQ(clientpool_fleet_set_valid(NULL, 1), CLIENTPOOL_FLEET_EINVAL);
+  h[0] = REUSE(a, ka, 9, NULL);
+  RELEASE(a, h[0], 9);
+  same_as_row(a, 0);
+  free_pool(a);
+  fleet_down(2);
+}
+
 static void t_fleet_refusals(void) {
   clientpool_config_t c = cfg_base();
   fleet_up(2, 2, 1);
@@ -322,6 +405,7 @@ const test_t tests_fleet[] = {
   T(t_fleet_rebalance_idle),
   T(t_fleet_floor_after_holder_gone),
   T(t_fleet_gates),
+  T(t_fleet_validity),
   T(t_fleet_refusals),
   { NULL, NULL }
 };

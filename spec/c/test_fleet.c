@@ -413,7 +413,11 @@ static void t_refuse_corrupt(void) {
   /* another layout version */
   h->version = FL_VERSION + 1;
   CHECK_EQ(attach_rc(name, err, sizeof err), CLIENTPOOL_FLEET_EVERSION);
-  CHECK_STR(err, "layout version 2");
+  {
+    char want[40];
+    snprintf(want, sizeof want, "layout version %u", FL_VERSION + 1);
+    CHECK_STR(err, want);
+  }
   h->version = FL_VERSION;
   /* geometry that does not match the size, or is absurd */
   h->rows = 1000000;
@@ -1395,6 +1399,79 @@ static void t_fork_rejoin(void) {
   CHECK_EQ(clientpool_fleet_give(a, CLIENTPOOL_FLEET_LIVE, -1), 0);
 }
 
+/* The agent's place (a Redis fleet's machine): claimed by epoch, its
+ * guarded writes refused once another process claimed it (a stopped holder
+ * that resumed), taken from a silent holder after `stale`, from a dead
+ * one after half a second, and when vacant. */
+static int child_claims(void *p) {
+  clientpool_fleet_t *f = p;
+  uint32_t e = clientpool_fleet_agent(f, NULL, NULL);
+  CCHECK(clientpool_fleet_agent_claim(f, e, 0) == e + 1);
+  return 0;
+}
+
+static void t_agent_place(void) {
+  const char *name = tname("agent");
+  clientpool_fleet_limits_t l = lims(4), got;
+  clientpool_fleet_t *a = member(name, &l);
+  int32_t pid = -1;
+  double age = 0;
+  uint32_t e;
+  char err[200];
+  pid_t child;
+  CHECK_EQ(clientpool_fleet_agent(a, &pid, &age), 0u);   /* never claimed: vacant */
+  CHECK_EQ(pid, 0);
+  CHECK(age < 0);
+  e = clientpool_fleet_agent_claim(a, 0, 10);
+  CHECK_EQ(e, 1u);
+  CHECK_EQ(clientpool_fleet_agent(a, &pid, &age), 1u);
+  CHECK_EQ(pid, (int32_t)getpid());
+  CHECK(age >= 0 && age < 1);
+  CHECK_EQ(clientpool_fleet_agent_claim(a, 1, 10), 0u);   /* beating, not stale */
+  CHECK_EQ(clientpool_fleet_agent_claim(a, 0, 0), 0u);    /* an old epoch */
+  CHECK_EQ(clientpool_fleet_agent_beat(a, 1), 0);
+  CHECK_EQ(clientpool_fleet_agent_beat(a, 2), CLIENTPOOL_FLEET_ESTALE);
+  /* the holder's guarded write: limits and validity together */
+  l = lims(3);
+  CHECK_EQ(clientpool_fleet_agent_update(a, 1, &l, mono_s() + 60, err, sizeof err), 0);
+  clientpool_fleet_limits(a, &got);
+  CHECK_EQ(got.max_live, 3);
+  CHECK(clientpool_fleet_valid_until(a) > 0);
+  CHECK_EQ(clientpool_fleet_agent_update(a, 1, NULL, NAN, err, sizeof err), 0);   /* nothing changed */
+  CHECK(clientpool_fleet_valid_until(a) > 0);
+  l.max_idle = l.max_live + 1;         /* (bad limits: refused, nothing written) */
+  CHECK_EQ(clientpool_fleet_agent_update(a, 1, &l, NAN, err, sizeof err), CLIENTPOOL_FLEET_EINVAL);
+  /* another process claims the place from a silent holder (stale 0 s):
+   * the old epoch's writes are refused and change nothing */
+  child = spawn(child_claims, a);
+  CHECK_EQ(reap(child), 0);
+  CHECK_EQ(clientpool_fleet_agent(a, &pid, NULL), 2u);
+  CHECK_EQ(pid, (int32_t)child);
+  l = lims(4);
+  CHECK_EQ(clientpool_fleet_agent_update(a, 1, &l, -1, err, sizeof err), CLIENTPOOL_FLEET_ESTALE);
+  CHECK_STR(err, "another process took the agent's place");
+  clientpool_fleet_limits(a, &got);
+  CHECK_EQ(got.max_live, 3);
+  CHECK(clientpool_fleet_valid_until(a) > 0);
+  CHECK_EQ(clientpool_fleet_agent_beat(a, 1), CLIENTPOOL_FLEET_ESTALE);
+  CHECK_EQ(clientpool_fleet_agent_release(a, 1), CLIENTPOOL_FLEET_ESTALE);
+  /* the holder (the child) is dead: not claimable while its beat is
+   * fresh, claimable half a second later whatever `stale` says */
+  CHECK_EQ(clientpool_fleet_agent_claim(a, 2, 100), 0u);
+  ST(a->h->agent_beat, mono_ns() - FL_HB_STALE_NS);
+  CHECK_EQ(clientpool_fleet_agent_claim(a, 2, 100), 3u);
+  /* released: vacant, claimable at once; the epoch stays */
+  CHECK_EQ(clientpool_fleet_agent_release(a, 3), 0);
+  CHECK_EQ(clientpool_fleet_agent(a, &pid, &age), 3u);
+  CHECK_EQ(pid, 0);
+  CHECK(age < 0);
+  CHECK_EQ(clientpool_fleet_agent_update(a, 3, &l, -1, err, sizeof err), CLIENTPOOL_FLEET_ESTALE);
+  CHECK_EQ(clientpool_fleet_agent_claim(a, 3, 100), 4u);
+  CHECK_EQ(clientpool_fleet_agent_update(a, 4, &l, -1, err, sizeof err), 0);
+  CHECK(clientpool_fleet_valid_until(a) < 0);
+  CHECK_EQ(clientpool_fleet_agent_release(a, 4), 0);
+}
+
 /* ===================================================================== */
 /* 6 the hammer: forked members, random operations, random SIGKILLs      */
 /* ===================================================================== */
@@ -1851,7 +1928,7 @@ static const test_t tests[] = {
   T(t_seq_demand), T(t_turns), T(t_shed), T(t_pause),
   T(t_reclaim_killed), T(t_zombie_and_pid_reuse), T(t_reclaim_race_once), T(t_mid_op_repair),
   T(t_reclaimer_dies), T(t_lock_holder_dies), T(t_lock_busy), T(t_stale_reset), T(t_members_bound),
-  T(t_fork_rejoin),
+  T(t_fork_rejoin), T(t_agent_place),
   T(t_hammer), T(t_hammer_kill_storm),
   T(t_wakeup_latency), T(t_spread_between_members), T(t_pair_cost),
 };

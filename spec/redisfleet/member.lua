@@ -2,7 +2,8 @@
 -- (spec/redisfleet/members_redis.lua): its own `machine` name, so its own
 -- machine-local fleet and its own lease in Redis.
 --
---   <interp> member.lua lpath cpath name machine out coord_port target_port max_live ttl tasks secs [block [burst]]
+--   <interp> member.lua lpath cpath name machine out coord_port target_port max_live ttl tasks secs
+--                       [block [burst [keep [stall]]]]
 --
 -- `tasks` coroutines acquire and release for `secs` seconds (held 0-3 ms,
 -- one release in 8 destroys the client). A client is a real TCP
@@ -39,6 +40,13 @@ local function flush()
   lines = {}
 end
 
+-- `stall` (arg 15): seconds before a silent agent is replaced (default:
+-- the agent's own, max(0.5, ttl/4 + 0.25)); a large one keeps a stopped
+-- agent in place (a dead one is still replaced)
+if tonumber(arg[15]) then
+  local stall = tonumber(arg[15])
+  require("clientpool.redisfleet").agent.stall = function() return stall end
+end
 fleet.new(name, { backend = "redis", max_live = max_live, ttl = ttl, machine = machine, block = tonumber(arg[12]),
                   redis = { port = coord_port, timeout = 0.2 } })
 local pid = assert(io.open("/proc/self/stat")):read("*l"):match("^(%d+)")
@@ -105,18 +113,25 @@ if burst then
 end
 -- the log goes out every 0.1 s (a SIGKILL loses at most that); "agent
 -- <t>" when this process became its machine's agent, "valid <t> <till>"
--- when the machine's published lease validity (the election gate's
--- deadline) changed
+-- when the machine's published lease validity (the machine-local fleet's
+-- validity deadline) changed, "stepdown <t>" when it found it was replaced
 loop.spawn(function()
   local R, was, n = fleet._redis(name), false, 0
   while monotime() < t_end do
     loop.sleep(0.01)
     if R.is_agent and not was then log("agent", string.format("%.6f", monotime())) end
+    if (R.stepped_down or 0) > (R.spec_down or 0) then
+      R.spec_down = R.stepped_down
+      log("stepdown", string.format("%.6f", monotime()))
+    end
     -- "valid <t> <deadline>" when the machine's published validity changed
-    local _, _, till = R.eh:gate()
+    -- (the time read first: a stop between the two makes the line early,
+    -- never a value read before the stop stamped after it)
+    local now = monotime()
+    local till = R.h:valid_until()
     if till and till ~= R.spec_till then
       R.spec_till = till
-      log("valid", string.format("%.6f %.6f", monotime(), till))
+      log("valid", string.format("%.6f %.6f", now, till))
     end
     was = R.is_agent
     n = n + 1

@@ -20,6 +20,18 @@ local function lines_of(path)
   return t
 end
 
+-- The last line of a file, read from its end (the members' logs grow to
+-- megabytes: reading them whole every 5 ms starved the sampler for seconds).
+local function last_line(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local size = f:seek("end")
+  f:seek("set", math.max(0, size - 256))
+  local tail = f:read("*a") or ""
+  f:close()
+  return tail:match("([^\n]*)\n?$")
+end
+
 describe("a Redis fleet across member processes (machines)", function()
   local coord, target, sampler
   local children = {}
@@ -53,12 +65,12 @@ describe("a Redis fleet across member processes (machines)", function()
     return string.format("spec-redis-%d-%d", n_fleet, os.time() % 100000 * 100 + math.random(0, 99))
   end
 
-  local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst, keep)
+  local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst, keep, stall)
     local c = { out = os.tmpname(), machine = machine }
     os.remove(c.out)
-    local cmd = string.format("exec %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s %s %s %s",
+    local cmd = string.format("exec %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s %s %s %s %s",
       INTERP, package.path, package.cpath, name, machine, c.out, coord.port, target.port, max_live, ttl, tasks, secs,
-      block or "", burst or "", keep or "")
+      block or "", burst or "", keep or "", stall or "")
     c.p = assert(io.popen(cmd, "r"))
     children[#children + 1] = c
     for _ = 1, 2000 do
@@ -84,8 +96,7 @@ describe("a Redis fleet across member processes (machines)", function()
       local all = true
       for _, c in ipairs(cs) do
         if not c.done then
-          local l = lines_of(c.out)
-          if l[#l] == "done" then c.done = true else all = false end
+          if last_line(c.out) == "done" then c.done = true else all = false end
         end
       end
       if all and not pending[1] then break end
@@ -299,16 +310,18 @@ describe("a Redis fleet across member processes (machines)", function()
     assert.is_true(peak_of(samples) <= cap)
   end)
 
-  -- PENDING (a known defect, docs/fleet.md 14.4): the fence covers creates
-  -- only; the other process keeps granting its idle clients after the
-  -- validity passed (lowering the machine-local cap does not stop the reuse
-  -- of idle clients: measured 478502 grants after the deadline with the cap
-  -- at 0). Turn this back into `it` with the fix.
-  pending("a machine's agent SIGSTOPped past its validity: its other process grants nothing once the deadline passed",
+  -- The validity gate (docs/fleet.md 14.4): the fence covered creates only,
+  -- and the other process kept granting its idle clients after the
+  -- validity passed (on the code before the gate: 478502 grants after the
+  -- deadline; lowering the machine-local cap does not stop idle reuse).
+  it("a machine's agent SIGSTOPped past its validity: its other process grants nothing once the deadline passed",
      function()
     local name, cap, ttl = fresh(), 6, 1
-    -- (no release destroys: the other process keeps idle clients to grant)
-    local cs = { spawn(name, "m1", cap, ttl, 3, 6, 6, 0, "keep"), spawn(name, "m1", cap, ttl, 3, 6, 6, 0, "keep") }
+    -- (no release destroys: the other process keeps idle clients to grant;
+    -- a stall of 60 s: the other does not take the stopped agent's place,
+    -- the next spec has that)
+    local cs = { spawn(name, "m1", cap, ttl, 3, 6, 6, 0, "keep", 60),
+                 spawn(name, "m1", cap, ttl, 3, 6, 6, 0, "keep", 60) }
     local function agent_at(c)
       for _, l in ipairs(lines_of(c.out)) do
         local t = l:match("^agent (%S+)$")
@@ -317,11 +330,15 @@ describe("a Redis fleet across member processes (machines)", function()
     end
     local t0 = monotime()
     local t_stop, t_cont, stopped, other
-    sample(cs, {
-      [t0 + 2.0] = function()
+    local sample_at = sample(cs, {
+      -- (which one is agent: read ahead, as the logs grow fast and reading
+      -- them takes a while; the agent changes only when it dies)
+      [t0 + 1.0] = function()
         local a1, a2 = agent_at(cs[1]), agent_at(cs[2])
         assert(a1 or a2, "m1 has no agent")
         stopped, other = a1 and cs[1] or cs[2], a1 and cs[2] or cs[1]
+      end,
+      [t0 + 2.0] = function()
         t_stop = monotime()
         os.execute("kill -STOP " .. stopped.pid)
       end,
@@ -330,13 +347,19 @@ describe("a Redis fleet across member processes (machines)", function()
     -- the deadline in force when the agent stopped: the last one the other
     -- process saw published before the stop; the next one (if the other
     -- took over, or after the resume) ends the lapse
+    local samples = sample_at
     read_logs(cs)
+    -- (from both logs: any deadline published before the stop ends by
+    -- t_stop + 3/4 ttl, any later one was published after a renewal; the
+    -- loggers lag under load, so their times are not compared with t_stop)
     local deadline, renewed
-    for _, l in ipairs(lines_of(other.out)) do
-      local at, till = l:match("^valid (%S+) (%S+)$")
-      at, till = tonumber(at), tonumber(till)
-      if at and at <= t_stop then deadline = till end
-      if at and at > t_stop and till > (deadline or 0) and not renewed then renewed = at end
+    for _, c in ipairs(cs) do
+      for _, l in ipairs(lines_of(c.out)) do
+        local at, till = l:match("^valid (%S+) (%S+)$")
+        at, till = tonumber(at), tonumber(till)
+        if till and till <= t_stop + ttl and till > (deadline or 0) then deadline = till end
+        if till and till > t_stop + ttl and (not renewed or at < renewed) then renewed = at end
+      end
     end
     assert.is_not_nil(deadline, "no validity published before the stop")
     local lapse_end = math.min(renewed or t_cont, t_cont)
@@ -346,12 +369,152 @@ describe("a Redis fleet across member processes (machines)", function()
       -- (a grant in flight at the deadline: the fence wakes at it, ttl / 20 slack)
       if t > deadline + ttl / 20 and t < lapse_end then after = after + 1 end
     end
+    -- what the hooks saw: the clients each process had open (creates minus
+    -- destroys, a destroy logged once the target closed it) at time t
+    local function open_at(c, t)
+      local n = 0
+      for _, l in ipairs(lines_of(c.out)) do
+        local k, at = l:match("^([cd]) (%S+)$")
+        if k and tonumber(at) <= t then n = n + (k == "c" and 1 or -1) end
+      end
+      return n
+    end
+    -- past the deadline the other process closes what it releases at
+    -- once and its idle clients at its next tick (0.25 s); the stopped one
+    -- keeps what it had open (it cannot run)
+    local settled = deadline + 0.25 + ttl / 10
+    local held_stopped = open_at(stopped, t_stop)
+    local other_open = open_at(other, math.min(settled, lapse_end))
+    local target_peak = peak_of(samples, settled, lapse_end)
     print(string.format("\n  m1's agent stopped %.1f s (ttl %g s): the other process granted %d before the " ..
-      "published deadline, %d in the %.0f ms after it until the lease was renewed", t_cont - t_stop, ttl, before,
-      after, (lapse_end - deadline) * 1000))
-    assert.is_true(lapse_end > deadline + ttl / 20, "the lease never lapsed")
+      "published deadline, %d in the %.0f ms after it until the lease was renewed; its clients open %.0f ms " ..
+      "after the deadline: %d; the target's peak then %d (the stopped process held %d)", t_cont - t_stop, ttl,
+      before, after, (lapse_end - deadline) * 1000, (settled - deadline) * 1000, other_open, target_peak,
+      held_stopped))
+    assert.is_true(lapse_end > settled + ttl / 10, "the lease never lapsed (long enough)")
+    assert.is_true(before > 0)
     assert.equal(0, after)
+    assert.equal(0, other_open)
+    assert.is_true(target_peak <= held_stopped, "the target saw " .. target_peak)
     for _, c in ipairs(cs) do assert.is_not_nil(c.stats, c.machine .. " did not finish") end
+  end)
+
+  -- docs/fleet.md 14.3: a stopped agent is alive (its pid lives) but
+  -- silent; another process of its machine takes the place after the stall
+  -- (max(0.5, ttl/4 + 0.25) s) and renews, and the stopped one, resumed,
+  -- finds its epoch stale and steps down without writing anything.
+  it("a machine's agent SIGSTOPped: another process of the machine takes over and renews, the cap holds, " ..
+     "the resumed one steps down", function()
+    -- (ttl 2 s: the stall plus a look, 1 s, is inside the validity, 3/4
+    -- ttl, so the machine never stops admitting; with ttl 1 s it may lapse
+    -- for up to a quarter second)
+    local name, cap, ttl = fresh(), 6, 2
+    local stall = require("clientpool.redisfleet").agent.stall(ttl)
+    local cs = { spawn(name, "m1", cap, ttl, 3, 7), spawn(name, "m1", cap, ttl, 3, 7),
+                 spawn(name, "m2", cap, ttl, 3, 7) }
+    local function first(c, word, after)
+      for _, l in ipairs(lines_of(c.out)) do
+        local t = tonumber(l:match("^" .. word .. " (%S+)"))
+        if t and (not after or t > after) then return t end
+      end
+    end
+    local t0 = monotime()
+    local t_stop, t_cont, stopped, other
+    local samples = sample(cs, {
+      [t0 + 1.0] = function()
+        local a1, a2 = first(cs[1], "agent"), first(cs[2], "agent")
+        assert(a1 or a2, "m1 has no agent")
+        stopped, other = a1 and cs[1] or cs[2], a1 and cs[2] or cs[1]
+      end,
+      [t0 + 2.0] = function() t_stop = monotime(); os.execute("kill -STOP " .. stopped.pid) end,
+      [t0 + 2.0 + 1.5 * ttl] = function() t_cont = monotime(); os.execute("kill -CONT " .. stopped.pid) end,
+    })
+    read_logs(cs)
+    local t_took = first(other, "agent", t_stop)
+    local t_down = first(stopped, "stepdown", t_cont)
+    -- the other's grants and creates while the stopped one is stopped
+    -- (creates need spare units: with m2 waiting, m1's fair share is what
+    -- it holds, the stopped process's clients included), and the validity
+    -- renewed
+    local granted, created, renewed = 0, 0, nil
+    for _, t in ipairs(other.grants) do if t_took and t > t_took and t < t_cont then granted = granted + 1 end end
+    local first_create
+    for _, t in ipairs(other.creates) do
+      if t > t_stop and t < t_cont then created = created + 1 end
+      if t_took and t > t_took and not first_create then first_create = t end
+    end
+    for _, c in ipairs(cs) do
+      if c.machine == "m1" then
+        for _, l in ipairs(lines_of(c.out)) do
+          local at, till = l:match("^valid (%S+) (%S+)$")
+          at, till = tonumber(at), tonumber(till)
+          -- (any deadline written before the stop ends by t_stop + 3/4 ttl)
+          if till and till > t_stop + ttl and (not renewed or at < renewed) then renewed = at end
+        end
+      end
+    end
+    -- the machine's validity, as both m1 processes saw it over time, only
+    -- moves forward: the resumed agent wrote no deadline of its own (it
+    -- would be older than the new agent's)
+    local seen = {}
+    for _, c in ipairs(cs) do
+      if c.machine == "m1" then
+        for _, l in ipairs(lines_of(c.out)) do
+          local at, till = l:match("^valid (%S+) (%S+)$")
+          if at then seen[#seen + 1] = { tonumber(at), tonumber(till) } end
+        end
+      end
+    end
+    table.sort(seen, function(a, b) return a[1] < b[1] end)
+    local back, newest = 0, 0
+    for _, v in ipairs(seen) do
+      -- (two loggers 10 ms apart may see one write in either order)
+      if v[2] < newest and v[1] > (seen.last_at or 0) + 0.02 then back = back + 1 end
+      if v[2] > newest then newest, seen.last_at = v[2], v[1] end
+    end
+    local peak = peak_of(samples)
+    -- the longest the other m1 process went without a grant during the stop
+    local gap, prev = 0, t_stop
+    for _, t in ipairs(other.grants) do
+      if t > t_stop and t < t_cont then gap = math.max(gap, t - prev); prev = t end
+    end
+    gap = math.max(gap, t_cont - prev)
+    print(string.format("\n  m1's agent stopped %.1f s (ttl %g s, stall %.2f s): the other m1 process agent %.0f ms " ..
+      "after the stop, validity renewed %.0f ms after it; %d grants (longest gap %.0f ms) and %d creates " ..
+      "there until SIGCONT; the target's " ..
+      "peak %d (cap %d); the resumed one stepped down %.0f ms after SIGCONT, became agent again: %s",
+      (t_cont or 0) - t_stop, ttl, stall, ((t_took or 0) - t_stop) * 1000, ((renewed or 0) - t_stop) * 1000,
+      granted, gap * 1000, created, peak, cap, ((t_down or 0) - t_cont) * 1000,
+      tostring(first(stopped, "agent", t_stop) ~= nil)))
+    assert.is_not_nil(t_took, "no takeover")
+    -- the bound: the stall plus a candidate's look (0.25 s), plus slack
+    assert.is_true(t_took - t_stop < stall + 0.25 + ttl / 4, "took over after " .. (t_took - t_stop))
+    assert.is_not_nil(renewed, "the validity was never renewed during the stop")
+    assert.is_true(renewed < t_cont, "renewed only after the resume")
+    -- the old validity ended by t_stop + 3/4 ttl: renewed before, no lapse
+    assert.is_true(renewed < t_stop + 0.75 * ttl, "renewed " .. (renewed - t_stop) .. " s after")
+    assert.is_true(granted > 0)
+    -- creates resume: the first after the takeover, within the takeover's
+    -- bound plus a renewal
+    assert.is_not_nil(first_create, "no create after the takeover")
+    assert.is_true(first_create - t_stop < stall + 0.25 + ttl / 2, "first create " .. (first_create - t_stop))
+    -- at most until the takeover's lease (the bound above). (The new
+    -- agent's first lease counts the old epoch's row as another machine's:
+    -- applied as granted, that dip let m2 take m1's units until the
+    -- stopped one resumed, a gap of the whole stop.)
+    assert.is_true(gap < stall + 0.25 + ttl / 4, "no grant for " .. gap .. " s")
+    -- the stopped process's clients are the machine's (its row in the
+    -- machine-local fleet lives): the new agent's lease claims them
+    assert.is_true(peak <= cap, "the target saw " .. peak)
+    assert.is_not_nil(t_down, "the resumed agent did not step down")
+    assert.is_nil(first(stopped, "agent", t_stop))
+    assert.equal(0, back)
+    for _, c in ipairs(cs) do
+      assert.is_not_nil(c.stats, c.machine .. " did not finish")
+      local why = ""
+      for _, l in ipairs(lines_of(c.out)) do if l:match("^f ") then why = why .. l .. "; " end end
+      assert.equal(0, c.stats.failures, c.machine .. (c == stopped and " (stopped)" or "") .. ": " .. why)
+    end
   end)
 
   it("fleet.pause and fleet.resume reach every machine through Redis", function()

@@ -29,8 +29,9 @@ local function ping(port)
   return l == "+PONG"
 end
 
--- Starts redis-server on `port` (a free one if nil): { port, pid, dir }.
-function M.start(port, dir)
+-- Starts redis-server on `port` (a free one if nil): { port, pid, dir };
+-- `extra`: more command-line options (a string).
+function M.start(port, dir, extra)
   port = port or M.free_port()
   if not dir then
     dir = os.tmpname()
@@ -38,9 +39,9 @@ function M.start(port, dir)
     sh("mkdir -p '" .. dir .. "'")
   end
   local pid = sh(("lua_pid=$PPID; env -u LD_PRELOAD redis-server --port %d --bind 127.0.0.1 --save '' " ..
-    "--appendonly no --dir '%s' --logfile '%s/redis-%d.log' >/dev/null 2>&1 & r=$!; echo $r; " ..
+    "--appendonly no --dir '%s' --logfile '%s/redis-%d.log' %s >/dev/null 2>&1 & r=$!; echo $r; " ..
     "(while kill -0 $lua_pid 2>/dev/null && kill -0 $r 2>/dev/null; do sleep 1; done; " ..
-    "kill $r 2>/dev/null) >/dev/null 2>&1 &"):format(port, dir, dir, port)):match("%d+")
+    "kill $r 2>/dev/null) >/dev/null 2>&1 &"):format(port, dir, dir, port, extra or "")):match("%d+")
   local r = { port = port, pid = tonumber(pid), dir = dir }
   for _ = 1, 200 do
     if ping(port) then return r end

@@ -11,20 +11,32 @@
 -- local waiters look again).
 --
 -- Election. Every process with a pool on the fleet runs this task. The
--- agent is whoever holds the one LIVE unit of a second local fleet,
--- `<local name>.agent` (max_live 1): its take is increment-then-check, and
--- a dead holder's unit comes back through the fleet's own reclaim (pid and
--- start time; within the stale-heartbeat age 0.5 s plus this task's 0.25 s
--- look), so a new agent takes over in under a second.
+-- agent is whoever holds the agent's place of the machine-local fleet
+-- (clientpool_fleet_agent_claim): an epoch bumped by every claim and the
+-- holder's beat. A candidate claims the place when it is vacant or its
+-- holder has not beaten for STALL seconds: dead or stopped (SIGSTOP, a
+-- paused VM), which a pid check cannot tell from alive. A stopped holder
+-- may resume anywhere, so it is fenced by its epoch: every write it makes
+-- to the segment (the share, the validity) is refused once its epoch is
+-- stale (checked under the lock claims take), its beat before every Redis
+-- call tells it to step down, and each epoch leases under its own member
+-- name in Redis (`<machine>~<epoch>`): a call of a resumed stale agent
+-- already on the wire refreshes only its own row, which overcounts the
+-- machine until it lapses (availability), never overwrites the new
+-- agent's (the cap). The new agent drops the previous epoch's row once
+-- its own first lease claims all the machine may hold.
 --
 -- Fencing. The validity of a lease is measured from before its request
 -- was sent, on this machine's CLOCK_MONOTONIC: valid_until = sent + 3/4
 -- ttl, while Redis keeps the lease at least until received + ttl. Without
 -- a renewal by sent + ttl/2 the cap comes down to what the machine holds
 -- (nothing new is admitted; held leases stay with their callers), and at
--- valid_until to 0. valid_until is published as the gate deadline of the
--- `.agent` fleet, so every process's create hook checks it (fleetlink):
--- even with the agent stopped, no client is created on a lapsed share.
+-- valid_until to 0. valid_until is written as the machine-local fleet's
+-- validity (clientpool_fleet_set_valid), which every engine reads at
+-- acquire and release (past it nothing is granted, idle or new, and
+-- released clients are closed) and every process's create hook checks
+-- (fleetlink): even with the agent stopped, no client is created and none
+-- is reused on a lapsed share.
 local scripts = require "clientpool.redisfleet.scripts"
 local resp = require "clientpool.redisfleet.resp"
 local monotime = require("clientpool.core").monotime
@@ -34,12 +46,23 @@ local math_min, math_max, math_floor, math_ceil = math.min, math.max, math.floor
 local tostring, type = tostring, type
 
 local M = {}
-M.ELECT = 0.25        -- candidates look for a free agent unit
+M.ELECT = 0.25        -- candidates look at the agent's place
 M.POLL = 0.01         -- the agent's look at local demand and the fence
 M.IDLE = 0.05         -- the agent's look when nobody waits
 M.ASK_MIN, M.ASK_MAX = 0.005, 0.1  -- re-asks while callers wait and Redis said no
 
 local ENOTMEMBER = -12
+
+-- An agent that has not beaten for this long is replaced: longer than its
+-- longest quiet spell while it runs (a Redis call: its timeout, at most
+-- ttl/4), so a slow Redis does not make it look stopped.
+-- A silent holder whose process is gone is replaced after DEAD seconds.
+function M.stall(ttl) return math_max(0.5, ttl / 4 + 0.25) end
+M.DEAD = 0.5
+
+-- The Redis member name of an epoch's agent.
+local function member_of(R, epoch) return R.cfg.machine .. "~" .. string.format("%d", epoch) end
+M.member_of = member_of
 
 -- The state of fleet `name` in this process (fleet.new makes it).
 --   cfg: max_live, ttl (s), redis (host, port, password, username, db,
@@ -48,7 +71,7 @@ local ENOTMEMBER = -12
 function M.new(name, cfg, h, eh, B)
   return {
     name = name, cfg = cfg, h = h, eh = eh, B = B,
-    member = cfg.machine, keys = scripts.keys(cfg.redis.prefix, name),
+    member = cfg.machine, epoch = 0, prev_member = nil, keys = scripts.keys(cfg.redis.prefix, name),
     ttl_ms = math_floor(cfg.ttl * 1000),
     users = 0, task = false, is_agent = false, joined = false,
     share = 0, valid_until = -1, fence_at = -1, next_due = 0, next_ask = 0, ask_gap = M.ASK_MIN,
@@ -58,29 +81,38 @@ function M.new(name, cfg, h, eh, B)
   }
 end
 
--- Sets the local cap to n (the share), keeping the segment's other limits.
-local function set_cap(R, n)
+-- This process is no longer the agent (its epoch went stale: another took
+-- the place while it was stopped): it touches neither the share nor Redis.
+local function step_down(R)
+  R.is_agent = false
+  R.stepped_down = (R.stepped_down or 0) + 1
+  if R.conn then R.conn:close(); R.conn = nil end
+end
+
+-- Sets the local cap to n (the share), keeping the segment's other limits,
+-- and (until given) the validity: every engine of the machine closes its
+-- admission past it (no idle grant, no release kept idle) until the next
+-- renewal moves it, whether or not this process runs then. Written only
+-- while this process's epoch is current; false when it is not.
+local function set_cap(R, n, till)
   local lim = R.h:limits()
   lim.max_live, lim.max_idle, lim.min_idle = n, n, 0
   lim.key_max_live, lim.key_max_idle = -1, -1
-  local rc = R.h:update(lim)
-  if rc == nil or rc == false then return false end
+  local ok, code = R.h:agent_update(R.epoch, lim, till)
+  if not ok then
+    if code == "estale" then step_down(R) end
+    return false
+  end
   R.share = n
   return true
 end
-M.set_cap = set_cap
 
--- Publishes valid_until to every process of the machine: the election
--- fleet's gate reads closed until then (fleetlink's create fence reads it).
-local function publish(R)
-  R.eh:pause("lease", nil, R.valid_until)
-end
-
---- The create fence: true while this machine's lease is valid.
+--- The create fence: true while this machine's lease is valid (the
+-- validity the agent last wrote on the machine-local fleet).
 function M.valid(R)
-  if R.is_agent then return monotime() < R.valid_until end
-  local closed = R.eh:gate()
-  return closed and true or false
+  -- (the agent's own figure too: a resumed agent that was replaced has
+  -- not looked yet, and its valid_until is stale)
+  return R.h:valid_until() ~= nil and not R.h:lapsed()
 end
 
 local function mirror_pause(R, p, ms)
@@ -89,6 +121,30 @@ local function mirror_pause(R, p, ms)
   if p == "-" then R.h:resume()
   else R.h:pause(p:sub(2), nil, (ms and ms >= 0) and (monotime() + ms / 1000) or -1) end
 end
+
+-- Redis must not evict the fleet's keys (docs/fleet.md 14.13): each has an
+-- expiry, so under an evicting maxmemory-policy one could go (a machine's
+-- units, its exp entry) while the run id stays, and the sum would read low
+-- with no quiet period. Read once per connection from INFO memory (no
+-- CONFIG permission needed); nil, message when the policy evicts.
+local function check_policy(R)
+  local c = R.conn
+  if c.sock and c.policy_of == c.connects then return true end
+  local ok, err = c:open()
+  if not ok then return nil, err end
+  local v, e = c:raw("INFO", "memory")
+  if type(v) ~= "string" then return nil, "INFO memory: " .. tostring(e) end
+  local policy = v:match("maxmemory_policy:([%w_%-]+)")
+  if policy and policy ~= "noeviction" then
+    c:close()                     -- (the next try reconnects and reads it again)
+    return nil, "clientpool: fleet '" .. R.name .. "': redis at " .. tostring(R.cfg.redis.host) .. ":" ..
+      tostring(R.cfg.redis.port) .. " has maxmemory-policy '" .. policy .. "', which may evict the fleet's " ..
+      "keys and break the cap: this machine leases nothing until it is 'noeviction' (docs/fleet.md 14.13)", true
+  end
+  c.policy_of = c.connects
+  return true
+end
+M.check_policy = check_policy
 
 -- One lease call: asks for `want` units, keeping `need` accounted.
 local function ask(R, t, held, waiting)
@@ -115,13 +171,30 @@ local function ask(R, t, held, waiting)
   -- closes released clients above it); what may be held during the call
   -- is claimed
   local c = math_min(R.share, want)
-  if c < R.share then set_cap(R, c) end
+  if c < R.share and not set_cap(R, c) then return end
   local need = math_max(c, held)
+  -- still the agent? (a resumed stale one steps down before it calls)
+  if not R.h:agent_beat(R.epoch) then step_down(R); return end
   if not R.conn then R.conn = resp.new(R.redis_opts, R.transport, R.sleep) end
   local t0 = monotime()
   R.asks = R.asks + 1
-  local v, err = R.conn:script("lease", scripts.lease, R.keys,
-                               { R.ttl_ms, R.member, want, need, waiting, cfg.max_live, "lease" })
+  local v, err, evicting = check_policy(R)
+  if evicting then
+    -- refused: said once per episode, tried again once a ttl
+    R.fails = R.fails + 1
+    if R.last_err ~= err then
+      local ngx_ = rawget(_G, "ngx")
+      if ngx_ and ngx_.log then ngx_.log(ngx_.ERR, err) else io.stderr:write(err, "\n") end
+    end
+    R.last_err = err
+    R.next_due = monotime() + cfg.ttl
+    R.next_ask = R.next_due
+    return
+  end
+  if v then
+    v, err = R.conn:script("lease", scripts.lease, R.keys,
+                           { R.ttl_ms, R.member, want, need, waiting, cfg.max_live, "lease" })
+  end
   if type(v) ~= "table" then
     R.fails = R.fails + 1
     R.last_err = tostring(err)
@@ -130,10 +203,15 @@ local function ask(R, t, held, waiting)
     return
   end
   local ttl = cfg.ttl
-  R.valid_until, R.fence_at = t0 + ttl * 0.75, t0 + ttl * 0.5
-  publish(R)
   local n = v[1]
-  set_cap(R, n)
+  -- the first lease of a new agent counted the previous epoch's row as
+  -- another machine's, so its grant is short by this machine's own units:
+  -- it only claims (what it stored covers c, kept as the cap) until the
+  -- row is gone and the share asked again, at once (below)
+  if R.prev_member then n = c end
+  -- (the share and the validity together, only while still the agent)
+  if not set_cap(R, n, t0 + ttl * 0.75) then return end
+  R.valid_until, R.fence_at = t0 + ttl * 0.75, t0 + ttl * 0.5
   R.others, R.quiet, R.machines = v[7], v[4], v[8]
   mirror_pause(R, v[5], v[6])
   R.next_due = t0 + ttl / 4
@@ -147,6 +225,13 @@ local function ask(R, t, held, waiting)
     R.next_ask = 0
   end
   R.last_err = nil
+  if R.prev_member then
+    -- this lease claims all the machine may hold: the previous epoch's row
+    -- (an agent that exited, died or was replaced) goes, and the share is
+    -- asked again at once without it
+    R.conn:script("lease", scripts.lease, R.keys, { R.ttl_ms, R.prev_member, 0, 0, 0, cfg.max_live, "leave" })
+    R.prev_member, R.next_due = nil, 0
+  end
   return t
 end
 
@@ -157,11 +242,12 @@ local function step(R, t)
   if R.share > 0 and t >= R.fence_at then
     local held = h:count(LIVE, -1)
     local cap = t >= R.valid_until and 0 or math_min(R.share, held)
-    if cap < R.share then set_cap(R, cap) end
+    if cap < R.share and not set_cap(R, cap) then return M.ELECT end
   end
   local held, waiting = h:count(LIVE, -1), h:waiting()
   local short = waiting > 0 and R.share - held < waiting
   if t >= R.next_due or (short and t >= R.next_ask) then ask(R, t, held, waiting) end
+  if not R.is_agent then return M.ELECT end
   if h:waiting() > 0 then return M.POLL end
   return math_min(M.IDLE, math_max(0.001, R.next_due - monotime()))
 end
@@ -170,30 +256,45 @@ local function h_share(R)
   return R.h:limits().max_live
 end
 
+-- A candidate's look: claims the agent's place when it is vacant or its
+-- holder stalled.
+local function elect(R, t)
+  local h = R.h
+  local epoch, pid, age = h:agent()
+  -- (past 0.5 s silent the claim also checks whether its process is gone)
+  if pid ~= 0 and age < M.DEAD then return end
+  local e = h:agent_claim(epoch, R.stall)
+  if e == 0 then return end
+  R.is_agent, R.epoch, R.member, R.next_due = true, e, member_of(R, e), 0
+  R.agents = (R.agents or 0) + 1
+  R.took_at = t
+  -- the previous epoch's row in Redis, dropped after this one's first lease
+  R.prev_member = epoch > 0 and member_of(R, epoch) or nil
+  -- the share and validity a previous agent set are the machine's until renewed
+  R.share = h_share(R)
+  local till = h:valid_until()
+  R.valid_until, R.fence_at = till or -1, till and till - R.cfg.ttl / 4 or -1
+end
+
 local function run(R, sched)
-  local eh, LIVE, TAKEN = R.eh, R.B.LIVE, R.B.TAKEN
+  local eh = R.eh
   local next_elect = 0
+  R.stall = M.stall(R.cfg.ttl)
   while R.users > 0 do
     local t = monotime()
     local rc = eh:scan(false)
-    if type(rc) == "number" and rc == ENOTMEMBER then eh:join(); R.is_agent = false end
+    if type(rc) == "number" and rc == ENOTMEMBER then eh:join() end
+    -- the holder's beat (and the news that it was replaced)
+    if R.is_agent and not R.h:agent_beat(R.epoch) then step_down(R) end
     if not R.is_agent and t >= next_elect then
-      if eh:take(LIVE, -1) == TAKEN then
-        R.is_agent, R.next_due, R.agents = true, 0, (R.agents or 0) + 1
-        -- the share a previous agent set is the machine's until renewed
-        R.share = h_share(R)
-        R.valid_until, R.fence_at = -1, -1
-        local closed, _, till = eh:gate()
-        if closed and till then R.valid_until, R.fence_at = till, till - R.cfg.ttl / 4 end
-      else
-        next_elect = t + M.ELECT
-      end
+      elect(R, t)
+      next_elect = t + M.ELECT
     end
     local delay = M.ELECT
     if R.is_agent then delay = step(R, t) end
     sched.sleep(delay)
   end
-  if R.is_agent then
+  if R.is_agent and R.h:agent_beat(R.epoch) then
     -- the last pool of this process closed: hand the machine's lease to
     -- the next agent (or leave, when nothing of the machine holds a unit)
     local s = R.h:stats()
@@ -204,11 +305,12 @@ local function run(R, sched)
   end
 end
 
--- The agent unit back to the machine's other processes (the task ended:
--- its last pool closed, or an exiting nginx worker's timer was ended).
+-- The agent's place back to the machine's other processes (the task
+-- ended: its last pool closed, or an exiting nginx worker's timer was
+-- ended).
 local function hand_over(R)
   if R.is_agent then
-    R.eh:give(R.B.LIVE, -1)
+    R.h:agent_release(R.epoch)
     R.is_agent = false
   end
   if R.conn then R.conn:close(); R.conn = nil end
@@ -274,9 +376,15 @@ function M.stats(R)
               paused = v[4] ~= "-" and v[4]:sub(2) or false, live = 0, machines = {},
               agent = R.is_agent and { asks = R.asks, fails = R.fails, last_err = R.last_err,
                                        commands = R.conn and R.conn.commands or 0, share = R.share,
-                                       block = R.block } or nil }
+                                       block = R.block, epoch = R.epoch } or nil }
   for i = 7, #v, 5 do
-    t.machines[v[i]] = { units = v[i + 1], held = v[i + 2], demand = v[i + 3], ttl_ms = v[i + 4] }
+    -- (a machine's rows of several epochs, while an old one lapses: summed,
+    -- as Redis counts them)
+    local m = v[i]:match("^(.-)~%d+$") or v[i]
+    local row = t.machines[m]
+    if not row then row = { units = 0, held = 0, demand = 0, ttl_ms = v[i + 4], rows = 0 }; t.machines[m] = row end
+    row.units, row.held, row.demand = row.units + v[i + 1], row.held + v[i + 2], row.demand + v[i + 3]
+    row.ttl_ms, row.rows = math_max(row.ttl_ms, v[i + 4]), row.rows + 1
     t.live = t.live + v[i + 2]
   end
   return t
