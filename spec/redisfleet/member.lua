@@ -84,6 +84,10 @@ local function worker()
       else
         failures = failures + 1
         log("f", string.format("%.6f", monotime()), tostring(err))
+        -- (as a caller's next try comes later: a failure can be immediate,
+        -- e.g. inside the create backoff after fenced creates, and a retry
+        -- without yielding would starve this loop's agent)
+        loop.sleep(0.001)
       end
     end
 end

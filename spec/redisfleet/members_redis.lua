@@ -56,7 +56,7 @@ describe("a Redis fleet across member processes (machines)", function()
   local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst, keep)
     local c = { out = os.tmpname(), machine = machine }
     os.remove(c.out)
-    local cmd = string.format("exec %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s %s %s %s",
+    local cmd = string.format("exec spec/redisfleet/closefds.sh %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s %s %s %s",
       INTERP, package.path, package.cpath, name, machine, c.out, coord.port, target.port, max_live, ttl, tasks, secs,
       block or "", burst or "", keep or "")
     c.p = assert(io.popen(cmd, "r"))
@@ -183,10 +183,13 @@ describe("a Redis fleet across member processes (machines)", function()
     local last_before
     for _, e in ipairs(ev) do if e[2] > 0 and e[1] < t_back then last_before = e[1] end end
     local tpeak = peak_of(samples)
+    local fails = {}
+    for _, c in ipairs(cs) do fails[#fails + 1] = c.stats and c.stats.failures or "?" end
     print(string.format("\n  redis killed for %.1f s (ttl %g s): last create %.0f ms after the kill " ..
       "(fence at %.0f ms), " ..
-      "first create %.0f ms after redis was back (bound: ttl + ttl/8 + a poll); target's peak %d", t_back - t_kill, ttl,
-      (last_before - t_kill) * 1000, 0.75 * ttl * 1000, ((first_after or 0) - t_back) * 1000, tpeak))
+      "first create %.0f ms after redis was back (bound: ttl + ttl/8 + a poll); target's peak %d; failed " ..
+      "acquisitions %s", t_back - t_kill, ttl, (last_before - t_kill) * 1000, 0.75 * ttl * 1000,
+      ((first_after or 0) - t_back) * 1000, tpeak, table.concat(fails, " ")))
     assert.equal(0, late)
     assert.is_true(tpeak <= cap, "the target saw " .. tpeak)
     assert.is_not_nil(first_after, "no create after redis came back")
