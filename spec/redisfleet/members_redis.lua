@@ -147,6 +147,43 @@ describe("a Redis fleet across member processes (machines)", function()
     assert.equal(0, n)
   end)
 
+  it("a machine joining a fleet another machine saturates gets its fair share (it is seen while it holds nothing)",
+     function()
+    local name, cap, ttl = fresh(), 6, 1
+    -- m1 alone with blocks of 6 and 6 busy tasks holds the whole cap; m2
+    -- comes with 6 busy tasks too and holds nothing at first
+    local cs = { spawn(name, "m1", cap, ttl, 6, 5, 6) }
+    local t0 = monotime()
+    local t_join
+    local samples = sample(cs, {
+      [t0 + 2.0] = function() t_join = monotime(); cs[2] = spawn(name, "m2", cap, ttl, 6, 3, 6) end,
+    })
+    local ev = read_logs(cs)
+    -- what each machine held (its hooks) over the last 1.5 s of m2's run
+    local from, to = t_join + 1.0, t_join + 2.5
+    local alive, most, grants = { 0, 0 }, { 0, 0 }, { 0, 0 }
+    for _, e in ipairs(ev) do
+      alive[e[3]] = alive[e[3]] + e[2]
+      if e[1] >= from and e[1] <= to and alive[e[3]] > most[e[3]] then most[e[3]] = alive[e[3]] end
+    end
+    for i = 1, 2 do
+      for _, t in ipairs(cs[i].grants) do if t >= from and t <= to then grants[i] = grants[i] + 1 end end
+    end
+    local first
+    for _, t in ipairs(cs[2].creates) do first = first or t end
+    print(string.format("\n  m2 joined m1's saturated fleet (cap %d, ttl %g s): its first create %.0f ms after it " ..
+      "started; from 1 s to 2.5 s after: most held m1 %d, m2 %d; grants m1 %d, m2 %d; the target's peak %d", cap, ttl,
+      ((first or t_join) - t_join) * 1000, most[1], most[2], grants[1], grants[2], peak_of(samples)))
+    assert.is_not_nil(first, "m2 never created a client")
+    -- (m2 starts, then waits out nothing: the fleet is past its quiet
+    -- period; m1 gives its spare back at its next renewal, ttl / 4)
+    assert.is_true(first - t_join < 1.0 + ttl, "m2's first create after " .. (first - t_join))
+    assert.is_true(most[2] >= cap / 2 - 1, "m2 held at most " .. most[2])
+    assert.is_true(grants[2] > grants[1] / 4, "m2 was granted " .. grants[2] .. " against m1's " .. grants[1])
+    assert.is_true(peak_of(samples) <= cap)
+    for _, c in ipairs(cs) do assert.is_not_nil(c.stats, c.machine .. " did not finish") end
+  end)
+
   it("redis killed under load: members stop creating before their shares lapse, the cap holds, admission resumes",
      function()
     local name, cap, ttl = fresh(), 6, 1

@@ -128,12 +128,9 @@ describe("the Redis fleet's scripts", function()
     assert.equal(6, b.sum)                              -- 1 + 5: never above the cap
   end)
 
-  -- PENDING (issue 16, the fairness defect): keeping a waiting machine's
-  -- demand row and exp entry when it holds nothing makes these pass, but
-  -- doubled the re-admission after a Redis restart in members_redis.lua
-  -- ("redis killed under load": first create 2.0 s after redis was back,
-  -- bound ttl + ttl/8 + a poll) for a cause not yet found: backed out.
-  pending("a machine holding nothing but waiting is seen by the holders (others, machines) and gets their spare",
+  -- (issue 16, the fairness defect: a machine holding nothing but waiting
+  -- had no row, so the holders never saw it and kept their spare)
+  it("a machine holding nothing but waiting is seen by the holders (others, machines) and gets their spare",
           function()
     local name = ready(200)
     local a = lease(name, 60000, "a", 6, 4, 6)          -- a holds 4 and takes the whole 6
@@ -156,7 +153,7 @@ describe("the Redis fleet's scripts", function()
     assert.is_nil(stats(name).members.c)
   end)
 
-  pending("a waiting machine's row lapses with its ttl like any lease", function()
+  it("a waiting machine's row lapses with its ttl like any lease", function()
     local name = ready(200)
     assert.equal(2, lease(name, 60000, "a", 2, 2, 2).n)
     assert.equal(0, lease(name, 250, "b", 1, 0, 2, nil, 1).n)

@@ -91,6 +91,12 @@ if stored > 0 then
   redis.call('ZADD', KEYS[3], now + ttl, member)
   redis.call('HSET', KEYS[4], member, need)
   redis.call('HSET', KEYS[5], member, demand)
+elseif mode ~= 'leave' and demand > 0 then
+  -- holding nothing but waiting: still a machine, its demand in the others'
+  -- replies (fairness), lapsing with its exp entry like any lease
+  redis.call('HDEL', KEYS[2], member); redis.call('HDEL', KEYS[4], member)
+  redis.call('ZADD', KEYS[3], now + ttl, member)
+  redis.call('HSET', KEYS[5], member, demand)
 else
   redis.call('HDEL', KEYS[2], member); redis.call('HDEL', KEYS[4], member)
   redis.call('HDEL', KEYS[5], member); redis.call('ZREM', KEYS[3], member)
