@@ -56,7 +56,8 @@ describe("a Redis fleet across member processes (machines)", function()
   local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst, keep)
     local c = { out = os.tmpname(), machine = machine }
     os.remove(c.out)
-    local cmd = string.format("exec spec/redisfleet/closefds.sh %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s %s %s %s",
+    local cmd = string.format("exec spec/redisfleet/closefds.sh %s spec/redisfleet/member.lua " ..
+      "%q %q %q %q %q %d %d %d %s %d %s %s %s %s",
       INTERP, package.path, package.cpath, name, machine, c.out, coord.port, target.port, max_live, ttl, tasks, secs,
       block or "", burst or "", keep or "")
     c.p = assert(io.popen(cmd, "r"))
