@@ -368,12 +368,13 @@ static fl_cell *cell_of(const clientpool_fleet_t *f, int32_t row, int32_t key) {
 static int limits_ok(const clientpool_fleet_limits_t *l, char *err, size_t n) {
 #define BAD(...) do { msg(err, n, __VA_ARGS__); return 0; } while (0)
   /* 0 admits nothing: the Redis backend's machine-local share before (or
-   * after) its lease (docs/fleet.md section 14); fleet.new wants >= 1 */
+   * after) its lease (docs/fleet.md section 14), of max_live and of
+   * max_concurrency; fleet.new wants >= 1 */
   if (l->max_live < 0) BAD("max_live must be >= 0, got %d", (int)l->max_live);
   if (l->min_idle < 0) BAD("min_idle must be >= 0, got %d", (int)l->min_idle);
   if (l->max_idle < l->min_idle) BAD("min_idle (%d) must be <= max_idle (%d)", (int)l->min_idle, (int)l->max_idle);
   if (l->max_idle > l->max_live) BAD("max_idle (%d) must be <= max_live (%d)", (int)l->max_idle, (int)l->max_live);
-  if (l->max_concurrency < 1) BAD("max_concurrency must be >= 1, got %d", (int)l->max_concurrency);
+  if (l->max_concurrency < 0) BAD("max_concurrency must be >= 0, got %d", (int)l->max_concurrency);
   if (l->key_max_live >= 0 && (l->key_max_live < 1 || l->key_max_live > l->max_live))
     BAD("per_key.max_live (%d) must be in [1, max_live (%d)]", (int)l->key_max_live, (int)l->max_live);
   if (l->key_max_idle >= 0 && l->key_max_idle > l->max_idle)

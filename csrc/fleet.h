@@ -95,7 +95,7 @@ typedef struct clientpool_fleet_limits {
   int32_t max_live;            /* physical clients of the whole fleet, >= 1 */
   int32_t max_idle;            /* idle clients, min_idle <= max_idle <= max_live */
   int32_t min_idle;            /* warm floor of each warm key, fleet-wide */
-  int32_t max_concurrency;     /* leases at once, >= 1 */
+  int32_t max_concurrency;     /* leases at once, >= 0 (0: a Redis share) */
   int32_t key_max_live;        /* per key, <= max_live, or < 0 */
   int32_t key_max_idle;        /* per key, <= max_idle, or < 0 */
   int32_t max_keys;            /* keys in use at once, >= 1 */

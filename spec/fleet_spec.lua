@@ -104,6 +104,36 @@ describe("clientpool.fleet", function()
     assert.equal(3, fleet.stats(name).limits.max_live)
   end)
 
+  it("validates a Redis fleet's budgets, naming what is not leased across machines yet", function()
+    local base = { backend = "redis", max_live = 4, ttl = 1, machine = "m1", redis = { host = "127.0.0.1", port = 6 } }
+    local function with(t)
+      local o = {}
+      for k, v in pairs(base) do o[k] = v end
+      for k, v in pairs(t) do o[k] = v end
+      return o
+    end
+    for _, c in ipairs {
+      { with { max_idle = 5 }, "fleet option 'max_idle' must be an integer in [0, max_live (4)], got 5" },
+      { with { max_idle = -1 }, "fleet option 'max_idle' must be an integer in [0, max_live (4)], got -1" },
+      { with { max_concurrency = 0 }, "fleet option 'max_concurrency' must be an integer in [1, 1073741823], got 0" },
+      { with { max_concurrency = 1.5 },
+        "fleet option 'max_concurrency' must be an integer in [1, 1073741823], got 1.5" },
+      { with { min_idle = 1 }, "fleet option 'min_idle' is not supported with backend = \"redis\" yet" },
+      { with { per_key = { max_live = 2 } }, "fleet option 'per_key' is not supported with backend = \"redis\" yet" },
+    } do
+      local e = err_of(fleet.new, name_for("rv"), c[1])
+      assert.truthy(e:find("clientpool: " .. c[2], 1, true), e)
+    end
+    local name = name_for("rb")
+    local f = fleet.new(name, with { max_idle = 2, max_concurrency = 3 })
+    assert.equal(2, f._redis.cfg.max_idle); assert.equal(3, f._redis.cfg.max_concurrency)
+    assert.equal(2, #f._redis.bud)
+    -- before its first lease the machine's local shares admit nothing
+    local lim = assert(fleet._backend.open(name .. ".m1")):limits()
+    assert.equal(0, lim.max_live); assert.equal(0, lim.max_concurrency)
+    fleet.remove(name)
+  end)
+
   it("refuses a second attach of a Redis fleet with another ttl, machine or redis (the agent's lease keeps the first)",
      function()
     local name = name_for("rattach")
@@ -120,6 +150,8 @@ describe("clientpool.fleet", function()
       { with("machine", "m2"), "option 'machine' differs from this process's first attach (m1, now m2)" },
       { with("redis", { host = "127.0.0.1", port = 7 }), "option 'redis.port' differs" },
       { with("redis", { host = "127.0.0.1", port = 6, password = "x" }), "option 'redis.password' differs" },
+      { with("max_concurrency", 3), "option 'max_concurrency' differs from this process's first attach (nil, now 3)" },
+      { with("max_idle", 2), "option 'max_idle' differs from this process's first attach (nil, now 2)" },
     } do
       local e = err_of(fleet.new, name, c[1])
       assert.truthy(e:find("clientpool: fleet.new('" .. name .. "'): " .. c[2], 1, true), e)

@@ -128,12 +128,16 @@ local function redis_new(name, opts)
     local function differs(what, x, y)
       if x ~= y then
         if what == "redis.password" then x, y = "(hidden)", "(hidden)" end
-        fail("fleet.new('%s'): option '%s' differs from this process's first attach (%s, now %s):"
-          .. " a Redis fleet's ttl, machine and redis are fixed while the process is attached", name, what, x, y)
+        fail("fleet.new('%s'): option '%s' differs from this process's first attach (%s, now %s): a Redis"
+          .. " fleet's ttl, machine, redis, max_idle and max_concurrency are fixed while the process is attached",
+          name, what, x, y)
       end
     end
     differs("ttl", old.ttl, new.ttl)
     differs("machine", old.machine, new.machine)
+    -- (the agent's budgets are made at the first attach: budgets.lua)
+    differs("max_concurrency", tostring(old.max_concurrency), tostring(new.max_concurrency))
+    differs("max_idle", tostring(old.idle_given), tostring(new.idle_given))
     for k, v in pairs(old.redis) do differs("redis." .. k, v, new.redis[k]) end
     for k, v in pairs(new.redis) do differs("redis." .. k, old.redis[k], v) end
     f._redis.cfg = new                    -- attach again: max_live and block apply at the next lease

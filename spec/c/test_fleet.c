@@ -347,7 +347,7 @@ static void t_limits_invalid(void) {
   CASE("min_idle", L->min_idle = -1);
   CASE("min_idle (3) must be <= max_idle (2)", (L->min_idle = 3, L->max_idle = 2));
   CASE("max_idle (5) must be <= max_live (4)", L->max_idle = 5);
-  CASE("max_concurrency", L->max_concurrency = 0);
+  CASE("max_concurrency", L->max_concurrency = -1);
   CASE("per_key.max_live", L->key_max_live = 5);
   CASE("per_key.max_live", L->key_max_live = 0);
   CASE("per_key.max_idle", L->key_max_idle = 5);

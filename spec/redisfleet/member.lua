@@ -2,7 +2,8 @@
 -- (spec/redisfleet/members_redis.lua): its own `machine` name, so its own
 -- machine-local fleet and its own lease in Redis.
 --
---   <interp> member.lua lpath cpath name machine out coord_port target_port max_live ttl tasks secs [block [burst]]
+--   <interp> member.lua lpath cpath name machine out coord_port target_port max_live ttl tasks secs
+--     [block [burst [keep [budgets]]]]
 --
 -- `tasks` coroutines acquire and release for `secs` seconds (held 0-3 ms,
 -- one release in 8 destroys the client). A client is a real TCP
@@ -39,8 +40,19 @@ local function flush()
   lines = {}
 end
 
-fleet.new(name, { backend = "redis", max_live = max_live, ttl = ttl, machine = machine, block = tonumber(arg[12]),
-                  redis = { port = coord_port, timeout = 0.2 } })
+-- `budgets` (arg 15, e.g. "c=4,i=2"): the fleet's max_concurrency and
+-- max_idle; then every lease brackets its use with INCR / DECR of
+-- spec:inuse at the target (the highest INCR reply: the most leases the
+-- target saw at once), and the tasks stop 0.8 s before the end with the
+-- pool open ("q <t>"), so that every client left is idle
+local budgets = arg[15] ~= "" and arg[15] or nil
+local fo = { backend = "redis", max_live = max_live, ttl = ttl, machine = machine, block = tonumber(arg[12]),
+             redis = { port = coord_port, timeout = 0.2 } }
+if budgets then
+  fo.max_concurrency = tonumber(budgets:match("c=(%d+)"))
+  fo.max_idle = tonumber(budgets:match("i=(%d+)"))
+end
+fleet.new(name, fo)
 local pid = assert(io.open("/proc/self/stat")):read("*l"):match("^(%d+)")
 say("pid", pid)
 
@@ -66,20 +78,33 @@ local pool = clientpool.new {
   end,
 }
 
-local keep = arg[14] == "keep"     -- no release destroys its client
+-- no release destroys its client ("keep", and with budgets: what is left
+-- open in the quiet phase is what max_idle kept)
+local keep = arg[14] == "keep" or budgets ~= nil
 local grants, failures, rnd = 0, 0, tonumber(pid)
 local function random(n)
   rnd = (rnd * 1103515245 + 12345) % 2147483648
   return rnd % n
 end
 local t_end = monotime() + secs
+local t_stop = budgets and t_end - 0.8 or t_end
+local inuse_max = 0
+local function upstream(s, cmd)
+  s:send(cmd .. " spec:inuse\r\n")
+  return tonumber((assert(s:receive("*l")):match("^:(%-?%d+)")))
+end
 local function worker()
-    while monotime() < t_end do
+    while monotime() < t_stop do
       local l, err = pool:acquire()
       if l then
         grants = grants + 1
         log("g", string.format("%.6f", monotime()))
+        if budgets then
+          local n = upstream(l.client, "INCR")
+          if n > inuse_max then inuse_max = n end
+        end
         loop.sleep(random(4) / 1000)
+        if budgets then upstream(l.client, "DECR") end
         if random(8) == 0 and not keep then l:release(false) else l:release() end
       else
         failures = failures + 1
@@ -92,6 +117,9 @@ local function worker()
     end
 end
 for _ = 1, tasks do loop.spawn(worker) end
+if budgets then
+  loop.spawn(function() loop.sleep(t_stop - monotime()); log("q", string.format("%.6f", monotime())) end)
+end
 local burst = tonumber(arg[13])
 if burst then
   loop.spawn(function()
@@ -134,4 +162,5 @@ pool:close()
 loop:run()
 flush()
 say("stats", grants, failures, asks, commands)
+if budgets then say("inuse", inuse_max) end
 say("done")

@@ -53,13 +53,13 @@ describe("a Redis fleet across member processes (machines)", function()
     return string.format("spec-redis-%d-%d", n_fleet, os.time() % 100000 * 100 + math.random(0, 99))
   end
 
-  local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst, keep)
+  local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst, keep, budgets)
     local c = { out = os.tmpname(), machine = machine }
     os.remove(c.out)
     local cmd = string.format("exec spec/redisfleet/closefds.sh %s spec/redisfleet/member.lua " ..
-      "%q %q %q %q %q %d %d %d %s %d %s %s %s %s",
+      "%q %q %q %q %q %d %d %d %s %d %s %q %q %q %q",
       INTERP, package.path, package.cpath, name, machine, c.out, coord.port, target.port, max_live, ttl, tasks, secs,
-      block or "", burst or "", keep or "")
+      block or "", burst or "", keep or "", budgets or "")
     c.p = assert(io.popen(cmd, "r"))
     children[#children + 1] = c
     for _ = 1, 2000 do
@@ -183,6 +183,53 @@ describe("a Redis fleet across member processes (machines)", function()
     assert.is_true(grants[2] > grants[1] / 4, "m2 was granted " .. grants[2] .. " against m1's " .. grants[1])
     assert.is_true(peak_of(samples) <= cap)
     for _, c in ipairs(cs) do assert.is_not_nil(c.stats, c.machine .. " did not finish") end
+  end)
+
+  -- One run of 3 machines x 4 tasks on max_live 8, budgets as member.lua
+  -- takes them ("-": measured, none set): the most leases the target saw at
+  -- once (INCR replies), and its connections while every machine is quiet
+  -- with its pool open (all of them idle then), and its peak.
+  local function budget_run(budgets)
+    local name, cap, ttl = fresh(), 8, 1
+    local cs = {}
+    for i = 1, 3 do cs[i] = spawn(name, "m" .. i, cap, ttl, 4, 4, nil, nil, nil, budgets) end
+    local samples = sample(cs)
+    read_logs(cs)
+    local inuse, q_first, q_last, grants, commands = 0, math.huge, 0, 0, 0
+    for _, c in ipairs(cs) do
+      for _, l in ipairs(lines_of(c.out)) do
+        local n = tonumber(l:match("^inuse (%-?%d+)$") or "")
+        if n and n > inuse then inuse = n end
+        local q = tonumber(l:match("^q (%S+)$") or "")
+        if q then q_first, q_last = math.min(q_first, q), math.max(q_last, q) end
+      end
+      assert.is_not_nil(c.stats, c.machine .. " did not finish")
+      assert.equal(0, c.stats.failures)
+      grants, commands = grants + c.stats.grants, commands + c.stats.commands
+    end
+    -- (the quiet phase of each machine lasts 0.8 s; releases in flight at
+    -- its start settle within a poll)
+    local idle = peak_of(samples, q_last + 0.1, q_first + 0.7)
+    return { inuse = inuse, idle = idle, peak = peak_of(samples), quiet = q_first + 0.7 - q_last - 0.1,
+             per1000 = commands * 1000 / math.max(1, grants), grants = grants }
+  end
+
+  it("max_concurrency and max_idle hold across machines: the target never sees more leases at once, nor more idle",
+     function()
+    local none = budget_run("-")
+    local with = budget_run("c=4,i=2")
+    print(string.format("\n  3 machines x 4 tasks, max_live 8, ttl 1 s: the most leases the target saw at once " ..
+      "%d without budgets, %d with max_concurrency 4; its connections with every machine quiet (all idle) %d " ..
+      "without, %d with max_idle 2 (over %.0f ms); its peak %d, %d; redis commands per 1000 acquisitions %.1f " ..
+      "(%d acquisitions), %.1f with the budgets (%d)", none.inuse, with.inuse, none.idle, with.idle, with.quiet * 1000,
+      none.peak, with.peak, none.per1000, none.grants, with.per1000, with.grants))
+    assert.is_true(with.quiet > 0.2, "the machines' quiet phases hardly overlapped")
+    assert.is_true(none.inuse > 4, "the spec cannot see concurrency: " .. none.inuse)   -- (it can see a breach)
+    assert.is_true(none.idle > 2, "the spec cannot see idle clients: " .. none.idle)
+    assert.is_true(with.inuse <= 4, "the target saw " .. with.inuse .. " leases at once")
+    assert.is_true(with.inuse >= 2)                   -- (the budget was used)
+    assert.is_true(with.idle <= 2, "the target saw " .. with.idle .. " idle clients")
+    assert.is_true(with.peak <= 8 and none.peak <= 8)
   end)
 
   it("redis killed under load: members stop creating before their shares lapse, the cap holds, admission resumes",

@@ -26,6 +26,7 @@
 -- `.agent` fleet, so every process's create hook checks it (fleetlink):
 -- even with the agent stopped, no client is created on a lapsed share.
 local scripts = require "clientpool.redisfleet.scripts"
+local budgets = require "clientpool.redisfleet.budgets"
 local resp = require "clientpool.redisfleet.resp"
 local monotime = require("clientpool.core").monotime
 local ycall = require("clientpool.base").ycall   -- a pcall tasks may yield through (Lua 5.1)
@@ -47,7 +48,7 @@ local ENOTMEMBER = -12
 --   h, eh: the local fleet's and the election fleet's handles; B: binding
 function M.new(name, cfg, h, eh, B)
   return {
-    name = name, cfg = cfg, h = h, eh = eh, B = B,
+    name = name, cfg = cfg, h = h, eh = eh, B = B, bud = budgets.new(cfg, B),
     member = cfg.machine, keys = scripts.keys(cfg.redis.prefix, name),
     ttl_ms = math_floor(cfg.ttl * 1000),
     users = 0, task = false, is_agent = false, joined = false,
@@ -58,11 +59,13 @@ function M.new(name, cfg, h, eh, B)
   }
 end
 
--- Sets the local cap to n (the share), keeping the segment's other limits.
+-- Sets the local cap to n (the share), and the other budgets' limits to
+-- their shares (budgets.lua), keeping the segment's other limits.
 local function set_cap(R, n)
   local lim = R.h:limits()
   lim.max_live, lim.max_idle, lim.min_idle = n, n, 0
   lim.key_max_live, lim.key_max_idle = -1, -1
+  budgets.limits(R.bud, lim)
   local rc = R.h:update(lim)
   if rc == nil or rc == false then return false end
   R.share = n
@@ -115,13 +118,14 @@ local function ask(R, t, held, waiting)
   -- closes released clients above it); what may be held during the call
   -- is claimed
   local c = math_min(R.share, want)
-  if c < R.share then set_cap(R, c) end
   local need = math_max(c, held)
+  local args = { R.ttl_ms, R.member, want, need, waiting, cfg.max_live, "lease" }
+  local lowered = budgets.ask(R.bud, R.h, waiting, R.others, R.machines, args)
+  if c < R.share or lowered then set_cap(R, c) end
   if not R.conn then R.conn = resp.new(R.redis_opts, R.transport, R.sleep) end
   local t0 = monotime()
   R.asks = R.asks + 1
-  local v, err = R.conn:script("lease", scripts.lease, R.keys,
-                               { R.ttl_ms, R.member, want, need, waiting, cfg.max_live, "lease" })
+  local v, err = R.conn:script("lease", scripts.lease, R.keys, args)
   if type(v) ~= "table" then
     R.fails = R.fails + 1
     R.last_err = tostring(err)
@@ -133,6 +137,7 @@ local function ask(R, t, held, waiting)
   R.valid_until, R.fence_at = t0 + ttl * 0.75, t0 + ttl * 0.5
   publish(R)
   local n = v[1]
+  budgets.granted(R.bud, v)
   set_cap(R, n)
   R.others, R.quiet, R.machines = v[7], v[4], v[8]
   mirror_pause(R, v[5], v[6])
@@ -154,13 +159,14 @@ end
 -- to its next turn.
 local function step(R, t)
   local h, LIVE = R.h, R.B.LIVE
-  if R.share > 0 and t >= R.fence_at then
+  if t >= R.fence_at then
     local held = h:count(LIVE, -1)
     local cap = t >= R.valid_until and 0 or math_min(R.share, held)
-    if cap < R.share then set_cap(R, cap) end
+    local lowered = budgets.fence(R.bud, h, t >= R.valid_until)
+    if cap < R.share or lowered then set_cap(R, math_min(cap, R.share)) end
   end
   local held, waiting = h:count(LIVE, -1), h:waiting()
-  local short = waiting > 0 and R.share - held < waiting
+  local short = waiting > 0 and (R.share - held < waiting or budgets.short(R.bud, h, waiting))
   if t >= R.next_due or (short and t >= R.next_ask) then ask(R, t, held, waiting) end
   if h:waiting() > 0 then return M.POLL end
   return math_min(M.IDLE, math_max(0.001, R.next_due - monotime()))
@@ -182,6 +188,7 @@ local function run(R, sched)
         R.is_agent, R.next_due, R.agents = true, 0, (R.agents or 0) + 1
         -- the share a previous agent set is the machine's until renewed
         R.share = h_share(R)
+        budgets.adopt(R.bud, R.h:limits())
         R.valid_until, R.fence_at = -1, -1
         local closed, _, till = eh:gate()
         if closed and till then R.valid_until, R.fence_at = till, till - R.cfg.ttl / 4 end
@@ -199,6 +206,7 @@ local function run(R, sched)
     local s = R.h:stats()
     if s.live == 0 and s.members <= 1 and R.conn then
       R.conn:script("lease", scripts.lease, R.keys, { R.ttl_ms, R.member, 0, 0, 0, R.cfg.max_live, "leave" })
+      budgets.reset(R.bud)
       set_cap(R, 0)
     end
   end
@@ -274,10 +282,25 @@ function M.stats(R)
               paused = v[4] ~= "-" and v[4]:sub(2) or false, live = 0, machines = {},
               agent = R.is_agent and { asks = R.asks, fails = R.fails, last_err = R.last_err,
                                        commands = R.conn and R.conn.commands or 0, share = R.share,
-                                       block = R.block } or nil }
-  for i = 7, #v, 5 do
-    t.machines[v[i]] = { units = v[i + 1], held = v[i + 2], demand = v[i + 3], ttl_ms = v[i + 4] }
+                                       block = R.block, budgets = budgets.view(R.bud) } or nil }
+  -- the other budgets: units per machine, and leased in all
+  local NAMES = { c = "concurrency", i = "idle" }
+  for _, b in ipairs(R.bud) do t[NAMES[b.name]] = { leased = 0, max = b.cap } end
+  local i = 7
+  while i <= #v do
+    local m = { units = v[i + 1], held = v[i + 2], demand = v[i + 3], ttl_ms = v[i + 4] }
+    t.machines[v[i]] = m
     t.live = t.live + v[i + 2]
+    local nb = v[i + 5]
+    for j = 1, nb do
+      local name, units = v[i + 4 + 2 * j], v[i + 5 + 2 * j]
+      local f = NAMES[name]
+      if f then
+        m[f] = units
+        if t[f] then t[f].leased = t[f].leased + units end
+      end
+    end
+    i = i + 6 + 2 * nb
   end
   return t
 end

@@ -53,16 +53,21 @@ function M.validate(o)
   if not is_int(ml) or ml < 1 or ml > NONE - 1 then
     fail("fleet option 'max_live' must be an integer in [1, %d], got %s", NONE - 1, tostring(ml))
   end
-  -- only the physical cap is leased across machines so far
-  for _, k in ipairs({ "min_idle", "max_concurrency", "per_key" }) do
+  -- max_live, max_concurrency and max_idle are leased across machines
+  -- (budgets.lua); the rest not yet
+  for _, k in ipairs({ "min_idle", "per_key" }) do
     if o[k] ~= nil and not (k == "min_idle" and o[k] == 0) then
       fail("fleet option '%s' is not supported with backend = \"redis\" yet " ..
-           "(only max_live is leased across machines)", k)
+           "(max_live, max_idle and max_concurrency are leased across machines)", k)
     end
   end
-  if o.max_idle ~= nil and o.max_idle ~= ml then
-    fail("fleet option 'max_idle' is not supported with backend = \"redis\" yet " ..
-         "(idle clients count in max_live; leave it out or equal to max_live)")
+  local mi = o.max_idle
+  if mi ~= nil and (not is_int(mi) or mi < 0 or mi > ml) then
+    fail("fleet option 'max_idle' must be an integer in [0, max_live (%d)], got %s", ml, tostring(mi))
+  end
+  local mc = o.max_concurrency
+  if mc ~= nil and (not is_int(mc) or mc < 1 or mc > NONE - 1) then
+    fail("fleet option 'max_concurrency' must be an integer in [1, %d], got %s", NONE - 1, tostring(mc))
   end
   local r = o.redis
   if type(r) ~= "table" then fail("fleet option 'redis' must be a table { host, port, ... }, got %s", type(r)) end
@@ -105,7 +110,8 @@ function M.validate(o)
     fail("fleet option 'block' must be an integer in [1, max_live (%d)], got %s", ml, tostring(o.block))
   end
   local c = {
-    max_live = ml, ttl = ttl, machine = machine, block = block,
+    max_live = ml, ttl = ttl, machine = machine, block = block, max_idle = mi or ml, idle_given = mi,
+    max_concurrency = mc,
     redis = { host = r.host or "127.0.0.1", port = r.port or 6379, password = r.password, username = r.username,
               db = r.db or 0, timeout = r.timeout or 1, prefix = r.prefix or "clientpool:fleet:" },
   }
@@ -137,7 +143,7 @@ function M.new(name, o, B)
   local c = M.validate(o)
   local local_name = name .. "." .. c.machine
   local h = open_local(B, local_name, {
-    max_live = 0, max_idle = 0, min_idle = 0, max_concurrency = INT_MAX,
+    max_live = 0, max_idle = 0, min_idle = 0, max_concurrency = c.max_concurrency and 0 or INT_MAX,
     max_keys = c.max_keys, members = c.members, attempts = c.attempts, key_max_live = -1, key_max_idle = -1,
   })
   local eh = open_local(B, local_name .. ".agent", {
@@ -153,7 +159,7 @@ end
 -- configured, fleet-wide ones, not the machine's current share.
 function M.limits(R)
   local c = R.cfg
-  return { max_live = c.max_live, max_idle = c.max_live, min_idle = 0, max_concurrency = NONE,
+  return { max_live = c.max_live, max_idle = c.max_idle, min_idle = 0, max_concurrency = c.max_concurrency or NONE,
            key_max_live = -1, key_max_idle = -1, max_keys = c.max_keys, members = c.members }
 end
 
