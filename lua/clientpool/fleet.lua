@@ -302,13 +302,14 @@ function _M.pause(name, reason, key, opts)
   end
   local h, temp = handle(name, "fleet.pause")
   local rf = registry[name] and registry[name]._redis
-  if rf and key ~= nil then fail("fleet.pause('%s'): a key's pause is not supported across machines yet", name) end
   local ok, code, msg = h:pause(reason, key, till)
   if temp then h:close() end
   if ok and rf then
     -- every machine: through Redis (this one's gate is closed already)
     local ms = till >= 0 and math.max(1, math.ceil((till - monotime()) * 1000)) or 0   -- 0: no expiry
-    local rok, err = require("clientpool.redisfleet").agent.pause(rf, reason, ms)
+    local A = require("clientpool.redisfleet").agent
+    local rok, err
+    if key ~= nil then rok, err = A.kpause(rf, key, reason, ms) else rok, err = A.pause(rf, reason, ms) end
     if not rok then fail("fleet.pause('%s'): paused here, but not across machines: redis: %s", name, err) end
   end
   if not ok then
@@ -325,8 +326,10 @@ function _M.resume(name, key)
   local rf = registry[name] and registry[name]._redis
   local ok, _, msg = h:resume(key)
   if temp then h:close() end
-  if ok and rf and key == nil then
-    local rok, err = require("clientpool.redisfleet").agent.resume(rf)
+  if ok and rf then
+    local A = require("clientpool.redisfleet").agent
+    local rok, err
+    if key ~= nil then rok, err = A.kresume(rf, key) else rok, err = A.resume(rf) end
     if not rok then fail("fleet.resume('%s'): resumed here, but not across machines: redis: %s", name, err) end
   end
   if not ok then fail("fleet.resume('%s'): %s", name, msg) end

@@ -218,6 +218,40 @@ describe("the Redis fleet's scripts", function()
     assert.equal(1, q.n); assert.equal(1, q.b.c.n)
   end)
 
+  it("pauses a key on every machine: the lease reply carries the list when its generation moved", function()
+    local name = ready(100)
+    local keys = scripts.keys("clientpool:fleet:", name)
+    local function with_gen(member, seen)
+      local v = assert(c:script("lease", scripts.lease, keys, { 1000, member, 1, 0, 0, 5, "lease", 0, seen }))
+      local out = { gen = v[10], list = {} }
+      if v[11] then
+        for i = 0, v[11] - 1 do out.list[v[12 + 3 * i]] = { why = v[13 + 3 * i], ms = v[14 + 3 * i] } end
+      end
+      return out, v[11] ~= nil
+    end
+    local r0, listed = with_gen("a", -1)
+    assert.is_true(listed); assert.is_nil(next(r0.list))
+    assert.equal(1, c:script("kpause", scripts.kpause, keys, { "origin-a", "maintenance", 0, 2 }))
+    assert.equal(1, c:script("kpause", scripts.kpause, keys, { "origin-b", "429", 150, 2 }))
+    -- max_keys (2) keys paused: a third is refused, a paused one may change
+    assert.equal(0, c:script("kpause", scripts.kpause, keys, { "origin-c", "x", 0, 2 }))
+    assert.equal(1, c:script("kpause", scripts.kpause, keys, { "origin-a", "maintenance", 0, 2 }))
+    local r1 = with_gen("a", r0.gen)
+    assert.is_true(r1.gen > r0.gen)
+    assert.equal("maintenance", r1.list["origin-a"].why); assert.equal(-1, r1.list["origin-a"].ms)
+    assert.equal("429", r1.list["origin-b"].why)
+    assert.is_true(r1.list["origin-b"].ms > 0 and r1.list["origin-b"].ms <= 150)
+    -- seen: no list
+    local _, again = with_gen("a", r1.gen)
+    assert.is_false(again)
+    -- a deadline passed: listed with 0 left, dropped at the next change
+    socket.sleep(0.2)
+    assert.equal(0, with_gen("a", -1).list["origin-b"].ms)
+    assert.equal(1, c:script("kresume", scripts.kresume, keys, { "origin-a" }))
+    local r2 = with_gen("a", r1.gen)
+    assert.is_nil(next(r2.list))
+  end)
+
   it("pauses fleet-wide, with a deadline, and resumes", function()
     local name = ready(100)
     local keys = scripts.keys("clientpool:fleet:", name)

@@ -53,7 +53,7 @@ function M.new(name, cfg, h, eh, B)
     ttl_ms = math_floor(cfg.ttl * 1000),
     users = 0, task = false, is_agent = false, joined = false,
     share = 0, valid_until = -1, fence_at = -1, next_due = 0, next_ask = 0, ask_gap = M.ASK_MIN,
-    block = 1, others = 0, quiet = 0, machines = 1, pause_seen = "-",
+    block = 1, others = 0, quiet = 0, machines = 1, pause_seen = "-", kpgen = -1, kpaused = {},
     -- counters (fleet.stats().redis.agent)
     asks = 0, fails = 0, last_err = nil, conn = nil,
   }
@@ -93,6 +93,27 @@ local function mirror_pause(R, p, ms)
   else R.h:pause(p:sub(2), nil, (ms and ms >= 0) and (monotime() + ms / 1000) or -1) end
 end
 
+-- The keys' pauses from a lease reply (from index at: the generation,
+-- then, when it moved, the count and { key, reason, ms left (-1: none) }
+-- each): mirrored into the local fleet's key gates; a key no longer
+-- listed is resumed here. A pause whose deadline passed opens here by
+-- itself (the local gate has the deadline too).
+local function mirror_keys(R, v, at)
+  local gen, cnt = v[at], v[at + 1]
+  if gen == nil or cnt == nil or gen == R.kpgen then return end
+  local now, t = {}, monotime()
+  for i = 0, cnt - 1 do
+    local key, why, ms = v[at + 2 + 3 * i], v[at + 3 + 3 * i], v[at + 4 + 3 * i]
+    if ms ~= 0 then
+      now[key] = true
+      local ok, code, msg = R.h:pause(why, key, ms > 0 and t + ms / 1000 or -1)
+      if not ok then R.last_err = "key '" .. tostring(key) .. "' not paused here: " .. tostring(msg or code) end
+    end
+  end
+  for key in pairs(R.kpaused) do if not now[key] then R.h:resume(key) end end
+  R.kpaused, R.kpgen = now, gen
+end
+
 -- One lease call: asks for `want` units, keeping `need` accounted.
 local function ask(R, t, held, waiting)
   local cfg = R.cfg
@@ -121,6 +142,7 @@ local function ask(R, t, held, waiting)
   local need = math_max(c, held)
   local args = { R.ttl_ms, R.member, want, need, waiting, cfg.max_live, "lease" }
   local lowered = budgets.ask(R.bud, R.h, waiting, R.others, R.machines, args)
+  args[#args + 1] = R.kpgen
   if c < R.share or lowered then set_cap(R, c) end
   if not R.conn then R.conn = resp.new(R.redis_opts, R.transport, R.sleep) end
   local t0 = monotime()
@@ -141,6 +163,7 @@ local function ask(R, t, held, waiting)
   set_cap(R, n)
   R.others, R.quiet, R.machines = v[7], v[4], v[8]
   mirror_pause(R, v[5], v[6])
+  mirror_keys(R, v, 10 + 2 * #R.bud)
   R.next_due = t0 + ttl / 4
   if fair and n >= want then
     R.next_ask = R.next_due       -- its fair share while others wait: no sooner
@@ -316,6 +339,21 @@ function M.resume(R)
   local v, err = oneshot(R, "resume", scripts.resume, {})
   if v == nil then return nil, tostring(err) end
   R.pause_seen = "-"
+  return true
+end
+
+--- One key paused (resume_after ms, 0: none) or resumed on every machine;
+-- each agent mirrors it at its next lease reply (ttl / 4).
+function M.kpause(R, key, reason, ms)
+  local v, err = oneshot(R, "kpause", scripts.kpause, { key, reason, ms or 0, R.cfg.max_keys })
+  if v == nil then return nil, tostring(err) end
+  if v == 0 then return nil, "max_keys (" .. R.cfg.max_keys .. ") keys are paused across machines" end
+  return true
+end
+
+function M.kresume(R, key)
+  local v, err = oneshot(R, "kresume", scripts.kresume, { key })
+  if v == nil then return nil, tostring(err) end
   return true
 end
 

@@ -24,6 +24,10 @@
 --   9 bsum    hash budget -> the units of it leased to all members (kept
 --             with every change, so a call costs O(its budgets), not
 --             O(members x budgets))
+--  10 kpause  hash key -> "<until_ms>|<reason>": the keys paused on every
+--             machine (until_ms: Redis time, -1 none); cfg's kpgen moves
+--             at every change, so a lease reply carries the list only to a
+--             member that has not seen it
 --
 -- lease(ttl_ms, member, want, need, demand, max_live, mode): grants the
 -- member n units (the cap it may use until its next call) and returns
@@ -55,7 +59,7 @@ local M = {}
 function M.keys(prefix, name)
   local base = prefix .. "{" .. name .. "}:"
   return { base .. "cfg", base .. "units", base .. "exp", base .. "held", base .. "demand", base .. "pause",
-           base .. "bud", base .. "mb", base .. "bsum" }
+           base .. "bud", base .. "mb", base .. "bsum", base .. "kpause" }
 end
 
 -- Shared head of lease and stats: the time, the restart check, the purge
@@ -171,6 +175,22 @@ local ds = redis.call('HGETALL', KEYS[5])
 for i = 1, #ds, 2 do if ds[i] ~= member then others = others + tonumber(ds[i + 1]) end end
 local r = { n, sum, max_live, quiet, pause, pause_ms, others, redis.call('ZCARD', KEYS[3]), stored }
 for i = 1, #out_b do r[9 + i] = out_b[i] end
+-- the keys' pauses: the generation, and the list when the member's seen
+-- generation (the argument after the budgets) differs
+local seen = tonumber(ARGV[9 + 4 * nb] or '')
+local gen = tonumber(redis.call('HGET', KEYS[1], 'kpgen') or '0')
+r[#r + 1] = gen
+if seen and seen ~= gen then
+  local kp = redis.call('HGETALL', KEYS[10])
+  r[#r + 1] = #kp / 2
+  for i = 1, #kp, 2 do
+    local till, why = string.match(kp[i + 1], '^(%-?%d+)|(.*)$')
+    till = tonumber(till)
+    r[#r + 1] = kp[i]
+    r[#r + 1] = why
+    r[#r + 1] = till < 0 and -1 or math.max(0, till - now)
+  end
+end
 return r
 ]]
 
@@ -210,6 +230,35 @@ return 1
 
 M.resume = [[
 return redis.call('DEL', KEYS[6])
+]]
+
+-- kpause(key, reason, resume_after_ms (0: until resumed), max_keys): one
+-- key paused on every machine; 0 when max_keys other keys are paused.
+-- kresume(key): lifted. Both drop the entries whose deadline passed and
+-- move the generation the lease replies carry.
+local KHEAD = [[
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local kp = redis.call('HGETALL', KEYS[10])
+for i = 1, #kp, 2 do
+  local till = tonumber(string.match(kp[i + 1], '^(%-?%d+)|'))
+  if till >= 0 and till <= now then redis.call('HDEL', KEYS[10], kp[i]) end
+end
+redis.call('HINCRBY', KEYS[1], 'kpgen', 1)
+]]
+
+M.kpause = KHEAD .. [[
+if redis.call('HEXISTS', KEYS[10], ARGV[1]) == 0 and redis.call('HLEN', KEYS[10]) >= tonumber(ARGV[4]) then
+  return 0
+end
+local ms = tonumber(ARGV[3])
+redis.call('HSET', KEYS[10], ARGV[1], (ms > 0 and (now + ms) or -1) .. '|' .. ARGV[2])
+return 1
+]]
+
+M.kresume = KHEAD .. [[
+return redis.call('HDEL', KEYS[10], ARGV[1])
 ]]
 
 return M
