@@ -119,18 +119,24 @@ describe("clientpool.fleet", function()
       { with { max_concurrency = 1.5 },
         "fleet option 'max_concurrency' must be an integer in [1, 1073741823], got 1.5" },
       { with { min_idle = 1 }, "fleet option 'min_idle' is not supported with backend = \"redis\" yet" },
-      { with { per_key = { max_live = 2 } }, "fleet option 'per_key' is not supported with backend = \"redis\" yet" },
+      { with { per_key = { max_idle = 2 } },
+        "fleet option 'per_key.max_idle' is not supported with backend = \"redis\" yet" },
+      { with { per_key = { max_live = 5 } },
+        "fleet option 'per_key.max_live' must be an integer in [1, max_live (4)]" },
+      { with { per_key = { max_live = 2 }, max_keys = 65 },
+        "fleet option 'max_keys' must be <= 64 with per_key.max_live and backend = \"redis\", got 65" },
     } do
       local e = err_of(fleet.new, name_for("rv"), c[1])
       assert.truthy(e:find("clientpool: " .. c[2], 1, true), e)
     end
     local name = name_for("rb")
-    local f = fleet.new(name, with { max_idle = 2, max_concurrency = 3 })
+    local f = fleet.new(name, with { max_idle = 2, max_concurrency = 3, per_key = { max_live = 2 } })
     assert.equal(2, f._redis.cfg.max_idle); assert.equal(3, f._redis.cfg.max_concurrency)
-    assert.equal(2, #f._redis.bud)
-    -- before its first lease the machine's local shares admit nothing
+    assert.equal(2, #f._redis.bud); assert.equal(2, f._redis.cfg.key_max_live); assert.equal(64, f._redis.cfg.max_keys)
+    -- before its first lease the machine's local shares admit nothing (a
+    -- key: nothing until its own cap is set)
     local lim = assert(fleet._backend.open(name .. ".m1")):limits()
-    assert.equal(0, lim.max_live); assert.equal(0, lim.max_concurrency)
+    assert.equal(0, lim.max_live); assert.equal(0, lim.max_concurrency); assert.equal(0, lim.key_max_live)
     fleet.remove(name)
   end)
 
@@ -152,6 +158,7 @@ describe("clientpool.fleet", function()
       { with("redis", { host = "127.0.0.1", port = 6, password = "x" }), "option 'redis.password' differs" },
       { with("max_concurrency", 3), "option 'max_concurrency' differs from this process's first attach (nil, now 3)" },
       { with("max_idle", 2), "option 'max_idle' differs from this process's first attach (nil, now 2)" },
+      { with("per_key", { max_live = 2 }), "option 'per_key.max_live' differs from this process's first attach" },
     } do
       local e = err_of(fleet.new, name, c[1])
       assert.truthy(e:find("clientpool: fleet.new('" .. name .. "'): " .. c[2], 1, true), e)

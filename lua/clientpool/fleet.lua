@@ -129,7 +129,7 @@ local function redis_new(name, opts)
       if x ~= y then
         if what == "redis.password" then x, y = "(hidden)", "(hidden)" end
         fail("fleet.new('%s'): option '%s' differs from this process's first attach (%s, now %s): a Redis"
-          .. " fleet's ttl, machine, redis, max_idle and max_concurrency are fixed while the process is attached",
+          .. " fleet's ttl, machine, redis and budgets but max_live are fixed while the process is attached",
           name, what, x, y)
       end
     end
@@ -138,6 +138,7 @@ local function redis_new(name, opts)
     -- (the agent's budgets are made at the first attach: budgets.lua)
     differs("max_concurrency", tostring(old.max_concurrency), tostring(new.max_concurrency))
     differs("max_idle", tostring(old.idle_given), tostring(new.idle_given))
+    differs("per_key.max_live", tostring(old.key_max_live), tostring(new.key_max_live))
     for k, v in pairs(old.redis) do differs("redis." .. k, v, new.redis[k]) end
     for k, v in pairs(new.redis) do differs("redis." .. k, old.redis[k], v) end
     f._redis.cfg = new                    -- attach again: max_live and block apply at the next lease

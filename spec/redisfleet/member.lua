@@ -44,13 +44,20 @@ end
 -- max_idle; then every lease brackets its use with INCR / DECR of
 -- spec:inuse at the target (the highest INCR reply: the most leases the
 -- target saw at once), and the tasks stop 0.8 s before the end with the
--- pool open ("q <t>"), so that every client left is idle
+-- pool open ("q <t>" once the last is done), so that every client left is
+-- idle
 local budgets = arg[15] ~= "" and arg[15] or nil
 local fo = { backend = "redis", max_live = max_live, ttl = ttl, machine = machine, block = tonumber(arg[12]),
              redis = { port = coord_port, timeout = 0.2 } }
+-- ("k=N,keys=M": per_key.max_live N, and task i uses key "k<i % M>"; each
+-- client names itself after its key at the target, CLIENT SETNAME)
+local nkeys
 if budgets then
   fo.max_concurrency = tonumber(budgets:match("c=(%d+)"))
   fo.max_idle = tonumber(budgets:match("i=(%d+)"))
+  local kml = tonumber(budgets:match("k=(%d+)"))
+  if kml then fo.per_key = { max_live = kml } end
+  nkeys = tonumber(budgets:match("keys=(%d+)"))
 end
 fleet.new(name, fo)
 local pid = assert(io.open("/proc/self/stat")):read("*l"):match("^(%d+)")
@@ -58,12 +65,16 @@ say("pid", pid)
 
 local pool = clientpool.new {
   fleet = name, scheduler = loop, acquire_timeout = 60, max_waiting = 1000,
-  create = function()
+  create = function(key)
     log("c", string.format("%.6f", monotime()))
     local s = socket.tcp()
     s:settimeout(1)
     local ok, err = s:connect("127.0.0.1", target_port)
     if not ok then return nil, err end
+    if nkeys then
+      s:send("CLIENT SETNAME " .. key .. "\r\n")
+      assert(s:receive("*l") == "+OK")
+    end
     return s
   end,
   destroy = function(s)
@@ -93,9 +104,12 @@ local function upstream(s, cmd)
   s:send(cmd .. " spec:inuse\r\n")
   return tonumber((assert(s:receive("*l")):match("^:(%-?%d+)")))
 end
+local n_workers, active = 0, 0
 local function worker()
+    n_workers, active = n_workers + 1, active + 1
+    local key = nkeys and ("k" .. (n_workers % nkeys)) or nil
     while monotime() < t_stop do
-      local l, err = pool:acquire()
+      local l, err = pool:acquire(key)
       if l then
         grants = grants + 1
         log("g", string.format("%.6f", monotime()))
@@ -115,11 +129,12 @@ local function worker()
         loop.sleep(0.001)
       end
     end
+    -- (the last task done: every client left is idle from now on)
+    active = active - 1
+    if active == 0 and budgets then log("q", string.format("%.6f %.6f", monotime(), t_end)) end
 end
 for _ = 1, tasks do loop.spawn(worker) end
-if budgets then
-  loop.spawn(function() loop.sleep(t_stop - monotime()); log("q", string.format("%.6f", monotime())) end)
-end
+
 local burst = tonumber(arg[13])
 if burst then
   loop.spawn(function()

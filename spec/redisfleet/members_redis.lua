@@ -72,7 +72,7 @@ describe("a Redis fleet across member processes (machines)", function()
 
   -- Samples the target's clients until every member said "done" (or
   -- `until_t`); `at` is { [t] = fn } called once when monotime() passes t.
-  local function sample(cs, at, limit)
+  local function sample(cs, at, limit, probe)
     local samples, t_limit = {}, monotime() + (limit or 60)
     local pending = {}
     for t, fn in pairs(at or {}) do pending[#pending + 1] = { t = t, fn = fn } end
@@ -81,7 +81,7 @@ describe("a Redis fleet across member processes (machines)", function()
       while pending[1] and monotime() >= pending[1].t do table.remove(pending, 1).fn() end
       local now = monotime()
       local v = sampler:raw("INFO", "clients")
-      samples[#samples + 1] = { now, tonumber(tostring(v):match("connected_clients:(%d+)")) - 1 }
+      samples[#samples + 1] = { now, tonumber(tostring(v):match("connected_clients:(%d+)")) - 1, probe and probe() }
       local all = true
       for _, c in ipairs(cs) do
         if not c.done then
@@ -195,13 +195,13 @@ describe("a Redis fleet across member processes (machines)", function()
     for i = 1, 3 do cs[i] = spawn(name, "m" .. i, cap, ttl, 4, 4, nil, nil, nil, budgets) end
     local samples = sample(cs)
     read_logs(cs)
-    local inuse, q_first, q_last, grants, commands, gap = 0, math.huge, 0, 0, 0, 0
+    local inuse, q_first, q_last, grants, commands, gap = 0, math.huge, 0, 0, 0, 0   -- (q_first: the first end)
     for _, c in ipairs(cs) do
       for _, l in ipairs(lines_of(c.out)) do
         local n = tonumber(l:match("^inuse (%-?%d+)$") or "")
         if n and n > inuse then inuse = n end
-        local q = tonumber(l:match("^q (%S+)$") or "")
-        if q then q_first, q_last = math.min(q_first, q), math.max(q_last, q) end
+        local q, qe = l:match("^q (%S+) (%S+)$")
+        if q then q_first, q_last = math.min(q_first, tonumber(qe)), math.max(q_last, tonumber(q)) end
         -- (the longest gap between two renewals: a machine late past its
         -- validity loses its lease, and what it holds is not its share)
         local at = tonumber(l:match("^valid (%S+) ") or "")
@@ -214,10 +214,10 @@ describe("a Redis fleet across member processes (machines)", function()
       assert.equal(0, c.stats.failures)
       grants, commands = grants + c.stats.grants, commands + c.stats.commands
     end
-    -- (the quiet phase of each machine lasts 0.8 s; releases in flight at
-    -- its start settle within a poll)
-    local idle = peak_of(samples, q_last + 0.1, q_first + 0.7)
-    return { inuse = inuse, idle = idle, peak = peak_of(samples), quiet = q_first + 0.7 - q_last - 0.1,
+    -- (from the last machine's last task done to the first machine's end,
+    -- less 0.1 s each side: releases in flight settle within a poll)
+    local idle = peak_of(samples, q_last + 0.1, q_first - 0.1)
+    return { inuse = inuse, idle = idle, peak = peak_of(samples), quiet = q_first - 0.1 - q_last - 0.1,
              per1000 = commands * 1000 / math.max(1, grants), grants = grants, gap = gap }
   end
 
@@ -245,6 +245,40 @@ describe("a Redis fleet across member processes (machines)", function()
       print("  (a renewal came " .. math.floor(with.gap * 1000) .. " ms after the one before: bounds not checked)")
     end
     assert.is_true(with.peak <= 8 and none.peak <= 8)
+  end)
+
+  it("per_key.max_live holds across machines: 2 keys on 3 machines, the target's connections per key", function()
+    local function run(budgets)
+      local name, cap, ttl = fresh(), 6, 1
+      local cs = {}
+      for i = 1, 3 do cs[i] = spawn(name, "m" .. i, cap, ttl, 4, 3, nil, nil, nil, budgets) end
+      -- the target's connections by the name each client gave itself (its key)
+      local samples = sample(cs, nil, nil, function()
+        local l, per = tostring(sampler:raw("CLIENT", "LIST")), {}
+        for n in l:gmatch("name=(%S*)") do if n ~= "" then per[n] = (per[n] or 0) + 1 end end
+        return per
+      end)
+      local peak, grants = { k0 = 0, k1 = 0 }, 0
+      for _, sm in ipairs(samples) do
+        for k, n in pairs(sm[3] or {}) do if n > (peak[k] or 0) then peak[k] = n end end
+      end
+      read_logs(cs)
+      for _, c in ipairs(cs) do
+        assert.is_not_nil(c.stats, c.machine .. " did not finish")
+        assert.equal(0, c.stats.failures)
+        grants = grants + c.stats.grants
+      end
+      return peak, grants, peak_of(samples)
+    end
+    local none, gn, tn = run("keys=2")
+    local with, gw, tw = run("k=2,keys=2")
+    print(string.format("\n  3 machines x 4 tasks on 2 keys, max_live 6, ttl 1 s: the target's connections per key " ..
+      "at most k0 %d, k1 %d without per_key (%d acquisitions, all %d), k0 %d, k1 %d with per_key.max_live 2 " ..
+      "(%d acquisitions, all %d)", none.k0, none.k1, gn, tn, with.k0, with.k1, gw, tw))
+    assert.is_true(none.k0 > 2 or none.k1 > 2, "the spec cannot see a key's connections")
+    assert.is_true(with.k0 <= 2 and with.k1 <= 2)
+    assert.is_true(with.k0 >= 1 and with.k1 >= 1)      -- (both keys were served)
+    assert.is_true(tw <= 4 and tn <= 6)
   end)
 
   it("redis killed under load: members stop creating before their shares lapse, the cap holds, admission resumes",

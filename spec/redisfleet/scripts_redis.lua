@@ -321,7 +321,7 @@ describe("the Redis fleet's scripts", function()
     local R = { port = 6379 }
     local cases = {
       { { max_live = 4 }, "fleet option 'redis' must be a table" },
-      { { max_live = 4, redis = R, per_key = { max_live = 2 } }, "fleet option 'per_key' is not supported" },
+      { { max_live = 4, redis = R, per_key = { max_idle = 2 } }, "fleet option 'per_key.max_idle' is not supported" },
       { { max_live = 4, redis = R, max_concurrency = 0 }, "fleet option 'max_concurrency' must be an integer in [1," },
       { { max_live = 4, redis = R, min_idle = 1 }, "fleet option 'min_idle' is not supported" },
       { { max_live = 4, redis = R, max_idle = 5 }, "fleet option 'max_idle' must be an integer in [0, max_live (4)]" },

@@ -48,7 +48,7 @@ local ENOTMEMBER = -12
 --   h, eh: the local fleet's and the election fleet's handles; B: binding
 function M.new(name, cfg, h, eh, B)
   return {
-    name = name, cfg = cfg, h = h, eh = eh, B = B, bud = budgets.new(cfg, B),
+    name = name, cfg = cfg, h = h, eh = eh, B = B, bud = budgets.new(cfg, B), kb = {},
     member = cfg.machine, keys = scripts.keys(cfg.redis.prefix, name),
     ttl_ms = math_floor(cfg.ttl * 1000),
     users = 0, task = false, is_agent = false, joined = false,
@@ -65,7 +65,7 @@ local function set_cap(R, n)
   local lim = R.h:limits()
   lim.max_live, lim.max_idle, lim.min_idle = n, n, 0
   lim.key_max_live, lim.key_max_idle = -1, -1
-  budgets.limits(R.bud, lim)
+  budgets.limits(R.bud, lim, R.cfg.key_max_live)
   local rc = R.h:update(lim)
   if rc == nil or rc == false then return false end
   R.share = n
@@ -141,9 +141,11 @@ local function ask(R, t, held, waiting)
   local c = math_min(R.share, want)
   local need = math_max(c, held)
   local args = { R.ttl_ms, R.member, want, need, waiting, cfg.max_live, "lease" }
-  local lowered = budgets.ask(R.bud, R.h, waiting, R.others, R.machines, args)
+  local list = budgets.collect(R)
+  local lowered = budgets.ask(list, R.h, waiting, R.others, R.machines, args)
   args[#args + 1] = R.kpgen
   if c < R.share or lowered then set_cap(R, c) end
+  budgets.apply_keys(list, R.h)
   if not R.conn then R.conn = resp.new(R.redis_opts, R.transport, R.sleep) end
   local t0 = monotime()
   R.asks = R.asks + 1
@@ -159,11 +161,12 @@ local function ask(R, t, held, waiting)
   R.valid_until, R.fence_at = t0 + ttl * 0.75, t0 + ttl * 0.5
   publish(R)
   local n = v[1]
-  budgets.granted(R.bud, v)
+  budgets.granted(list, v)
   set_cap(R, n)
+  budgets.apply_keys(list, R.h)
   R.others, R.quiet, R.machines = v[7], v[4], v[8]
   mirror_pause(R, v[5], v[6])
-  mirror_keys(R, v, 10 + 2 * #R.bud)
+  mirror_keys(R, v, 10 + 2 * #list)
   R.next_due = t0 + ttl / 4
   if fair and n >= want then
     R.next_ask = R.next_due       -- its fair share while others wait: no sooner
@@ -185,11 +188,12 @@ local function step(R, t)
   if t >= R.fence_at then
     local held = h:count(LIVE, -1)
     local cap = t >= R.valid_until and 0 or math_min(R.share, held)
-    local lowered = budgets.fence(R.bud, h, t >= R.valid_until)
+    local lowered = budgets.fence(R.bud, h, t >= R.valid_until, R.kb, LIVE)
     if cap < R.share or lowered then set_cap(R, math_min(cap, R.share)) end
   end
   local held, waiting = h:count(LIVE, -1), h:waiting()
-  local short = waiting > 0 and (R.share - held < waiting or budgets.short(R.bud, h, waiting))
+  local short = waiting > 0 and (R.share - held < waiting or
+                                 budgets.short(R.cfg.key_max_live and budgets.collect(R) or R.bud, h, waiting))
   if t >= R.next_due or (short and t >= R.next_ask) then ask(R, t, held, waiting) end
   if h:waiting() > 0 then return M.POLL end
   return math_min(M.IDLE, math_max(0.001, R.next_due - monotime()))

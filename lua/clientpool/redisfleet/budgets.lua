@@ -3,6 +3,12 @@
 -- (leases in use) and max_idle below max_live (idle clients), each a
 -- counter leased in blocks as max_live is, in the same lease call.
 --
+-- And per_key.max_live: each key's LIVE clients, a budget "k:<key>" per
+-- key this machine uses (keys appear as pools open them: the local
+-- fleet's key slots are read at each call), its share the key slot's own
+-- cap (clientpool_fleet_key_cap; a key without one admits nothing, the
+-- local key_max_live is 0).
+--
 -- Each budget is { name (its field in the lease script), cap (the
 -- configured, fleet-wide figure), kind (the machine-local fleet's counter
 -- of what the machine holds of it), share (what this machine may use until
@@ -19,6 +25,13 @@ local function budget(name, cap, kind)
   return { name = name, cap = cap, kind = kind, share = 0, block = 1, maxblock = math_max(1, math_ceil(cap / 8)) }
 end
 
+-- What a budget holds and how many wait on it: the local fleet's counter,
+-- and its callers waiting (fixed budgets), or the key slot's (keys).
+local function counts(b, h, waiting)
+  if b.key then return b.live, b.demand end
+  return h:count(b.kind, -1), waiting
+end
+
 --- The budgets of configuration cfg (redisfleet.validate's) beyond
 -- max_live, in lease-call order; B is the fleet binding (its kinds).
 function M.new(cfg, B)
@@ -28,10 +41,50 @@ function M.new(cfg, B)
   return list
 end
 
+--- The budgets of one lease call: the fixed ones, then one per key of the
+-- local fleet that holds clients, has callers waiting or a share (R.kb:
+-- the per-key state, kept across calls). A key whose slot is gone (no
+-- pool of the machine uses it) is not asked for: its units go back.
+function M.collect(R)
+  local list = R.bud
+  local cap = R.cfg.key_max_live
+  if not cap then return list end
+  local out = {}
+  for i = 1, #list do out[i] = list[i] end
+  local h, seen, unsure = R.h, {}, false
+  local n = h:stats().keys_cap
+  for s = 0, n - 1 do
+    local name, t = h:key_stats(s)
+    if not name and t ~= nil then unsure = true end   -- (the admin lock was busy)
+    if name then
+      local b = R.kb[name]
+      if b or t.live > 0 or t.demand_live > 0 then
+        if not b then
+          b = budget("k:" .. name, cap, nil)
+          b.key = name
+          R.kb[name] = b
+        end
+        b.live, b.demand = t.live, t.demand_live
+        seen[name] = true
+        out[#out + 1] = b
+      end
+    end
+  end
+  -- a key not read this time keeps its units (asked for with what was
+  -- last seen) unless every slot was read: what is held stays accounted
+  for name, b in pairs(R.kb) do
+    if not seen[name] then
+      if unsure then out[#out + 1] = b else R.kb[name] = nil end
+    end
+  end
+  return out
+end
+
 --- The machine-local limits the shares make (lim: the local fleet's
 -- limits, its max_live already the live share).
-function M.limits(list, lim)
+function M.limits(list, lim, cfg_keys)
   lim.max_concurrency = INT_MAX
+  if cfg_keys then lim.key_max_live = 0 end
   for _, b in ipairs(list) do
     if b.name == "c" then lim.max_concurrency = b.share
     elseif b.name == "i" then lim.max_idle = math_min(lim.max_idle, b.share) end
@@ -45,6 +98,7 @@ end
 -- more than a block is unused. Others waiting: no more than a fair share.
 local function want_of(b, held, waiting, others, machines)
   local want
+  if b.key then waiting = b.demand end
   if b.name == "i" then
     if held >= b.share then b.block = math_min(b.block * 2, b.maxblock)
     elseif b.share - held > b.block then b.block = math_max(1, math_floor(b.block / 2)) end
@@ -70,7 +124,7 @@ function M.ask(list, h, waiting, others, machines, args)
   local lowered = false
   args[#args + 1] = #list
   for _, b in ipairs(list) do
-    local held = h:count(b.kind, -1)
+    local held = counts(b, h, waiting)
     local want = want_of(b, held, waiting, others, machines)
     local c = math_min(b.share, want)
     if c < b.share then b.share, lowered = c, true end
@@ -86,7 +140,10 @@ end
 -- then asks again soon rather than at the next renewal).
 function M.short(list, h, waiting)
   for _, b in ipairs(list) do
-    if b.name ~= "i" and b.share - h:count(b.kind, -1) < waiting then return true end
+    if b.name ~= "i" then
+      local held, w = counts(b, h, waiting)
+      if w > 0 and b.share - held < w then return true end
+    end
   end
   return false
 end
@@ -96,13 +153,32 @@ function M.granted(list, v)
   for j, b in ipairs(list) do b.share = tonumber(v[8 + 2 * j]) or 0 end
 end
 
+--- Each key's share into its slot's own cap (only when it changed).
+function M.apply_keys(list, h)
+  for _, b in ipairs(list) do
+    if b.key and b.share ~= b.applied then
+      h:key_cap(b.key, b.share)
+      b.applied = b.share
+    end
+  end
+end
+
 --- The fence: at sent + ttl/2 no share above what is held, at
 -- valid_until none. Returns whether a share came down.
-function M.fence(list, h, lapsed)
+function M.fence(list, h, lapsed, kb, LIVE)
   local lowered = false
   for _, b in ipairs(list) do
     local cap = lapsed and 0 or math_min(b.share, h:count(b.kind, -1))
     if cap < b.share then b.share, lowered = cap, true end
+  end
+  for name, b in pairs(kb or {}) do
+    local held = 0
+    if not lapsed then
+      local s = h:key_find(name)
+      if s then held = h:count(LIVE, s) end
+    end
+    local cap = math_min(b.share, held)
+    if cap < b.share then b.share = cap; h:key_cap(name, cap); b.applied = cap end
   end
   return lowered
 end

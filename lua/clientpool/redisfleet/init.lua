@@ -55,10 +55,22 @@ function M.validate(o)
   end
   -- max_live, max_concurrency and max_idle are leased across machines
   -- (budgets.lua); the rest not yet
-  for _, k in ipairs({ "min_idle", "per_key" }) do
-    if o[k] ~= nil and not (k == "min_idle" and o[k] == 0) then
-      fail("fleet option '%s' is not supported with backend = \"redis\" yet " ..
-           "(max_live, max_idle and max_concurrency are leased across machines)", k)
+  if o.min_idle ~= nil and o.min_idle ~= 0 then
+    fail("fleet option 'min_idle' is not supported with backend = \"redis\" yet " ..
+         "(max_live, max_idle, max_concurrency and per_key.max_live are leased across machines)")
+  end
+  local kml
+  if o.per_key ~= nil then
+    if type(o.per_key) ~= "table" then fail("fleet option 'per_key' must be a table, got %s", type(o.per_key)) end
+    for k in pairs(o.per_key) do
+      if k ~= "max_live" then
+        fail("fleet option 'per_key.%s' is not supported with backend = \"redis\" yet " ..
+             "(per_key.max_live is leased across machines)", tostring(k))
+      end
+    end
+    kml = o.per_key.max_live
+    if kml ~= nil and (not is_int(kml) or kml < 1 or kml > ml) then
+      fail("fleet option 'per_key.max_live' must be an integer in [1, max_live (%d)], got %s", ml, tostring(kml))
     end
   end
   local mi = o.max_idle
@@ -121,6 +133,12 @@ function M.validate(o)
     end
   end
   c.max_keys, c.members, c.attempts = o.max_keys or 256, o.members or 64, o.attempts or 3
+  c.key_max_live = kml
+  if kml and o.max_keys == nil then c.max_keys = 64 end
+  -- (every key's share rides on each lease call: their number is bounded)
+  if kml and c.max_keys > 64 then
+    fail("fleet option 'max_keys' must be <= 64 with per_key.max_live and backend = \"redis\", got %d", c.max_keys)
+  end
   return c
 end
 
@@ -144,7 +162,8 @@ function M.new(name, o, B)
   local local_name = name .. "." .. c.machine
   local h = open_local(B, local_name, {
     max_live = 0, max_idle = 0, min_idle = 0, max_concurrency = c.max_concurrency and 0 or INT_MAX,
-    max_keys = c.max_keys, members = c.members, attempts = c.attempts, key_max_live = -1, key_max_idle = -1,
+    max_keys = c.max_keys, members = c.members, attempts = c.attempts, key_max_live = c.key_max_live and 0 or -1,
+    key_max_idle = -1,
   })
   local eh = open_local(B, local_name .. ".agent", {
     max_live = 1, max_idle = 0, min_idle = 0, max_concurrency = INT_MAX, max_keys = 1, members = c.members,
@@ -160,7 +179,7 @@ end
 function M.limits(R)
   local c = R.cfg
   return { max_live = c.max_live, max_idle = c.max_idle, min_idle = 0, max_concurrency = c.max_concurrency or NONE,
-           key_max_live = -1, key_max_idle = -1, max_keys = c.max_keys, members = c.members }
+           key_max_live = c.key_max_live or -1, key_max_idle = -1, max_keys = c.max_keys, members = c.members }
 end
 
 M.agent = agent
