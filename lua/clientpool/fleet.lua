@@ -139,6 +139,7 @@ local function redis_new(name, opts)
     differs("max_concurrency", tostring(old.max_concurrency), tostring(new.max_concurrency))
     differs("max_idle", tostring(old.idle_given), tostring(new.idle_given))
     differs("per_key.max_live", tostring(old.key_max_live), tostring(new.key_max_live))
+    differs("min_idle", old.min_idle, new.min_idle)
     for k, v in pairs(old.redis) do differs("redis." .. k, v, new.redis[k]) end
     for k, v in pairs(new.redis) do differs("redis." .. k, old.redis[k], v) end
     f._redis.cfg = new                    -- attach again: max_live and block apply at the next lease

@@ -55,6 +55,7 @@ local nkeys
 if budgets then
   fo.max_concurrency = tonumber(budgets:match("c=(%d+)"))
   fo.max_idle = tonumber(budgets:match("i=(%d+)"))
+  fo.min_idle = tonumber(budgets:match("m=(%d+)"))
   local kml = tonumber(budgets:match("k=(%d+)"))
   if kml then fo.per_key = { max_live = kml } end
   nkeys = tonumber(budgets:match("keys=(%d+)"))
@@ -134,6 +135,11 @@ local function worker()
     if active == 0 and budgets then log("q", string.format("%.6f %.6f", monotime(), t_end)) end
 end
 for _ = 1, tasks do loop.spawn(worker) end
+if fo.min_idle then
+  -- the warm floor: pool:run() keeps it until the pool closes, at the end
+  loop.spawn(function() pool:run() end)
+  loop.spawn(function() loop.sleep(t_end - monotime()); pool:close() end)
+end
 
 local burst = tonumber(arg[13])
 if burst then

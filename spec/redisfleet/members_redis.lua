@@ -281,6 +281,44 @@ describe("a Redis fleet across member processes (machines)", function()
     assert.is_true(tw <= 4 and tn <= 6)
   end)
 
+  it("min_idle across machines: the warm floor is kept once, by one machine, and taken over when its lease lapses",
+     function()
+    local name, cap, ttl = fresh(), 6, 1
+    -- 3 idle machines (no task), each pool keeping the fleet's floor of 2
+    local cs = {}
+    for i = 1, 3 do cs[i] = spawn(name, "m" .. i, cap, ttl, 0, 6, nil, nil, nil, "m=2") end
+    local t0 = monotime()
+    local t_kill, killed
+    local samples = sample(cs, {
+      [t0 + 3.0] = function()
+        -- the holder: the machine whose hooks made clients
+        read_logs(cs)
+        for _, c in ipairs(cs) do if #c.creates > 0 and not killed then killed = c end end
+        assert(killed, "no machine made the floor")
+        t_kill = monotime()
+        os.execute("kill -9 " .. killed.pid)
+        killed.pid, killed.done = nil, true
+      end,
+    })
+    local settled = peak_of(samples, t0 + 2.0, t_kill)
+    local least = math.huge
+    for _, sm in ipairs(samples) do
+      if sm[1] >= t0 + 2.0 and sm[1] <= t_kill and sm[2] < least then least = sm[2] end
+    end
+    local t_back
+    for _, sm in ipairs(samples) do
+      if sm[1] > t_kill + 0.05 and sm[2] >= 2 and not t_back then t_back = sm[1] end
+    end
+    local after = t_back and peak_of(samples, t_back, t_back + 1.0) or -1
+    print(string.format("\n  3 idle machines, min_idle 2 fleet-wide (ttl %g s): the target kept %d-%d clients " ..
+      "(not 6); kill -9 of the holder: 2 again %.0f ms later (bound: ttl + ttl/4 + the pools' 0.25 s tick + " ..
+      "creates), then at most %d", ttl, least, settled, ((t_back or t_kill) - t_kill) * 1000, after))
+    assert.equal(2, settled); assert.equal(2, least)
+    assert.is_not_nil(t_back, "the floor was not rebuilt")
+    assert.is_true(t_back - t_kill < ttl + ttl / 4 + 0.25 + 0.5, "rebuilt after " .. (t_back - t_kill))
+    assert.is_true(after <= 2, "after the takeover the target saw " .. after)
+  end)
+
   it("redis killed under load: members stop creating before their shares lapse, the cap holds, admission resumes",
      function()
     local name, cap, ttl = fresh(), 6, 1

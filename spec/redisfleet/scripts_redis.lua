@@ -323,7 +323,7 @@ describe("the Redis fleet's scripts", function()
       { { max_live = 4 }, "fleet option 'redis' must be a table" },
       { { max_live = 4, redis = R, per_key = { max_idle = 2 } }, "fleet option 'per_key.max_idle' is not supported" },
       { { max_live = 4, redis = R, max_concurrency = 0 }, "fleet option 'max_concurrency' must be an integer in [1," },
-      { { max_live = 4, redis = R, min_idle = 1 }, "fleet option 'min_idle' is not supported" },
+      { { max_live = 4, redis = R, min_idle = 9 }, "fleet option 'min_idle' must be an integer in [0, max_idle (4)]" },
       { { max_live = 4, redis = R, max_idle = 5 }, "fleet option 'max_idle' must be an integer in [0, max_live (4)]" },
       { { max_live = 0, redis = R }, "fleet option 'max_live' must be an integer in [1," },
       { { redis = R }, "fleet option 'max_live' is required" },

@@ -127,6 +127,8 @@ local function ask(R, t, held, waiting)
     if R.share - held > R.block then R.block = math_max(1, math_floor(R.block / 2)) end
     want = held + R.block
   end
+  -- the warm floor this machine keeps needs room for its clients
+  want = math_max(want, budgets.floor(R.bud))
   -- others wait: no more than a fair share (the cap over the machines
   -- holding or waiting), given back as this machine's clients end
   local fair = false

@@ -9,6 +9,11 @@
 -- cap (clientpool_fleet_key_cap; a key without one admits nothing, the
 -- local key_max_live is 0).
 --
+-- And min_idle, the warm floor: budget "f" of cap min_idle, asked for whole
+-- by every machine, so it goes to machines in lease order (the first to
+-- ask holds it while it renews; when its lease lapses, the next machine's
+-- renewal gets it). The machine's share is its local fleet's min_idle.
+--
 -- Each budget is { name (its field in the lease script), cap (the
 -- configured, fleet-wide figure), kind (the machine-local fleet's counter
 -- of what the machine holds of it), share (what this machine may use until
@@ -29,6 +34,7 @@ end
 -- and its callers waiting (fixed budgets), or the key slot's (keys).
 local function counts(b, h, waiting)
   if b.key then return b.live, b.demand end
+  if b.name == "f" then return 0, 0 end          -- (an assignment: nothing is held of it)
   return h:count(b.kind, -1), waiting
 end
 
@@ -38,6 +44,7 @@ function M.new(cfg, B)
   local list = {}
   if cfg.max_concurrency then list[#list + 1] = budget("c", cfg.max_concurrency, B.LEASE) end
   if cfg.max_idle < cfg.max_live then list[#list + 1] = budget("i", cfg.max_idle, B.IDLE) end
+  if cfg.min_idle > 0 then list[#list + 1] = budget("f", cfg.min_idle, nil) end
   return list
 end
 
@@ -89,6 +96,15 @@ function M.limits(list, lim, cfg_keys)
     if b.name == "c" then lim.max_concurrency = b.share
     elseif b.name == "i" then lim.max_idle = math_min(lim.max_idle, b.share) end
   end
+  for _, b in ipairs(list) do
+    if b.name == "f" then lim.min_idle = math_min(b.share, lim.max_idle) end
+  end
+end
+
+--- The floor this machine keeps (its share of min_idle), 0 without one.
+function M.floor(list)
+  for _, b in ipairs(list) do if b.name == "f" then return b.share end end
+  return 0
 end
 
 -- What budget b asks for: its holding plus a block, as max_live's rule
@@ -99,6 +115,7 @@ end
 local function want_of(b, held, waiting, others, machines)
   local want
   if b.key then waiting = b.demand end
+  if b.name == "f" then return b.cap end           -- whole, first come first served
   if b.name == "i" then
     if held >= b.share then b.block = math_min(b.block * 2, b.maxblock)
     elseif b.share - held > b.block then b.block = math_max(1, math_floor(b.block / 2)) end
@@ -168,7 +185,9 @@ end
 function M.fence(list, h, lapsed, kb, LIVE)
   local lowered = false
   for _, b in ipairs(list) do
-    local cap = lapsed and 0 or math_min(b.share, h:count(b.kind, -1))
+    -- (the floor: no refill on a lapsed lease; before that the live cap
+    -- at what is held admits none anyway)
+    local cap = lapsed and 0 or b.name == "f" and b.share or math_min(b.share, h:count(b.kind, -1))
     if cap < b.share then b.share, lowered = cap, true end
   end
   for name, b in pairs(kb or {}) do
@@ -188,7 +207,8 @@ end
 function M.adopt(list, lim)
   for _, b in ipairs(list) do
     if b.name == "c" then b.share = lim.max_concurrency < INT_MAX and lim.max_concurrency or 0
-    elseif b.name == "i" then b.share = lim.max_idle end
+    elseif b.name == "i" then b.share = lim.max_idle
+    elseif b.name == "f" then b.share = lim.min_idle end
   end
 end
 

@@ -55,10 +55,6 @@ function M.validate(o)
   end
   -- max_live, max_concurrency and max_idle are leased across machines
   -- (budgets.lua); the rest not yet
-  if o.min_idle ~= nil and o.min_idle ~= 0 then
-    fail("fleet option 'min_idle' is not supported with backend = \"redis\" yet " ..
-         "(max_live, max_idle, max_concurrency and per_key.max_live are leased across machines)")
-  end
   local kml
   if o.per_key ~= nil then
     if type(o.per_key) ~= "table" then fail("fleet option 'per_key' must be a table, got %s", type(o.per_key)) end
@@ -76,6 +72,10 @@ function M.validate(o)
   local mi = o.max_idle
   if mi ~= nil and (not is_int(mi) or mi < 0 or mi > ml) then
     fail("fleet option 'max_idle' must be an integer in [0, max_live (%d)], got %s", ml, tostring(mi))
+  end
+  local mn = o.min_idle
+  if mn ~= nil and (not is_int(mn) or mn < 0 or mn > (mi or ml)) then
+    fail("fleet option 'min_idle' must be an integer in [0, max_idle (%d)], got %s", mi or ml, tostring(mn))
   end
   local mc = o.max_concurrency
   if mc ~= nil and (not is_int(mc) or mc < 1 or mc > NONE - 1) then
@@ -123,7 +123,7 @@ function M.validate(o)
   end
   local c = {
     max_live = ml, ttl = ttl, machine = machine, block = block, max_idle = mi or ml, idle_given = mi,
-    max_concurrency = mc,
+    max_concurrency = mc, min_idle = mn or 0,
     redis = { host = r.host or "127.0.0.1", port = r.port or 6379, password = r.password, username = r.username,
               db = r.db or 0, timeout = r.timeout or 1, prefix = r.prefix or "clientpool:fleet:" },
   }
@@ -178,7 +178,8 @@ end
 -- configured, fleet-wide ones, not the machine's current share.
 function M.limits(R)
   local c = R.cfg
-  return { max_live = c.max_live, max_idle = c.max_idle, min_idle = 0, max_concurrency = c.max_concurrency or NONE,
+  return { max_live = c.max_live, max_idle = c.max_idle, min_idle = c.min_idle,
+           max_concurrency = c.max_concurrency or NONE,
            key_max_live = c.key_max_live or -1, key_max_idle = -1, max_keys = c.max_keys, members = c.members }
 end
 
