@@ -40,7 +40,7 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "int atomics must be lock-free");
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free");
 
 #define FL_MAGIC 0x31544c4650504c43ULL     /* "CLPPFLT1" */
-#define FL_VERSION 2u                      /* 2: the validity deadline (valid_ns) */
+#define FL_VERSION 3u                      /* 2: the validity deadline (valid_ns); 3: a key slot's own LIVE cap */
 #define FL_READY UINT64_MAX                /* init word once initialized */
 #define FL_LINE 64
 #define FL_MAX_ROWS 4096
@@ -158,7 +158,7 @@ typedef struct fl_key {
   _Atomic int32_t count[KINDS];      /* LIVE, IDLE, FLOOR (LEASE: in the cells) */
   _Atomic int32_t demand[KINDS];     /* key-level */
   _Atomic int32_t pledged;
-  char pad[FL_LINE - 60];
+  _Atomic int32_t cap;               /* its own LIVE cap (a Redis fleet's share), < 0: key_max_live */
   fl_gate gate;
   unsigned char bytes[CLIENTPOOL_FLEET_KEY_MAX];
 } fl_key;
@@ -172,6 +172,7 @@ typedef struct fl_cell {
 
 _Static_assert(sizeof(fl_row) == 128, "row is two cache lines");
 _Static_assert(sizeof(fl_key) % 8 == 0, "key slot alignment");
+_Static_assert(offsetof(fl_key, gate) == FL_LINE, "a key slot's counters fill its first line");
 
 struct clientpool_fleet {
   unsigned char *base;
@@ -371,14 +372,17 @@ static fl_cell *cell_of(const clientpool_fleet_t *f, int32_t row, int32_t key) {
 static int limits_ok(const clientpool_fleet_limits_t *l, char *err, size_t n) {
 #define BAD(...) do { msg(err, n, __VA_ARGS__); return 0; } while (0)
   /* 0 admits nothing: the Redis backend's machine-local share before (or
-   * after) its lease (docs/fleet.md section 14); fleet.new wants >= 1 */
+   * after) its lease (docs/fleet.md section 14), of max_live and of
+   * max_concurrency; fleet.new wants >= 1 */
   if (l->max_live < 0) BAD("max_live must be >= 0, got %d", (int)l->max_live);
   if (l->min_idle < 0) BAD("min_idle must be >= 0, got %d", (int)l->min_idle);
   if (l->max_idle < l->min_idle) BAD("min_idle (%d) must be <= max_idle (%d)", (int)l->min_idle, (int)l->max_idle);
   if (l->max_idle > l->max_live) BAD("max_idle (%d) must be <= max_live (%d)", (int)l->max_idle, (int)l->max_live);
-  if (l->max_concurrency < 1) BAD("max_concurrency must be >= 1, got %d", (int)l->max_concurrency);
-  if (l->key_max_live >= 0 && (l->key_max_live < 1 || l->key_max_live > l->max_live))
-    BAD("per_key.max_live (%d) must be in [1, max_live (%d)]", (int)l->key_max_live, (int)l->max_live);
+  if (l->max_concurrency < 0) BAD("max_concurrency must be >= 0, got %d", (int)l->max_concurrency);
+  /* (0: a Redis fleet's keys admit nothing until their share is set,
+   * clientpool_fleet_key_cap; fleet.new wants >= 1) */
+  if (l->key_max_live >= 0 && l->key_max_live > l->max_live)
+    BAD("per_key.max_live (%d) must be in [0, max_live (%d)]", (int)l->key_max_live, (int)l->max_live);
   if (l->key_max_idle >= 0 && l->key_max_idle > l->max_idle)
     BAD("per_key.max_idle (%d) must be <= max_idle (%d)", (int)l->key_max_idle, (int)l->max_idle);
   if (l->max_keys < 1 || l->max_keys > FL_MAX_KEYS) BAD("max_keys must be in [1, %d], got %d", FL_MAX_KEYS, (int)l->max_keys);
@@ -612,6 +616,7 @@ static int32_t key_get(clientpool_fleet_t *f, const char *bytes, size_t len, uin
   ST(k->pinned, 0);
   for (i = 0; i < KINDS; i++) { ST(k->count[i], 0); ST(k->demand[i], 0); }
   ST(k->pledged, 0);
+  ST(k->cap, -1);
   gate_write(&k->gate, 0, NULL, 0, -1);
   ST(k->state, 1);
   index_insert(f, s);
@@ -1153,6 +1158,22 @@ int clientpool_fleet_key_close(clientpool_fleet_t *f, int32_t key) {
   return 0;
 }
 
+int32_t clientpool_fleet_key_cap(clientpool_fleet_t *f, const char *key, size_t len, int32_t cap) {
+  int32_t s, old;
+  int rc;
+  if (!f || !f->base || (!key && len) || len > CLIENTPOOL_FLEET_KEY_MAX) return CLIENTPOOL_FLEET_EINVAL;
+  rc = admin_lock(f, FL_ADMIN_SPINS);   /* (the slot is this key's while the lock is held) */
+  if (rc) return rc;
+  s = index_find(f, hash_bytes((const unsigned char *)key, len), key, len);
+  if (s >= 0) {
+    old = LD(f->keys[s].cap);
+    ST(f->keys[s].cap, cap < 0 ? -1 : capped(cap));
+    if (cap < 0 || old < 0 || cap > old) ADD(f->h->seq, 1);   /* room: the key's waiters look again */
+  }
+  admin_unlock(f);
+  return s >= 0 ? s : CLIENTPOOL_FLEET_ENOENT;
+}
+
 int32_t clientpool_fleet_key_find(clientpool_fleet_t *f, const char *key, size_t len) {
   int32_t s;
   int rc;
@@ -1218,7 +1239,10 @@ int clientpool_fleet_take(clientpool_fleet_t *f, int32_t kind, int32_t key) {
   }
   kl = ks && key_level(kind);
   cap = fleet_cap(h, kind);
-  if (kl) kcap = key_cap(h, kind);
+  if (kl) {
+    kcap = kind == LIVE ? LDR(ks->cap) : -1;
+    if (kcap < 0) kcap = key_cap(h, kind);
+  }
   attempts = LDR(h->lim[L_ATTEMPTS]);
   op_begin(me);
   if ((kind == LIVE || kind == LEASE) && LDR(h->demanders[kind]) > 0 && !turn_ok(f, kind, cap)) {

@@ -96,7 +96,7 @@ typedef struct clientpool_fleet_limits {
   int32_t max_live;            /* physical clients of the whole fleet, >= 1 */
   int32_t max_idle;            /* idle clients, min_idle <= max_idle <= max_live */
   int32_t min_idle;            /* warm floor of each warm key, fleet-wide */
-  int32_t max_concurrency;     /* leases at once, >= 1 */
+  int32_t max_concurrency;     /* leases at once, >= 0 (0: a Redis share) */
   int32_t key_max_live;        /* per key, <= max_live, or < 0 */
   int32_t key_max_idle;        /* per key, <= max_idle, or < 0 */
   int32_t max_keys;            /* keys in use at once, >= 1 */
@@ -230,6 +230,12 @@ int clientpool_fleet_key_close(clientpool_fleet_t *f, int32_t key);
 
 /* Looks a key up without opening it (any handle).  Slot or ENOENT. */
 int32_t clientpool_fleet_key_find(clientpool_fleet_t *f, const char *key, size_t len);
+
+/* Sets a key's own LIVE cap (any handle): the Redis backend's share of the
+ * key for this machine (docs/fleet.md section 14); < 0 goes back to the
+ * fleet's key_max_live.  A raised cap moves the sequence (waiters look
+ * again).  The slot, or ENOENT when no slot holds the key. */
+int32_t clientpool_fleet_key_cap(clientpool_fleet_t *f, const char *key, size_t len, int32_t cap);
 
 /* Takes one unit of `kind` for key (an open key's slot; < 0: no per-key
  * accounting).  Increment-then-check on the key's total, then on the fleet

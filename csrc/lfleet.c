@@ -203,6 +203,14 @@ static int lcp_fleet_key_find(lua_State *L) {
   return push_slot(L, clientpool_fleet_key_find(f, k, len));
 }
 
+static int lcp_fleet_key_cap(lua_State *L) {
+  clientpool_fleet_t *f = check_fleet(L);
+  size_t len;
+  const char *k = luaL_checklstring(L, 2, &len);
+  lua_Integer cap = luaL_checkinteger(L, 3);
+  return push_slot(L, clientpool_fleet_key_cap(f, k, len, cap < 0 ? -1 : cap > INT32_MAX ? INT32_MAX : (int32_t)cap));
+}
+
 static int lcp_fleet_key_close(lua_State *L) {
   clientpool_fleet_t *f = check_fleet(L);
   return push_status(L, clientpool_fleet_key_close(f, (int32_t)luaL_checkinteger(L, 2)));
@@ -473,7 +481,7 @@ clientpool_fleet_t *lcp_fleet_to(lua_State *L, int idx) {
 int lcp_fleet_register(lua_State *L) {
   static const luaL_Reg methods[] = {
     {"join", lcp_fleet_join}, {"leave", lcp_fleet_leave}, {"detach", lcp_fleet_detach}, {"row", lcp_fleet_row},
-    {"key_open", lcp_fleet_key_open}, {"key_find", lcp_fleet_key_find}, {"key_close", lcp_fleet_key_close},
+    {"key_open", lcp_fleet_key_open}, {"key_find", lcp_fleet_key_find}, {"key_cap", lcp_fleet_key_cap}, {"key_close", lcp_fleet_key_close},
     {"take", lcp_fleet_take}, {"give", lcp_fleet_give}, {"demand", lcp_fleet_demand},
     {"seq", lcp_fleet_seq}, {"poll", lcp_fleet_poll}, {"shed", lcp_fleet_shed}, {"scan", lcp_fleet_scan},
     {"pause", lcp_fleet_pause}, {"resume", lcp_fleet_resume}, {"gate", lcp_fleet_gate},

@@ -104,6 +104,43 @@ describe("clientpool.fleet", function()
     assert.equal(3, fleet.stats(name).limits.max_live)
   end)
 
+  it("validates a Redis fleet's budgets, naming what is not leased across machines yet", function()
+    local base = { backend = "redis", max_live = 4, ttl = 1, machine = "m1", redis = { host = "127.0.0.1", port = 6 } }
+    local function with(t)
+      local o = {}
+      for k, v in pairs(base) do o[k] = v end
+      for k, v in pairs(t) do o[k] = v end
+      return o
+    end
+    for _, c in ipairs {
+      { with { max_idle = 5 }, "fleet option 'max_idle' must be an integer in [0, max_live (4)], got 5" },
+      { with { max_idle = -1 }, "fleet option 'max_idle' must be an integer in [0, max_live (4)], got -1" },
+      { with { max_concurrency = 0 }, "fleet option 'max_concurrency' must be an integer in [1, 1073741823], got 0" },
+      { with { max_concurrency = 1.5 },
+        "fleet option 'max_concurrency' must be an integer in [1, 1073741823], got 1.5" },
+      { with { min_idle = 5 }, "fleet option 'min_idle' must be an integer in [0, max_idle (4)], got 5" },
+      { with { max_idle = 2, min_idle = 3 }, "fleet option 'min_idle' must be an integer in [0, max_idle (2)], got 3" },
+      { with { per_key = { max_idle = 2 } },
+        "fleet option 'per_key.max_idle' is not supported with backend = \"redis\" yet" },
+      { with { per_key = { max_live = 5 } },
+        "fleet option 'per_key.max_live' must be an integer in [1, max_live (4)]" },
+      { with { per_key = { max_live = 2 }, max_keys = 65 },
+        "fleet option 'max_keys' must be <= 64 with per_key.max_live and backend = \"redis\", got 65" },
+    } do
+      local e = err_of(fleet.new, name_for("rv"), c[1])
+      assert.truthy(e:find("clientpool: " .. c[2], 1, true), e)
+    end
+    local name = name_for("rb")
+    local f = fleet.new(name, with { max_idle = 2, max_concurrency = 3, per_key = { max_live = 2 } })
+    assert.equal(2, f._redis.cfg.max_idle); assert.equal(3, f._redis.cfg.max_concurrency)
+    assert.equal(2, #f._redis.bud); assert.equal(2, f._redis.cfg.key_max_live); assert.equal(64, f._redis.cfg.max_keys)
+    -- before its first lease the machine's local shares admit nothing (a
+    -- key: nothing until its own cap is set)
+    local lim = assert(fleet._backend.open(name .. ".m1")):limits()
+    assert.equal(0, lim.max_live); assert.equal(0, lim.max_concurrency); assert.equal(0, lim.key_max_live)
+    fleet.remove(name)
+  end)
+
   it("refuses a second attach of a Redis fleet with another ttl, machine or redis (the agent's lease keeps the first)",
      function()
     local name = name_for("rattach")
@@ -120,6 +157,9 @@ describe("clientpool.fleet", function()
       { with("machine", "m2"), "option 'machine' differs from this process's first attach (m1, now m2)" },
       { with("redis", { host = "127.0.0.1", port = 7 }), "option 'redis.port' differs" },
       { with("redis", { host = "127.0.0.1", port = 6, password = "x" }), "option 'redis.password' differs" },
+      { with("max_concurrency", 3), "option 'max_concurrency' differs from this process's first attach (nil, now 3)" },
+      { with("max_idle", 2), "option 'max_idle' differs from this process's first attach (nil, now 2)" },
+      { with("per_key", { max_live = 2 }), "option 'per_key.max_live' differs from this process's first attach" },
     } do
       local e = err_of(fleet.new, name, c[1])
       assert.truthy(e:find("clientpool: fleet.new('" .. name .. "'): " .. c[2], 1, true), e)

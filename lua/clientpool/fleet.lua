@@ -128,12 +128,18 @@ local function redis_new(name, opts)
     local function differs(what, x, y)
       if x ~= y then
         if what == "redis.password" then x, y = "(hidden)", "(hidden)" end
-        fail("fleet.new('%s'): option '%s' differs from this process's first attach (%s, now %s):"
-          .. " a Redis fleet's ttl, machine and redis are fixed while the process is attached", name, what, x, y)
+        fail("fleet.new('%s'): option '%s' differs from this process's first attach (%s, now %s): a Redis"
+          .. " fleet's ttl, machine, redis and budgets but max_live are fixed while the process is attached",
+          name, what, x, y)
       end
     end
     differs("ttl", old.ttl, new.ttl)
     differs("machine", old.machine, new.machine)
+    -- (the agent's budgets are made at the first attach: budgets.lua)
+    differs("max_concurrency", tostring(old.max_concurrency), tostring(new.max_concurrency))
+    differs("max_idle", tostring(old.idle_given), tostring(new.idle_given))
+    differs("per_key.max_live", tostring(old.key_max_live), tostring(new.key_max_live))
+    differs("min_idle", old.min_idle, new.min_idle)
     for k, v in pairs(old.redis) do differs("redis." .. k, v, new.redis[k]) end
     for k, v in pairs(new.redis) do differs("redis." .. k, old.redis[k], v) end
     f._redis.cfg = new                    -- attach again: max_live and block apply at the next lease
@@ -298,13 +304,14 @@ function _M.pause(name, reason, key, opts)
   end
   local h, temp = handle(name, "fleet.pause")
   local rf = registry[name] and registry[name]._redis
-  if rf and key ~= nil then fail("fleet.pause('%s'): a key's pause is not supported across machines yet", name) end
   local ok, code, msg = h:pause(reason, key, till)
   if temp then h:close() end
   if ok and rf then
     -- every machine: through Redis (this one's gate is closed already)
     local ms = till >= 0 and math.max(1, math.ceil((till - monotime()) * 1000)) or 0   -- 0: no expiry
-    local rok, err = require("clientpool.redisfleet").agent.pause(rf, reason, ms)
+    local A = require("clientpool.redisfleet").agent
+    local rok, err
+    if key ~= nil then rok, err = A.kpause(rf, key, reason, ms) else rok, err = A.pause(rf, reason, ms) end
     if not rok then fail("fleet.pause('%s'): paused here, but not across machines: redis: %s", name, err) end
   end
   if not ok then
@@ -321,8 +328,10 @@ function _M.resume(name, key)
   local rf = registry[name] and registry[name]._redis
   local ok, _, msg = h:resume(key)
   if temp then h:close() end
-  if ok and rf and key == nil then
-    local rok, err = require("clientpool.redisfleet").agent.resume(rf)
+  if ok and rf then
+    local A = require("clientpool.redisfleet").agent
+    local rok, err
+    if key ~= nil then rok, err = A.kresume(rf, key) else rok, err = A.resume(rf) end
     if not rok then fail("fleet.resume('%s'): resumed here, but not across machines: redis: %s", name, err) end
   end
   if not ok then fail("fleet.resume('%s'): %s", name, msg) end

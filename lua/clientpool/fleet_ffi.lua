@@ -168,6 +168,12 @@ function Fleet:key_find(k)
   return slot(C.clientpool_fleet_key_find(self.p, k, #k))
 end
 
+function Fleet:key_cap(k, cap)
+  k = check_str(k, 2, "key_cap")
+  cap = check_int(cap, 3, "key_cap")
+  return slot(C.clientpool_fleet_key_cap(self.p, k, #k, cap < 0 and -1 or cap))
+end
+
 function Fleet:key_close(s)
   return status(C.clientpool_fleet_key_close(self.p, check_int(s, 2, "key_close")))
 end

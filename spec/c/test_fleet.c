@@ -347,9 +347,8 @@ static void t_limits_invalid(void) {
   CASE("min_idle", L->min_idle = -1);
   CASE("min_idle (3) must be <= max_idle (2)", (L->min_idle = 3, L->max_idle = 2));
   CASE("max_idle (5) must be <= max_live (4)", L->max_idle = 5);
-  CASE("max_concurrency", L->max_concurrency = 0);
+  CASE("max_concurrency", L->max_concurrency = -1);
   CASE("per_key.max_live", L->key_max_live = 5);
-  CASE("per_key.max_live", L->key_max_live = 0);
   CASE("per_key.max_idle", L->key_max_idle = 5);
   CASE("max_keys", L->max_keys = 0);
   CASE("members", L->members = 0);
@@ -415,7 +414,7 @@ static void t_refuse_corrupt(void) {
   CHECK_EQ(attach_rc(name, err, sizeof err), CLIENTPOOL_FLEET_EVERSION);
   {
     char want[40];
-    snprintf(want, sizeof want, "layout version %u", FL_VERSION + 1);
+    snprintf(want, sizeof want, "layout version %u", (unsigned)(FL_VERSION + 1));
     CHECK_STR(err, want);
   }
   h->version = FL_VERSION;
@@ -756,6 +755,46 @@ static void t_keys_table(void) {
   CHECK_EQ(stats(b).keys, 3);
   CHECK_EQ(clientpool_fleet_resume(b, "p", 1), 0);
   CHECK_EQ(stats(b).keys, 2);
+}
+
+/* A key's own LIVE cap (the Redis backend's share of it): it overrides
+ * key_max_live (0 here: nothing per key until a key's cap is set), a
+ * raised one moves the sequence, < 0 goes back to key_max_live; a slot
+ * freed and taken by another key starts without one. */
+static void t_key_cap(void) {
+  const char *name = tname("kcap");
+  clientpool_fleet_limits_t l = lims(4);
+  clientpool_fleet_t *a, *b;
+  int32_t s, s2;
+  uint64_t q;
+  l.key_max_live = 0;
+  a = member(name, &l);
+  b = member(name, &l);
+  s = kopen(a, "a");
+  CHECK_EQ(kopen(b, "a"), s);
+  CHECK_EQ(clientpool_fleet_take(a, LIVE, s), CLIENTPOOL_FLEET_REFUSED_KEY);
+  q = clientpool_fleet_seq(a);
+  CHECK_EQ(clientpool_fleet_key_cap(b, "a", 1, 2), s);
+  CHECK(clientpool_fleet_seq(a) != q);
+  CHECK_EQ(clientpool_fleet_take(a, LIVE, s), CLIENTPOOL_FLEET_TAKEN);
+  CHECK_EQ(clientpool_fleet_take(b, LIVE, s), CLIENTPOOL_FLEET_TAKEN);
+  CHECK_EQ(clientpool_fleet_take(a, LIVE, s), CLIENTPOOL_FLEET_REFUSED_KEY);
+  /* lowered below what is held: nothing more, what is held stays */
+  CHECK_EQ(clientpool_fleet_key_cap(b, "a", 1, 1), s);
+  CHECK_EQ(clientpool_fleet_give(b, LIVE, s), 0);
+  CHECK_EQ(clientpool_fleet_take(b, LIVE, s), CLIENTPOOL_FLEET_REFUSED_KEY);
+  CHECK_EQ(clientpool_fleet_key_cap(a, "nope", 4, 1), CLIENTPOOL_FLEET_ENOENT);
+  /* back to key_max_live (0) */
+  CHECK_EQ(clientpool_fleet_key_cap(a, "a", 1, -1), s);
+  CHECK_EQ(clientpool_fleet_give(a, LIVE, s), 0);
+  CHECK_EQ(clientpool_fleet_take(a, LIVE, s), CLIENTPOOL_FLEET_REFUSED_KEY);
+  /* a freed slot forgets its cap */
+  CHECK_EQ(clientpool_fleet_key_cap(a, "a", 1, 3), s);
+  CHECK_EQ(clientpool_fleet_key_close(a, s), 0);
+  CHECK_EQ(clientpool_fleet_key_close(b, s), 0);
+  s2 = kopen(a, "a");
+  CHECK(s2 >= 0);
+  CHECK_EQ(clientpool_fleet_take(a, LIVE, s2), CLIENTPOOL_FLEET_REFUSED_KEY);
 }
 
 static void t_limits_lowered_live(void) {
@@ -1924,7 +1963,7 @@ static const test_t tests[] = {
   T(t_shm_name), T(t_create_attach_update), T(t_limits_invalid),
   T(t_refuse_corrupt), T(t_refuse_foreign_mode_owner), T(t_corrupt_header_fuzz), T(t_corrupt_state_no_crash),
   T(t_half_created),
-  T(t_take_give_caps), T(t_floor), T(t_keys_table), T(t_limits_lowered_live),
+  T(t_take_give_caps), T(t_floor), T(t_keys_table), T(t_key_cap), T(t_limits_lowered_live),
   T(t_seq_demand), T(t_turns), T(t_shed), T(t_pause),
   T(t_reclaim_killed), T(t_zombie_and_pid_reuse), T(t_reclaim_race_once), T(t_mid_op_repair),
   T(t_reclaimer_dies), T(t_lock_holder_dies), T(t_lock_busy), T(t_stale_reset), T(t_members_bound),

@@ -65,12 +65,13 @@ describe("a Redis fleet across member processes (machines)", function()
     return string.format("spec-redis-%d-%d", n_fleet, os.time() % 100000 * 100 + math.random(0, 99))
   end
 
-  local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst, keep, stall)
+  local function spawn(name, machine, max_live, ttl, tasks, secs, block, burst, keep, budgets, stall)
     local c = { out = os.tmpname(), machine = machine }
     os.remove(c.out)
-    local cmd = string.format("exec %s spec/redisfleet/member.lua %q %q %q %q %q %d %d %d %s %d %s %s %s %s %s",
+    local cmd = string.format("exec spec/redisfleet/closefds.sh %s spec/redisfleet/member.lua " ..
+      "%q %q %q %q %q %d %d %d %s %d %s %q %q %q %q %q",
       INTERP, package.path, package.cpath, name, machine, c.out, coord.port, target.port, max_live, ttl, tasks, secs,
-      block or "", burst or "", keep or "", stall or "")
+      block or "", burst or "", keep or "", budgets or "", stall or "")
     c.p = assert(io.popen(cmd, "r"))
     children[#children + 1] = c
     for _ = 1, 2000 do
@@ -83,7 +84,7 @@ describe("a Redis fleet across member processes (machines)", function()
 
   -- Samples the target's clients until every member said "done" (or
   -- `until_t`); `at` is { [t] = fn } called once when monotime() passes t.
-  local function sample(cs, at, limit)
+  local function sample(cs, at, limit, probe)
     local samples, t_limit = {}, monotime() + (limit or 60)
     local pending = {}
     for t, fn in pairs(at or {}) do pending[#pending + 1] = { t = t, fn = fn } end
@@ -92,7 +93,7 @@ describe("a Redis fleet across member processes (machines)", function()
       while pending[1] and monotime() >= pending[1].t do table.remove(pending, 1).fn() end
       local now = monotime()
       local v = sampler:raw("INFO", "clients")
-      samples[#samples + 1] = { now, tonumber(tostring(v):match("connected_clients:(%d+)")) - 1 }
+      samples[#samples + 1] = { now, tonumber(tostring(v):match("connected_clients:(%d+)")) - 1, probe and probe() }
       local all = true
       for _, c in ipairs(cs) do
         if not c.done then
@@ -158,6 +159,177 @@ describe("a Redis fleet across member processes (machines)", function()
     assert.equal(0, n)
   end)
 
+  it("a machine joining a fleet another machine saturates gets its fair share (it is seen while it holds nothing)",
+     function()
+    local name, cap, ttl = fresh(), 6, 1
+    -- m1 alone with blocks of 6 and 6 busy tasks holds the whole cap; m2
+    -- comes with 6 busy tasks too and holds nothing at first
+    local cs = { spawn(name, "m1", cap, ttl, 6, 5, 6) }
+    local t0 = monotime()
+    local t_join
+    local samples = sample(cs, {
+      [t0 + 2.0] = function() t_join = monotime(); cs[2] = spawn(name, "m2", cap, ttl, 6, 3, 6) end,
+    })
+    local ev = read_logs(cs)
+    -- what each machine held (its hooks) over the last 1.5 s of m2's run
+    local from, to = t_join + 1.0, t_join + 2.5
+    local alive, most, grants = { 0, 0 }, { 0, 0 }, { 0, 0 }
+    for _, e in ipairs(ev) do
+      alive[e[3]] = alive[e[3]] + e[2]
+      if e[1] >= from and e[1] <= to and alive[e[3]] > most[e[3]] then most[e[3]] = alive[e[3]] end
+    end
+    for i = 1, 2 do
+      for _, t in ipairs(cs[i].grants) do if t >= from and t <= to then grants[i] = grants[i] + 1 end end
+    end
+    local first
+    for _, t in ipairs(cs[2].creates) do first = first or t end
+    print(string.format("\n  m2 joined m1's saturated fleet (cap %d, ttl %g s): its first create %.0f ms after it " ..
+      "started; from 1 s to 2.5 s after: most held m1 %d, m2 %d; grants m1 %d, m2 %d; the target's peak %d", cap, ttl,
+      ((first or t_join) - t_join) * 1000, most[1], most[2], grants[1], grants[2], peak_of(samples)))
+    assert.is_not_nil(first, "m2 never created a client")
+    -- (m2 starts, then waits out nothing: the fleet is past its quiet
+    -- period; m1 gives its spare back at its next renewal, ttl / 4)
+    assert.is_true(first - t_join < 1.0 + ttl, "m2's first create after " .. (first - t_join))
+    assert.is_true(most[2] >= cap / 2 - 1, "m2 held at most " .. most[2])
+    assert.is_true(grants[2] > grants[1] / 4, "m2 was granted " .. grants[2] .. " against m1's " .. grants[1])
+    assert.is_true(peak_of(samples) <= cap)
+    for _, c in ipairs(cs) do assert.is_not_nil(c.stats, c.machine .. " did not finish") end
+  end)
+
+  -- One run of 3 machines x 4 tasks on max_live 8, budgets as member.lua
+  -- takes them ("-": measured, none set): the most leases the target saw at
+  -- once (INCR replies), and its connections while every machine is quiet
+  -- with its pool open (all of them idle then), and its peak.
+  local function budget_run(budgets)
+    local name, cap, ttl = fresh(), 8, 1
+    local cs = {}
+    for i = 1, 3 do cs[i] = spawn(name, "m" .. i, cap, ttl, 4, 4, nil, nil, nil, budgets) end
+    local samples = sample(cs)
+    read_logs(cs)
+    local inuse, q_first, q_last, grants, commands, gap = 0, math.huge, 0, 0, 0, 0   -- (q_first: the first end)
+    for _, c in ipairs(cs) do
+      for _, l in ipairs(lines_of(c.out)) do
+        local n = tonumber(l:match("^inuse (%-?%d+)$") or "")
+        if n and n > inuse then inuse = n end
+        local q, qe = l:match("^q (%S+) (%S+)$")
+        if q then q_first, q_last = math.min(q_first, tonumber(qe)), math.max(q_last, tonumber(q)) end
+        -- (the longest gap between two renewals: a machine late past its
+        -- validity loses its lease, and what it holds is not its share)
+        local at = tonumber(l:match("^valid (%S+) ") or "")
+        if at then
+          if c.last_valid and at - c.last_valid > gap then gap = at - c.last_valid end
+          c.last_valid = at
+        end
+      end
+      assert.is_not_nil(c.stats, c.machine .. " did not finish")
+      assert.equal(0, c.stats.failures)
+      grants, commands = grants + c.stats.grants, commands + c.stats.commands
+    end
+    -- (from the last machine's last task done to the first machine's end,
+    -- less 0.1 s each side: releases in flight settle within a poll)
+    local idle = peak_of(samples, q_last + 0.1, q_first - 0.1)
+    return { inuse = inuse, idle = idle, peak = peak_of(samples), quiet = q_first - 0.1 - q_last - 0.1,
+             per1000 = commands * 1000 / math.max(1, grants), grants = grants, gap = gap }
+  end
+
+  it("max_concurrency and max_idle hold across machines: the target never sees more leases at once, nor more idle",
+     function()
+    local none = budget_run("-")
+    local with = budget_run("c=4,i=2")
+    print(string.format("\n  3 machines x 4 tasks, max_live 8, ttl 1 s: the most leases the target saw at once " ..
+      "%d without budgets, %d with max_concurrency 4; its connections with every machine quiet (all idle) %d " ..
+      "without, %d with max_idle 2 (over %.0f ms); its peak %d, %d; redis commands per 1000 acquisitions %.1f " ..
+      "(%d acquisitions), %.1f with the budgets (%d); the longest gap between renewals %.0f ms", none.inuse,
+      with.inuse, none.idle, with.idle, with.quiet * 1000, none.peak, with.peak, none.per1000, none.grants,
+      with.per1000, with.grants, with.gap * 1000))
+    assert.is_true(with.quiet > 0.2, "the machines' quiet phases hardly overlapped")
+    assert.is_true(none.inuse > 4, "the spec cannot see concurrency: " .. none.inuse)   -- (it can see a breach)
+    assert.is_true(none.idle > 2, "the spec cannot see idle clients: " .. none.idle)
+    assert.is_true(with.inuse >= 2)                   -- (the budget was used)
+    if with.gap < 0.75 * 1 then
+      assert.is_true(with.inuse <= 4, "the target saw " .. with.inuse .. " leases at once")
+      assert.is_true(with.idle <= 2, "the target saw " .. with.idle .. " idle clients")
+    else
+      -- a machine stalled past its validity (a loaded host): its lease
+      -- lapsed while its clients stayed open, the limit docs/fleet.md 14.9
+      -- states for max_live; the bounds hold only for renewed leases
+      print("  (a renewal came " .. math.floor(with.gap * 1000) .. " ms after the one before: bounds not checked)")
+    end
+    assert.is_true(with.peak <= 8 and none.peak <= 8)
+  end)
+
+  it("per_key.max_live holds across machines: 2 keys on 3 machines, the target's connections per key", function()
+    local function run(budgets)
+      local name, cap, ttl = fresh(), 6, 1
+      local cs = {}
+      for i = 1, 3 do cs[i] = spawn(name, "m" .. i, cap, ttl, 4, 3, nil, nil, nil, budgets) end
+      -- the target's connections by the name each client gave itself (its key)
+      local samples = sample(cs, nil, nil, function()
+        local l, per = tostring(sampler:raw("CLIENT", "LIST")), {}
+        for n in l:gmatch("name=(%S*)") do if n ~= "" then per[n] = (per[n] or 0) + 1 end end
+        return per
+      end)
+      local peak, grants = { k0 = 0, k1 = 0 }, 0
+      for _, sm in ipairs(samples) do
+        for k, n in pairs(sm[3] or {}) do if n > (peak[k] or 0) then peak[k] = n end end
+      end
+      read_logs(cs)
+      for _, c in ipairs(cs) do
+        assert.is_not_nil(c.stats, c.machine .. " did not finish")
+        assert.equal(0, c.stats.failures)
+        grants = grants + c.stats.grants
+      end
+      return peak, grants, peak_of(samples)
+    end
+    local none, gn, tn = run("keys=2")
+    local with, gw, tw = run("k=2,keys=2")
+    print(string.format("\n  3 machines x 4 tasks on 2 keys, max_live 6, ttl 1 s: the target's connections per key " ..
+      "at most k0 %d, k1 %d without per_key (%d acquisitions, all %d), k0 %d, k1 %d with per_key.max_live 2 " ..
+      "(%d acquisitions, all %d)", none.k0, none.k1, gn, tn, with.k0, with.k1, gw, tw))
+    assert.is_true(none.k0 > 2 or none.k1 > 2, "the spec cannot see a key's connections")
+    assert.is_true(with.k0 <= 2 and with.k1 <= 2)
+    assert.is_true(with.k0 >= 1 and with.k1 >= 1)      -- (both keys were served)
+    assert.is_true(tw <= 4 and tn <= 6)
+  end)
+
+  it("min_idle across machines: the warm floor is kept once, by one machine, and taken over when its lease lapses",
+     function()
+    local name, cap, ttl = fresh(), 6, 1
+    -- 3 idle machines (no task), each pool keeping the fleet's floor of 2
+    local cs = {}
+    for i = 1, 3 do cs[i] = spawn(name, "m" .. i, cap, ttl, 0, 6, nil, nil, nil, "m=2") end
+    local t0 = monotime()
+    local t_kill, killed
+    local samples = sample(cs, {
+      [t0 + 3.0] = function()
+        -- the holder: the machine whose hooks made clients
+        read_logs(cs)
+        for _, c in ipairs(cs) do if #c.creates > 0 and not killed then killed = c end end
+        assert(killed, "no machine made the floor")
+        t_kill = monotime()
+        os.execute("kill -9 " .. killed.pid)
+        killed.pid, killed.done = nil, true
+      end,
+    })
+    local settled = peak_of(samples, t0 + 2.0, t_kill)
+    local least = math.huge
+    for _, sm in ipairs(samples) do
+      if sm[1] >= t0 + 2.0 and sm[1] <= t_kill and sm[2] < least then least = sm[2] end
+    end
+    local t_back
+    for _, sm in ipairs(samples) do
+      if sm[1] > t_kill + 0.05 and sm[2] >= 2 and not t_back then t_back = sm[1] end
+    end
+    local after = t_back and peak_of(samples, t_back, t_back + 1.0) or -1
+    print(string.format("\n  3 idle machines, min_idle 2 fleet-wide (ttl %g s): the target kept %d-%d clients " ..
+      "(not 6); kill -9 of the holder: 2 again %.0f ms later (bound: ttl + ttl/4 + the pools' 0.25 s tick + " ..
+      "creates), then at most %d", ttl, least, settled, ((t_back or t_kill) - t_kill) * 1000, after))
+    assert.equal(2, settled); assert.equal(2, least)
+    assert.is_not_nil(t_back, "the floor was not rebuilt")
+    assert.is_true(t_back - t_kill < ttl + ttl / 4 + 0.25 + 0.5, "rebuilt after " .. (t_back - t_kill))
+    assert.is_true(after <= 2, "after the takeover the target saw " .. after)
+  end)
+
   it("redis killed under load: members stop creating before their shares lapse, the cap holds, admission resumes",
      function()
     local name, cap, ttl = fresh(), 6, 1
@@ -194,10 +366,13 @@ describe("a Redis fleet across member processes (machines)", function()
     local last_before
     for _, e in ipairs(ev) do if e[2] > 0 and e[1] < t_back then last_before = e[1] end end
     local tpeak = peak_of(samples)
+    local fails = {}
+    for _, c in ipairs(cs) do fails[#fails + 1] = c.stats and c.stats.failures or "?" end
     print(string.format("\n  redis killed for %.1f s (ttl %g s): last create %.0f ms after the kill " ..
       "(fence at %.0f ms), " ..
-      "first create %.0f ms after redis was back (bound: ttl + ttl/8 + a poll); target's peak %d", t_back - t_kill, ttl,
-      (last_before - t_kill) * 1000, 0.75 * ttl * 1000, ((first_after or 0) - t_back) * 1000, tpeak))
+      "first create %.0f ms after redis was back (bound: ttl + ttl/8 + a poll); target's peak %d; failed " ..
+      "acquisitions %s", t_back - t_kill, ttl, (last_before - t_kill) * 1000, 0.75 * ttl * 1000,
+      ((first_after or 0) - t_back) * 1000, tpeak, table.concat(fails, " ")))
     assert.equal(0, late)
     assert.is_true(tpeak <= cap, "the target saw " .. tpeak)
     assert.is_not_nil(first_after, "no create after redis came back")
@@ -320,8 +495,8 @@ describe("a Redis fleet across member processes (machines)", function()
     -- (no release destroys: the other process keeps idle clients to grant;
     -- a stall of 60 s: the other does not take the stopped agent's place,
     -- the next spec has that)
-    local cs = { spawn(name, "m1", cap, ttl, 3, 6, 6, 0, "keep", 60),
-                 spawn(name, "m1", cap, ttl, 3, 6, 6, 0, "keep", 60) }
+    local cs = { spawn(name, "m1", cap, ttl, 3, 6, 6, 0, "keep", nil, 60),
+                 spawn(name, "m1", cap, ttl, 3, 6, 6, 0, "keep", nil, 60) }
     local function agent_at(c)
       for _, l in ipairs(lines_of(c.out)) do
         local t = l:match("^agent (%S+)$")
@@ -515,6 +690,51 @@ describe("a Redis fleet across member processes (machines)", function()
       for _, l in ipairs(lines_of(c.out)) do if l:match("^f ") then why = why .. l .. "; " end end
       assert.equal(0, c.stats.failures, c.machine .. (c == stopped and " (stopped)" or "") .. ": " .. why)
     end
+  end)
+
+  it("a key's pause reaches every machine through Redis, and its resume_after lifts it everywhere", function()
+    local name, cap, ttl = fresh(), 6, 1
+    local cs = { spawn(name, "m1", cap, ttl, 2, 5), spawn(name, "m2", cap, ttl, 2, 5) }
+    -- this process is a third machine: it pauses the members' key (their
+    -- pools use the default key, "" in the fleet) with a deadline, then
+    -- pauses it again and resumes it
+    local fleet = require "clientpool.fleet"
+    fleet.new(name, { backend = "redis", max_live = cap, ttl = ttl, machine = "spec", redis = { port = coord.port } })
+    local t0 = monotime()
+    local t_pause, t_pause2, t_resume
+    sample(cs, {
+      [t0 + 1.5] = function() fleet.pause(name, "maintenance", "", { resume_after = 1.0 }); t_pause = monotime() end,
+      [t0 + 3.2] = function() fleet.pause(name, "again", ""); t_pause2 = monotime() end,
+      [t0 + 3.9] = function() fleet.resume(name, ""); t_resume = monotime() end,
+    })
+    read_logs(cs)
+    -- reaching a machine: its next lease reply (ttl / 4); a lifted gate:
+    -- the pools' gate tick (0.25 s)
+    local bound, rbound = ttl / 4 + 0.2, ttl / 4 + 0.25 + 0.3
+    local during, first_after, during2, first_after2 = 0, {}, 0, {}
+    local t_lift = t_pause + 1.0
+    for i, c in ipairs(cs) do
+      for _, t in ipairs(c.grants) do
+        if t > t_pause + bound and t < t_lift - 0.05 then during = during + 1 end
+        if t > t_lift and t < t_pause2 and not first_after[i] then first_after[i] = t end
+        if t > t_pause2 + bound and t < t_resume then during2 = during2 + 1 end
+        if t > t_resume and not first_after2[i] then first_after2[i] = t end
+      end
+    end
+    print(string.format("\n  a key paused from a third machine for 1 s: %d grants on m1 and m2 from %.0f ms after " ..
+      "until its deadline, again %.0f and %.0f ms after it; paused again: %d grants, admitting %.0f and %.0f ms " ..
+      "after fleet.resume", during, bound * 1000, ((first_after[1] or 0) - t_lift) * 1000,
+      ((first_after[2] or 0) - t_lift) * 1000, during2, ((first_after2[1] or 0) - t_resume) * 1000,
+      ((first_after2[2] or 0) - t_resume) * 1000))
+    assert.equal(0, during)
+    assert.equal(0, during2)
+    for i = 1, 2 do
+      assert.is_not_nil(first_after[i], "m" .. i .. " never admitted after the deadline")
+      assert.is_true(first_after[i] - t_lift < rbound, "admitted again after " .. (first_after[i] - t_lift))
+      assert.is_not_nil(first_after2[i], "m" .. i .. " never admitted after the resume")
+      assert.is_true(first_after2[i] - t_resume < rbound, "admitted again after " .. (first_after2[i] - t_resume))
+    end
+    fleet.remove(name)
   end)
 
   it("fleet.pause and fleet.resume reach every machine through Redis", function()

@@ -38,7 +38,8 @@ function M.start(port, dir, extra)
     os.remove(dir)
     sh("mkdir -p '" .. dir .. "'")
   end
-  local pid = sh(("lua_pid=$PPID; env -u LD_PRELOAD redis-server --port %d --bind 127.0.0.1 --save '' " ..
+  local pid = sh(("lua_pid=$PPID; env -u LD_PRELOAD spec/redisfleet/closefds.sh " ..
+    "redis-server --port %d --bind 127.0.0.1 --save '' " ..
     "--appendonly no --dir '%s' --logfile '%s/redis-%d.log' %s >/dev/null 2>&1 & r=$!; echo $r; " ..
     "(while kill -0 $lua_pid 2>/dev/null && kill -0 $r 2>/dev/null; do sleep 1; done; " ..
     "kill $r 2>/dev/null) >/dev/null 2>&1 &"):format(port, dir, dir, port, extra or "")):match("%d+")

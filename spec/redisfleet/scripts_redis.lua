@@ -28,18 +28,27 @@ describe("the Redis fleet's scripts", function()
     return "spec-" .. n_fleet
   end
   -- lease(ttl, member, want, need, demand, max_live) -> the reply table
-  local function lease(name, ttl, member, want, need, max_live, mode, demand)
-    local v, err = c:script("lease", scripts.lease, scripts.keys("clientpool:fleet:", name),
-                            { ttl, member, want, need, demand or 0, max_live, mode or "lease" })
+  -- budgets: { { name, want, need, cap }... }, their replies in r.b[name] = { n, sum }
+  local function lease(name, ttl, member, want, need, max_live, mode, demand, budgets)
+    local args = { ttl, member, want, need, demand or 0, max_live, mode or "lease", #(budgets or {}) }
+    for _, b in ipairs(budgets or {}) do for i = 1, 4 do args[#args + 1] = b[i] end end
+    local v, err = c:script("lease", scripts.lease, scripts.keys("clientpool:fleet:", name), args)
     assert(v, err)
-    return { n = v[1], sum = v[2], max_live = v[3], quiet = v[4], pause = v[5], pause_ms = v[6],
-             others = v[7], members = v[8], stored = v[9] }
+    local res = { n = v[1], sum = v[2], max_live = v[3], quiet = v[4], pause = v[5], pause_ms = v[6],
+                  others = v[7], members = v[8], stored = v[9], b = {} }
+    for j, b in ipairs(budgets or {}) do res.b[b[1]] = { n = v[8 + 2 * j], sum = v[9 + 2 * j] } end
+    return res
   end
   local function stats(name, ttl)
     local v = assert(c:script("stats", scripts.stats, scripts.keys("clientpool:fleet:", name), { ttl or 0 }))
     local s = { sum = v[1], max_live = v[2], quiet = v[3], pause = v[4], members = {} }
-    for i = 7, #v, 5 do
-      s.members[v[i]] = { units = v[i + 1], held = v[i + 2], demand = v[i + 3], ttl = v[i + 4] }
+    local i = 7
+    while i <= #v do
+      local m = { units = v[i + 1], held = v[i + 2], demand = v[i + 3], ttl = v[i + 4], b = {} }
+      s.members[v[i]] = m
+      local nb = v[i + 5]
+      for j = 1, nb do m.b[v[i + 4 + 2 * j]] = v[i + 5 + 2 * j] end
+      i = i + 6 + 2 * nb
     end
     return s
   end
@@ -128,12 +137,9 @@ describe("the Redis fleet's scripts", function()
     assert.equal(6, b.sum)                              -- 1 + 5: never above the cap
   end)
 
-  -- PENDING (issue 16, the fairness defect): keeping a waiting machine's
-  -- demand row and exp entry when it holds nothing makes these pass, but
-  -- doubled the re-admission after a Redis restart in members_redis.lua
-  -- ("redis killed under load": first create 2.0 s after redis was back,
-  -- bound ttl + ttl/8 + a poll) for a cause not yet found: backed out.
-  pending("a machine holding nothing but waiting is seen by the holders (others, machines) and gets their spare",
+  -- (issue 16, the fairness defect: a machine holding nothing but waiting
+  -- had no row, so the holders never saw it and kept their spare)
+  it("a machine holding nothing but waiting is seen by the holders (others, machines) and gets their spare",
           function()
     local name = ready(200)
     local a = lease(name, 60000, "a", 6, 4, 6)          -- a holds 4 and takes the whole 6
@@ -156,7 +162,7 @@ describe("the Redis fleet's scripts", function()
     assert.is_nil(stats(name).members.c)
   end)
 
-  pending("a waiting machine's row lapses with its ttl like any lease", function()
+  it("a waiting machine's row lapses with its ttl like any lease", function()
     local name = ready(200)
     assert.equal(2, lease(name, 60000, "a", 2, 2, 2).n)
     assert.equal(0, lease(name, 250, "b", 1, 0, 2, nil, 1).n)
@@ -165,6 +171,85 @@ describe("the Redis fleet's scripts", function()
     local a = lease(name, 60000, "a", 2, 2, 2)
     assert.equal(0, a.others); assert.equal(1, a.members)
     assert.is_nil(stats(name).members.b)
+  end)
+
+  it("leases the other budgets in the same call, each against its own cap", function()
+    local name = ready(200)
+    -- a: 2 live units, and 3 of max_concurrency 4, 1 of max_idle 2
+    local a = lease(name, 60000, "a", 2, 0, 6, nil, 0, { { "c", 3, 0, 4 }, { "i", 1, 0, 2 } })
+    assert.equal(2, a.n); assert.equal(3, a.b.c.n); assert.equal(1, a.b.i.n)
+    assert.equal(3, a.b.c.sum); assert.equal(1, a.b.i.sum)
+    -- b asks for 4 and 2: only what is left of each
+    local b = lease(name, 60000, "b", 2, 0, 6, nil, 0, { { "c", 4, 0, 4 }, { "i", 2, 0, 2 } })
+    assert.equal(2, b.n); assert.equal(1, b.b.c.n); assert.equal(1, b.b.i.n)
+    assert.equal(4, b.b.c.sum); assert.equal(2, b.b.i.sum)
+    -- what a member holds is accounted above the cap, never granted
+    b = lease(name, 60000, "b", 2, 2, 6, nil, 0, { { "c", 3, 3, 4 }, { "i", 2, 2, 2 } })
+    assert.equal(1, b.b.c.n); assert.equal(6, b.b.c.sum)     -- granted 1 (free), holds 3
+    assert.equal(1, b.b.i.n); assert.equal(3, b.b.i.sum)
+    -- a gives back: its concurrency down to 1, its idle budget not asked for any more
+    a = lease(name, 60000, "a", 2, 2, 6, nil, 0, { { "c", 1, 1, 4 } })
+    assert.equal(1, a.b.c.n); assert.equal(4, a.b.c.sum)
+    local s = stats(name)
+    assert.equal(1, s.members.a.b.c); assert.is_nil(s.members.a.b.i)
+    assert.equal(3, s.members.b.b.c); assert.equal(2, s.members.b.b.i)
+    -- a member asking for nothing of any budget has no row
+    local d = lease(name, 60000, "d", 0, 0, 6, nil, 0, { { "c", 0, 0, 4 } })
+    assert.equal(0, d.b.c.n); assert.is_nil(stats(name).members.d)
+    -- leave drops every budget
+    lease(name, 60000, "b", 0, 0, 6, "leave", 0, { { "c", 0, 0, 4 }, { "i", 0, 0, 2 } })
+    a = lease(name, 60000, "a", 2, 2, 6, nil, 0, { { "c", 4, 1, 4 }, { "i", 2, 0, 2 } })
+    assert.equal(4, a.b.c.n); assert.equal(2, a.b.i.n); assert.is_nil(stats(name).members.b)
+  end)
+
+  it("a lapsed member's units of every budget go back with its lease; quiet grants only claims", function()
+    local name = ready(200)
+    assert.equal(3, lease(name, 250, "a", 1, 1, 6, nil, 0, { { "c", 3, 3, 3 } }).b.c.n)
+    assert.equal(0, lease(name, 60000, "b", 1, 0, 6, nil, 0, { { "c", 2, 0, 3 } }).b.c.n)
+    socket.sleep(0.3)
+    local b = lease(name, 60000, "b", 1, 0, 6, nil, 0, { { "c", 2, 0, 3 } })
+    assert.equal(2, b.b.c.n); assert.equal(2, b.b.c.sum)
+    assert.is_nil(stats(name).members.a)
+    -- a new server (run_id changed): for one ttl only what is claimed
+    local keys = scripts.keys("clientpool:fleet:", name)
+    assert(c:raw("HSET", keys[1], "run_id", "another-server"))
+    local q = lease(name, 200, "b", 3, 1, 6, nil, 0, { { "c", 3, 1, 3 } })
+    assert.is_true(q.quiet > 0)
+    assert.equal(1, q.n); assert.equal(1, q.b.c.n)
+  end)
+
+  it("pauses a key on every machine: the lease reply carries the list when its generation moved", function()
+    local name = ready(100)
+    local keys = scripts.keys("clientpool:fleet:", name)
+    local function with_gen(member, seen)
+      local v = assert(c:script("lease", scripts.lease, keys, { 1000, member, 1, 0, 0, 5, "lease", 0, seen }))
+      local out = { gen = v[10], list = {} }
+      if v[11] then
+        for i = 0, v[11] - 1 do out.list[v[12 + 3 * i]] = { why = v[13 + 3 * i], ms = v[14 + 3 * i] } end
+      end
+      return out, v[11] ~= nil
+    end
+    local r0, listed = with_gen("a", -1)
+    assert.is_true(listed); assert.is_nil(next(r0.list))
+    assert.equal(1, c:script("kpause", scripts.kpause, keys, { "origin-a", "maintenance", 0, 2 }))
+    assert.equal(1, c:script("kpause", scripts.kpause, keys, { "origin-b", "429", 150, 2 }))
+    -- max_keys (2) keys paused: a third is refused, a paused one may change
+    assert.equal(0, c:script("kpause", scripts.kpause, keys, { "origin-c", "x", 0, 2 }))
+    assert.equal(1, c:script("kpause", scripts.kpause, keys, { "origin-a", "maintenance", 0, 2 }))
+    local r1 = with_gen("a", r0.gen)
+    assert.is_true(r1.gen > r0.gen)
+    assert.equal("maintenance", r1.list["origin-a"].why); assert.equal(-1, r1.list["origin-a"].ms)
+    assert.equal("429", r1.list["origin-b"].why)
+    assert.is_true(r1.list["origin-b"].ms > 0 and r1.list["origin-b"].ms <= 150)
+    -- seen: no list
+    local _, again = with_gen("a", r1.gen)
+    assert.is_false(again)
+    -- a deadline passed: listed with 0 left, dropped at the next change
+    socket.sleep(0.2)
+    assert.equal(0, with_gen("a", -1).list["origin-b"].ms)
+    assert.equal(1, c:script("kresume", scripts.kresume, keys, { "origin-a" }))
+    local r2 = with_gen("a", r1.gen)
+    assert.is_nil(next(r2.list))
   end)
 
   it("pauses fleet-wide, with a deadline, and resumes", function()
@@ -236,10 +321,10 @@ describe("the Redis fleet's scripts", function()
     local R = { port = 6379 }
     local cases = {
       { { max_live = 4 }, "fleet option 'redis' must be a table" },
-      { { max_live = 4, redis = R, per_key = { max_live = 2 } }, "fleet option 'per_key' is not supported" },
-      { { max_live = 4, redis = R, max_concurrency = 8 }, "fleet option 'max_concurrency' is not supported" },
-      { { max_live = 4, redis = R, min_idle = 1 }, "fleet option 'min_idle' is not supported" },
-      { { max_live = 4, redis = R, max_idle = 2 }, "fleet option 'max_idle' is not supported" },
+      { { max_live = 4, redis = R, per_key = { max_idle = 2 } }, "fleet option 'per_key.max_idle' is not supported" },
+      { { max_live = 4, redis = R, max_concurrency = 0 }, "fleet option 'max_concurrency' must be an integer in [1," },
+      { { max_live = 4, redis = R, min_idle = 9 }, "fleet option 'min_idle' must be an integer in [0, max_idle (4)]" },
+      { { max_live = 4, redis = R, max_idle = 5 }, "fleet option 'max_idle' must be an integer in [0, max_live (4)]" },
       { { max_live = 0, redis = R }, "fleet option 'max_live' must be an integer in [1," },
       { { redis = R }, "fleet option 'max_live' is required" },
       { { max_live = 4, redis = { port = 0 } }, "fleet option 'redis.port' must be an integer in [1, 65535]" },

@@ -38,6 +38,7 @@
 -- (fleetlink): even with the agent stopped, no client is created and none
 -- is reused on a lapsed share.
 local scripts = require "clientpool.redisfleet.scripts"
+local budgets = require "clientpool.redisfleet.budgets"
 local resp = require "clientpool.redisfleet.resp"
 local monotime = require("clientpool.core").monotime
 local ycall = require("clientpool.base").ycall   -- a pcall tasks may yield through (Lua 5.1)
@@ -70,12 +71,12 @@ M.member_of = member_of
 --   h, eh: the local fleet's and the election fleet's handles; B: binding
 function M.new(name, cfg, h, eh, B)
   return {
-    name = name, cfg = cfg, h = h, eh = eh, B = B,
+    name = name, cfg = cfg, h = h, eh = eh, B = B, bud = budgets.new(cfg, B), kb = {},
     member = cfg.machine, epoch = 0, prev_member = nil, keys = scripts.keys(cfg.redis.prefix, name),
     ttl_ms = math_floor(cfg.ttl * 1000),
     users = 0, task = false, is_agent = false, joined = false,
     share = 0, valid_until = -1, fence_at = -1, next_due = 0, next_ask = 0, ask_gap = M.ASK_MIN,
-    block = 1, others = 0, quiet = 0, machines = 1, pause_seen = "-",
+    block = 1, others = 0, quiet = 0, machines = 1, pause_seen = "-", kpgen = -1, kpaused = {},
     -- counters (fleet.stats().redis.agent)
     asks = 0, fails = 0, last_err = nil, conn = nil,
   }
@@ -89,8 +90,9 @@ local function step_down(R)
   if R.conn then R.conn:close(); R.conn = nil end
 end
 
--- Sets the local cap to n (the share), keeping the segment's other limits,
--- and (until given) the validity: every engine of the machine closes its
+-- Sets the local cap to n (the share) and the other budgets' limits to
+-- their shares (budgets.lua), keeping the segment's other limits, and
+-- (until given) the validity: every engine of the machine closes its
 -- admission past it (no idle grant, no release kept idle) until the next
 -- renewal moves it, whether or not this process runs then. Written only
 -- while this process's epoch is current; false when it is not.
@@ -98,6 +100,7 @@ local function set_cap(R, n, till)
   local lim = R.h:limits()
   lim.max_live, lim.max_idle, lim.min_idle = n, n, 0
   lim.key_max_live, lim.key_max_idle = -1, -1
+  budgets.limits(R.bud, lim, R.cfg.key_max_live)
   local ok, code = R.h:agent_update(R.epoch, lim, till)
   if not ok then
     if code == "estale" then step_down(R) end
@@ -146,6 +149,27 @@ local function check_policy(R)
 end
 M.check_policy = check_policy
 
+-- The keys' pauses from a lease reply (from index at: the generation,
+-- then, when it moved, the count and { key, reason, ms left (-1: none) }
+-- each): mirrored into the local fleet's key gates; a key no longer
+-- listed is resumed here. A pause whose deadline passed opens here by
+-- itself (the local gate has the deadline too).
+local function mirror_keys(R, v, at)
+  local gen, cnt = v[at], v[at + 1]
+  if gen == nil or cnt == nil or gen == R.kpgen then return end
+  local now, t = {}, monotime()
+  for i = 0, cnt - 1 do
+    local key, why, ms = v[at + 2 + 3 * i], v[at + 3 + 3 * i], v[at + 4 + 3 * i]
+    if ms ~= 0 then
+      now[key] = true
+      local ok, code, msg = R.h:pause(why, key, ms > 0 and t + ms / 1000 or -1)
+      if not ok then R.last_err = "key '" .. tostring(key) .. "' not paused here: " .. tostring(msg or code) end
+    end
+  end
+  for key in pairs(R.kpaused) do if not now[key] then R.h:resume(key) end end
+  R.kpaused, R.kpgen = now, gen
+end
+
 -- One lease call: asks for `want` units, keeping `need` accounted.
 local function ask(R, t, held, waiting)
   local cfg = R.cfg
@@ -159,6 +183,8 @@ local function ask(R, t, held, waiting)
     if R.share - held > R.block then R.block = math_max(1, math_floor(R.block / 2)) end
     want = held + R.block
   end
+  -- the warm floor this machine keeps needs room for its clients
+  want = math_max(want, budgets.floor(R.bud))
   -- others wait: no more than a fair share (the cap over the machines
   -- holding or waiting), given back as this machine's clients end
   local fair = false
@@ -171,10 +197,16 @@ local function ask(R, t, held, waiting)
   -- closes released clients above it); what may be held during the call
   -- is claimed
   local c = math_min(R.share, want)
-  if c < R.share and not set_cap(R, c) then return end
   local need = math_max(c, held)
-  -- still the agent? (a resumed stale one steps down before it calls)
+  -- still the agent? (a resumed stale one steps down before it writes or
+  -- calls: the key caps below are not fenced by the epoch)
   if not R.h:agent_beat(R.epoch) then step_down(R); return end
+  local args = { R.ttl_ms, R.member, want, need, waiting, cfg.max_live, "lease" }
+  local list = budgets.collect(R)
+  local lowered = budgets.ask(list, R.h, waiting, R.others, R.machines, args)
+  args[#args + 1] = R.kpgen
+  if (c < R.share or lowered) and not set_cap(R, c) then return end
+  budgets.apply_keys(list, R.h)
   if not R.conn then R.conn = resp.new(R.redis_opts, R.transport, R.sleep) end
   local t0 = monotime()
   R.asks = R.asks + 1
@@ -191,10 +223,7 @@ local function ask(R, t, held, waiting)
     R.next_ask = R.next_due
     return
   end
-  if v then
-    v, err = R.conn:script("lease", scripts.lease, R.keys,
-                           { R.ttl_ms, R.member, want, need, waiting, cfg.max_live, "lease" })
-  end
+  if v then v, err = R.conn:script("lease", scripts.lease, R.keys, args) end
   if type(v) ~= "table" then
     R.fails = R.fails + 1
     R.last_err = tostring(err)
@@ -207,13 +236,17 @@ local function ask(R, t, held, waiting)
   -- the first lease of a new agent counted the previous epoch's row as
   -- another machine's, so its grant is short by this machine's own units:
   -- it only claims (what it stored covers c, kept as the cap) until the
-  -- row is gone and the share asked again, at once (below)
+  -- row is gone and the share asked again, at once (below); the other
+  -- budgets' grants are applied as they are (short at worst: availability)
   if R.prev_member then n = c end
+  budgets.granted(list, v)
   -- (the share and the validity together, only while still the agent)
   if not set_cap(R, n, t0 + ttl * 0.75) then return end
+  budgets.apply_keys(list, R.h)
   R.valid_until, R.fence_at = t0 + ttl * 0.75, t0 + ttl * 0.5
   R.others, R.quiet, R.machines = v[7], v[4], v[8]
   mirror_pause(R, v[5], v[6])
+  mirror_keys(R, v, 10 + 2 * #list)
   R.next_due = t0 + ttl / 4
   if fair and n >= want then
     R.next_ask = R.next_due       -- its fair share while others wait: no sooner
@@ -239,13 +272,15 @@ end
 -- to its next turn.
 local function step(R, t)
   local h, LIVE = R.h, R.B.LIVE
-  if R.share > 0 and t >= R.fence_at then
+  if t >= R.fence_at then
     local held = h:count(LIVE, -1)
     local cap = t >= R.valid_until and 0 or math_min(R.share, held)
-    if cap < R.share and not set_cap(R, cap) then return M.ELECT end
+    local lowered = budgets.fence(R.bud, h, t >= R.valid_until, R.kb, LIVE)
+    if (cap < R.share or lowered) and not set_cap(R, math_min(cap, R.share)) then return M.ELECT end
   end
   local held, waiting = h:count(LIVE, -1), h:waiting()
-  local short = waiting > 0 and R.share - held < waiting
+  local short = waiting > 0 and (R.share - held < waiting or
+                                 budgets.short(R.cfg.key_max_live and budgets.collect(R) or R.bud, h, waiting))
   if t >= R.next_due or (short and t >= R.next_ask) then ask(R, t, held, waiting) end
   if not R.is_agent then return M.ELECT end
   if h:waiting() > 0 then return M.POLL end
@@ -272,6 +307,7 @@ local function elect(R, t)
   R.prev_member = epoch > 0 and member_of(R, epoch) or nil
   -- the share and validity a previous agent set are the machine's until renewed
   R.share = h_share(R)
+  budgets.adopt(R.bud, h:limits())
   local till = h:valid_until()
   R.valid_until, R.fence_at = till or -1, till and till - R.cfg.ttl / 4 or -1
 end
@@ -300,6 +336,7 @@ local function run(R, sched)
     local s = R.h:stats()
     if s.live == 0 and s.members <= 1 and R.conn then
       R.conn:script("lease", scripts.lease, R.keys, { R.ttl_ms, R.member, 0, 0, 0, R.cfg.max_live, "leave" })
+      budgets.reset(R.bud)
       set_cap(R, 0)
     end
   end
@@ -376,16 +413,30 @@ function M.stats(R)
               paused = v[4] ~= "-" and v[4]:sub(2) or false, live = 0, machines = {},
               agent = R.is_agent and { asks = R.asks, fails = R.fails, last_err = R.last_err,
                                        commands = R.conn and R.conn.commands or 0, share = R.share,
-                                       block = R.block, epoch = R.epoch } or nil }
-  for i = 7, #v, 5 do
+                                       block = R.block, epoch = R.epoch, budgets = budgets.view(R.bud) } or nil }
+  -- the other budgets: units per machine, and leased in all
+  local NAMES = { c = "concurrency", i = "idle" }
+  for _, b in ipairs(R.bud) do t[NAMES[b.name]] = { leased = 0, max = b.cap } end
+  local i = 7
+  while i <= #v do
     -- (a machine's rows of several epochs, while an old one lapses: summed,
     -- as Redis counts them)
-    local m = v[i]:match("^(.-)~%d+$") or v[i]
-    local row = t.machines[m]
-    if not row then row = { units = 0, held = 0, demand = 0, ttl_ms = v[i + 4], rows = 0 }; t.machines[m] = row end
-    row.units, row.held, row.demand = row.units + v[i + 1], row.held + v[i + 2], row.demand + v[i + 3]
-    row.ttl_ms, row.rows = math_max(row.ttl_ms, v[i + 4]), row.rows + 1
+    local name = v[i]:match("^(.-)~%d+$") or v[i]
+    local m = t.machines[name]
+    if not m then m = { units = 0, held = 0, demand = 0, ttl_ms = v[i + 4], rows = 0 }; t.machines[name] = m end
+    m.units, m.held, m.demand = m.units + v[i + 1], m.held + v[i + 2], m.demand + v[i + 3]
+    m.ttl_ms, m.rows = math_max(m.ttl_ms, v[i + 4]), m.rows + 1
     t.live = t.live + v[i + 2]
+    local nb = v[i + 5]
+    for j = 1, nb do
+      local bname, units = v[i + 4 + 2 * j], v[i + 5 + 2 * j]
+      local f = NAMES[bname]
+      if f then
+        m[f] = (m[f] or 0) + units
+        if t[f] then t[f].leased = t[f].leased + units end
+      end
+    end
+    i = i + 6 + 2 * nb
   end
   return t
 end
@@ -401,6 +452,21 @@ function M.resume(R)
   local v, err = oneshot(R, "resume", scripts.resume, {})
   if v == nil then return nil, tostring(err) end
   R.pause_seen = "-"
+  return true
+end
+
+--- One key paused (resume_after ms, 0: none) or resumed on every machine;
+-- each agent mirrors it at its next lease reply (ttl / 4).
+function M.kpause(R, key, reason, ms)
+  local v, err = oneshot(R, "kpause", scripts.kpause, { key, reason, ms or 0, R.cfg.max_keys })
+  if v == nil then return nil, tostring(err) end
+  if v == 0 then return nil, "max_keys (" .. R.cfg.max_keys .. ") keys are paused across machines" end
+  return true
+end
+
+function M.kresume(R, key)
+  local v, err = oneshot(R, "kresume", scripts.kresume, { key })
+  if v == nil then return nil, tostring(err) end
   return true
 end
 

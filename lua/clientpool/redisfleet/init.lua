@@ -53,16 +53,33 @@ function M.validate(o)
   if not is_int(ml) or ml < 1 or ml > NONE - 1 then
     fail("fleet option 'max_live' must be an integer in [1, %d], got %s", NONE - 1, tostring(ml))
   end
-  -- only the physical cap is leased across machines so far
-  for _, k in ipairs({ "min_idle", "max_concurrency", "per_key" }) do
-    if o[k] ~= nil and not (k == "min_idle" and o[k] == 0) then
-      fail("fleet option '%s' is not supported with backend = \"redis\" yet " ..
-           "(only max_live is leased across machines)", k)
+  -- max_live, max_concurrency and max_idle are leased across machines
+  -- (budgets.lua); the rest not yet
+  local kml
+  if o.per_key ~= nil then
+    if type(o.per_key) ~= "table" then fail("fleet option 'per_key' must be a table, got %s", type(o.per_key)) end
+    for k in pairs(o.per_key) do
+      if k ~= "max_live" then
+        fail("fleet option 'per_key.%s' is not supported with backend = \"redis\" yet " ..
+             "(per_key.max_live is leased across machines)", tostring(k))
+      end
+    end
+    kml = o.per_key.max_live
+    if kml ~= nil and (not is_int(kml) or kml < 1 or kml > ml) then
+      fail("fleet option 'per_key.max_live' must be an integer in [1, max_live (%d)], got %s", ml, tostring(kml))
     end
   end
-  if o.max_idle ~= nil and o.max_idle ~= ml then
-    fail("fleet option 'max_idle' is not supported with backend = \"redis\" yet " ..
-         "(idle clients count in max_live; leave it out or equal to max_live)")
+  local mi = o.max_idle
+  if mi ~= nil and (not is_int(mi) or mi < 0 or mi > ml) then
+    fail("fleet option 'max_idle' must be an integer in [0, max_live (%d)], got %s", ml, tostring(mi))
+  end
+  local mn = o.min_idle
+  if mn ~= nil and (not is_int(mn) or mn < 0 or mn > (mi or ml)) then
+    fail("fleet option 'min_idle' must be an integer in [0, max_idle (%d)], got %s", mi or ml, tostring(mn))
+  end
+  local mc = o.max_concurrency
+  if mc ~= nil and (not is_int(mc) or mc < 1 or mc > NONE - 1) then
+    fail("fleet option 'max_concurrency' must be an integer in [1, %d], got %s", NONE - 1, tostring(mc))
   end
   local r = o.redis
   if type(r) ~= "table" then fail("fleet option 'redis' must be a table { host, port, ... }, got %s", type(r)) end
@@ -105,7 +122,8 @@ function M.validate(o)
     fail("fleet option 'block' must be an integer in [1, max_live (%d)], got %s", ml, tostring(o.block))
   end
   local c = {
-    max_live = ml, ttl = ttl, machine = machine, block = block,
+    max_live = ml, ttl = ttl, machine = machine, block = block, max_idle = mi or ml, idle_given = mi,
+    max_concurrency = mc, min_idle = mn or 0,
     redis = { host = r.host or "127.0.0.1", port = r.port or 6379, password = r.password, username = r.username,
               db = r.db or 0, timeout = r.timeout or 1, prefix = r.prefix or "clientpool:fleet:" },
   }
@@ -115,6 +133,12 @@ function M.validate(o)
     end
   end
   c.max_keys, c.members, c.attempts = o.max_keys or 256, o.members or 64, o.attempts or 3
+  c.key_max_live = kml
+  if kml and o.max_keys == nil then c.max_keys = 64 end
+  -- (every key's share rides on each lease call: their number is bounded)
+  if kml and c.max_keys > 64 then
+    fail("fleet option 'max_keys' must be <= 64 with per_key.max_live and backend = \"redis\", got %d", c.max_keys)
+  end
   return c
 end
 
@@ -137,8 +161,9 @@ function M.new(name, o, B)
   local c = M.validate(o)
   local local_name = name .. "." .. c.machine
   local h = open_local(B, local_name, {
-    max_live = 0, max_idle = 0, min_idle = 0, max_concurrency = INT_MAX,
-    max_keys = c.max_keys, members = c.members, attempts = c.attempts, key_max_live = -1, key_max_idle = -1,
+    max_live = 0, max_idle = 0, min_idle = 0, max_concurrency = c.max_concurrency and 0 or INT_MAX,
+    max_keys = c.max_keys, members = c.members, attempts = c.attempts, key_max_live = c.key_max_live and 0 or -1,
+    key_max_idle = -1,
   })
   local eh = open_local(B, local_name .. ".agent", {
     max_live = 1, max_idle = 0, min_idle = 0, max_concurrency = INT_MAX, max_keys = 1, members = c.members,
@@ -153,8 +178,9 @@ end
 -- configured, fleet-wide ones, not the machine's current share.
 function M.limits(R)
   local c = R.cfg
-  return { max_live = c.max_live, max_idle = c.max_live, min_idle = 0, max_concurrency = NONE,
-           key_max_live = -1, key_max_idle = -1, max_keys = c.max_keys, members = c.members }
+  return { max_live = c.max_live, max_idle = c.max_idle, min_idle = c.min_idle,
+           max_concurrency = c.max_concurrency or NONE,
+           key_max_live = c.key_max_live or -1, key_max_idle = -1, max_keys = c.max_keys, members = c.members }
 end
 
 M.agent = agent

@@ -16,6 +16,18 @@
 --   4 held    hash member -> units the member said it physically holds
 --   5 demand  hash member -> callers waiting on that member
 --   6 pause   string: the fleet-wide pause reason (PX: resume_after)
+--   7 bud     hash "<budget>|<member>" -> units of another budget leased to
+--             that member (max_concurrency "c", max_idle "i", a key's
+--             max_live "k:<key>"; member names hold no '|')
+--   8 mb      hash member -> the budgets it holds units of (cjson list), so
+--             a lapsed member's units of each are dropped
+--   9 bsum    hash budget -> the units of it leased to all members (kept
+--             with every change, so a call costs O(its budgets), not
+--             O(members x budgets))
+--  10 kpause  hash key -> "<until_ms>|<reason>": the keys paused on every
+--             machine (until_ms: Redis time, -1 none); cfg's kpgen moves
+--             at every change, so a lease reply carries the list only to a
+--             member that has not seen it
 --
 -- lease(ttl_ms, member, want, need, demand, max_live, mode): grants the
 -- member n units (the cap it may use until its next call) and returns
@@ -29,6 +41,12 @@
 -- what is free, and closes its clients down to that (its idle cap is n).
 -- Take, renew and return are this one call (a member asks for the
 -- holding it wants); mode "leave" drops the member's lease.
+-- The other budgets ride on the same call (one round trip): ARGV[8] = how
+-- many, then per budget name, want, need, cap; each is granted by the same
+-- rule against its own cap (n = min(want, cap - others'), stored max(n,
+-- need), only need while quiet), and the reply goes on with n, sum per
+-- budget. A member holding nothing of any budget, with nobody waiting, has
+-- no row.
 -- While quiet (for one ttl after Redis is first seen by a fleet, after it
 -- restarted, lost its data or failed over: its run_id changed) nothing
 -- is granted beyond what members claim to hold (n = need: their leases
@@ -40,7 +58,8 @@ local M = {}
 -- The keys of fleet `name` under `prefix`.
 function M.keys(prefix, name)
   local base = prefix .. "{" .. name .. "}:"
-  return { base .. "cfg", base .. "units", base .. "exp", base .. "held", base .. "demand", base .. "pause" }
+  return { base .. "cfg", base .. "units", base .. "exp", base .. "held", base .. "demand", base .. "pause",
+           base .. "bud", base .. "mb", base .. "bsum", base .. "kpause" }
 end
 
 -- Shared head of lease and stats: the time, the restart check, the purge
@@ -64,6 +83,15 @@ local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
 for i = 1, #gone do
   redis.call('HDEL', KEYS[2], gone[i]); redis.call('HDEL', KEYS[4], gone[i])
   redis.call('HDEL', KEYS[5], gone[i]); redis.call('ZREM', KEYS[3], gone[i])
+  local held_b = redis.call('HGET', KEYS[8], gone[i])
+  if held_b then
+    for _, b in ipairs(cjson.decode(held_b)) do
+      local f = b .. '|' .. gone[i]
+      redis.call('HINCRBY', KEYS[9], b, -tonumber(redis.call('HGET', KEYS[7], f) or '0'))
+      redis.call('HDEL', KEYS[7], f)
+    end
+    redis.call('HDEL', KEYS[8], gone[i])
+  end
 end
 local sum, vals = 0, redis.call('HVALS', KEYS[2])
 for i = 1, #vals do sum = sum + tonumber(vals[i]) end
@@ -86,10 +114,52 @@ if mode ~= 'leave' then
   end
   stored = math.max(n, need)
 end
-if stored > 0 then
+-- the other budgets: the same rule, each against its own cap
+local out_b, had = {}, {}
+local held_b = redis.call('HGET', KEYS[8], member)
+if held_b then for _, b in ipairs(cjson.decode(held_b)) do had[b] = true end end
+local list, any = {}, false
+local nb = tonumber(ARGV[8] or '0')
+for j = 0, nb - 1 do
+  local b, bwant, bneed, bcap = ARGV[9 + 4 * j], tonumber(ARGV[10 + 4 * j]), tonumber(ARGV[11 + 4 * j]),
+                                tonumber(ARGV[12 + 4 * j])
+  local f = b .. '|' .. member
+  local bcur = tonumber(redis.call('HGET', KEYS[7], f) or '0')
+  local btotal = tonumber(redis.call('HGET', KEYS[9], b) or '0')
+  local bn, bstored = 0, 0
+  if mode ~= 'leave' then
+    if quiet > 0 then bn = bneed else bn = math.max(0, math.min(bwant, bcap - (btotal - bcur))) end
+    bstored = math.max(bn, bneed)
+  end
+  if bstored ~= bcur then redis.call('HINCRBY', KEYS[9], b, bstored - bcur) end
+  if bstored > 0 then
+    redis.call('HSET', KEYS[7], f, bstored)
+    list[#list + 1] = b
+    any = true
+  else
+    redis.call('HDEL', KEYS[7], f)
+  end
+  had[b] = nil
+  out_b[#out_b + 1] = bn
+  out_b[#out_b + 1] = btotal - bcur + bstored
+end
+-- budgets it held and no longer asks for go back
+for b in pairs(had) do
+  local f = b .. '|' .. member
+  redis.call('HINCRBY', KEYS[9], b, -tonumber(redis.call('HGET', KEYS[7], f) or '0'))
+  redis.call('HDEL', KEYS[7], f)
+end
+if any then redis.call('HSET', KEYS[8], member, cjson.encode(list)) else redis.call('HDEL', KEYS[8], member) end
+if stored > 0 or any then
   redis.call('HSET', KEYS[2], member, stored)
   redis.call('ZADD', KEYS[3], now + ttl, member)
   redis.call('HSET', KEYS[4], member, need)
+  redis.call('HSET', KEYS[5], member, demand)
+elseif mode ~= 'leave' and demand > 0 then
+  -- holding nothing but waiting: still a machine, its demand in the others'
+  -- replies (fairness), lapsing with its exp entry like any lease
+  redis.call('HDEL', KEYS[2], member); redis.call('HDEL', KEYS[4], member)
+  redis.call('ZADD', KEYS[3], now + ttl, member)
   redis.call('HSET', KEYS[5], member, demand)
 else
   redis.call('HDEL', KEYS[2], member); redis.call('HDEL', KEYS[4], member)
@@ -99,15 +169,34 @@ sum = sum - cur + stored
 redis.call('HSET', KEYS[1], 'max_live', max_live)
 -- an abandoned fleet's keys go away by themselves
 local keep = math.max(ttl * 20, 60000)
-for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], keep) end
+for i = 1, 9 do if i ~= 6 then redis.call('PEXPIRE', KEYS[i], keep) end end
 local others = 0
 local ds = redis.call('HGETALL', KEYS[5])
 for i = 1, #ds, 2 do if ds[i] ~= member then others = others + tonumber(ds[i + 1]) end end
-return { n, sum, max_live, quiet, pause, pause_ms, others, redis.call('ZCARD', KEYS[3]), stored }
+local r = { n, sum, max_live, quiet, pause, pause_ms, others, redis.call('ZCARD', KEYS[3]), stored }
+for i = 1, #out_b do r[9 + i] = out_b[i] end
+-- the keys' pauses: the generation, and the list when the member's seen
+-- generation (the argument after the budgets) differs
+local seen = tonumber(ARGV[9 + 4 * nb] or '')
+local gen = tonumber(redis.call('HGET', KEYS[1], 'kpgen') or '0')
+r[#r + 1] = gen
+if seen and seen ~= gen then
+  local kp = redis.call('HGETALL', KEYS[10])
+  r[#r + 1] = #kp / 2
+  for i = 1, #kp, 2 do
+    local till, why = string.match(kp[i + 1], '^(%-?%d+)|(.*)$')
+    till = tonumber(till)
+    r[#r + 1] = kp[i]
+    r[#r + 1] = why
+    r[#r + 1] = till < 0 and -1 or math.max(0, till - now)
+  end
+end
+return r
 ]]
 
 -- stats(ttl_ms): { sum, max_live, quiet_ms, pause, pause_ms, now_ms,
---            { member, units, held, demand, ttl_ms }... } (flattened)
+--            { member, units, held, demand, ttl_ms, nb, { budget, units }
+--            x nb }... } (flattened)
 M.stats = HEAD .. [[
 local out = { sum, tonumber(redis.call('HGET', KEYS[1], 'max_live') or '-1'), quiet, pause, pause_ms, now }
 local ms = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
@@ -118,6 +207,12 @@ for i = 1, #ms, 2 do
   out[#out + 1] = tonumber(redis.call('HGET', KEYS[4], m) or '0')
   out[#out + 1] = tonumber(redis.call('HGET', KEYS[5], m) or '0')
   out[#out + 1] = tonumber(ms[i + 1]) - now
+  local bs = cjson.decode(redis.call('HGET', KEYS[8], m) or '[]')
+  out[#out + 1] = #bs
+  for _, b in ipairs(bs) do
+    out[#out + 1] = b
+    out[#out + 1] = tonumber(redis.call('HGET', KEYS[7], b .. '|' .. m) or '0')
+  end
 end
 return out
 ]]
@@ -135,6 +230,35 @@ return 1
 
 M.resume = [[
 return redis.call('DEL', KEYS[6])
+]]
+
+-- kpause(key, reason, resume_after_ms (0: until resumed), max_keys): one
+-- key paused on every machine; 0 when max_keys other keys are paused.
+-- kresume(key): lifted. Both drop the entries whose deadline passed and
+-- move the generation the lease replies carry.
+local KHEAD = [[
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local kp = redis.call('HGETALL', KEYS[10])
+for i = 1, #kp, 2 do
+  local till = tonumber(string.match(kp[i + 1], '^(%-?%d+)|'))
+  if till >= 0 and till <= now then redis.call('HDEL', KEYS[10], kp[i]) end
+end
+redis.call('HINCRBY', KEYS[1], 'kpgen', 1)
+]]
+
+M.kpause = KHEAD .. [[
+if redis.call('HEXISTS', KEYS[10], ARGV[1]) == 0 and redis.call('HLEN', KEYS[10]) >= tonumber(ARGV[4]) then
+  return 0
+end
+local ms = tonumber(ARGV[3])
+redis.call('HSET', KEYS[10], ARGV[1], (ms > 0 and (now + ms) or -1) .. '|' .. ARGV[2])
+return 1
+]]
+
+M.kresume = KHEAD .. [[
+return redis.call('HDEL', KEYS[10], ARGV[1])
 ]]
 
 return M
