@@ -135,10 +135,11 @@ static int fp_queue_short(lua_State *L, lua_Number n) {
  * to index top + 1 (arguments above 2 are kept), its id to top + 2; then,
  * unless a waiter may need reaping (Lua's reap_if_full), the engine's
  * acquire: also with waiters queued (issue 17: a contended handoff took the
- * whole Lua path, its argument checks twice, before it queued).  Returns -1 when nothing was done (the driver does it all),
- * else 1 when the grant is the common case (an idle client, unparked, no
- * validate, no event pending, no acquire listener), 0 when the driver must
- * go on from it (fp_push_grant). */
+ * whole Lua path, its argument checks twice, before it queued).  Returns -1
+ * when nothing was done (the driver does it all), else 1 when the grant is
+ * the common case (an idle client, unparked, no validate, no event pending,
+ * no acquire listener), 0 when the driver must go on from it
+ * (fp_push_grant). */
 static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k, clientpool_t **pp) {
   clientpool_t *p;
   const fp_layout *lay = fp_lay(L);
