@@ -571,7 +571,7 @@ static int lcp_key_forget(lua_State *L) {
   return 1;
 }
 
-/* E:next_event() -> type, a, b, c, t | nil */
+/* E:next_event() -> type, a, b, c, t, left | nil (left: events still queued) */
 static int lcp_next_event(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   clientpool_event_t ev;
@@ -581,7 +581,10 @@ static int lcp_next_event(lua_State *L) {
   lua_pushinteger(L, ev.b);
   lua_pushinteger(L, ev.c);
   lua_pushnumber(L, ev.t);
-  return 5;
+  /* how many are still queued: a driver that knows it queued nothing since
+   * need not ask again to learn the queue is empty (a call per pump) */
+  lua_pushinteger(L, clientpool_pending(p));
+  return 6;
 }
 
 static int lcp_pending(lua_State *L) {

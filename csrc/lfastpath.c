@@ -23,8 +23,9 @@
  *   checkout, checkin, checkout_from, checkin_rest, pump, drain_wake
  *              the Lua functions the rest is handed to
  *   lease_mt   the Lease metatable
- *   pool_fields  { nwaiters =, drain = }: the pool's fields holding the
- *              count of queued waiters and the set of drain() waiters
+ *   pool_fields  { nwaiters =, drain =, config = }: the pool's fields holding
+ *              the count of queued waiters, the set of drain() waiters and
+ *              the checked options (its max_waiting is read)
  *   lease_fields { client =, pool =, key =, record =, slot =, gen =,
  *              sentinel = }: the lease table's fields
  *
@@ -64,19 +65,20 @@
 /* The closures' upvalues: the engine, the pool, the parts table's fields
  * named in fp_parts (same order), the field names of pool_fields and
  * lease_fields (fp_pool_fields, fp_lease_fields: same order), then the
- * listener events they look up (public names: pool:on("acquire")). */
+ * listener events they look up (public names: pool:on("acquire")) and the
+ * option name of max_waiting. */
 enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
        FP_DEFAULT, FP_LAYOUT, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
        FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE,
-       FP_F_NWAITERS, FP_F_DRAIN,
+       FP_F_NWAITERS, FP_F_DRAIN, FP_F_CONFIG,
        FP_L_CLIENT, FP_L_POOL, FP_L_KEY, FP_L_RECORD, FP_L_SLOT, FP_L_GEN, FP_L_SENTINEL,
-       FP_S_ACQUIRE, FP_S_RELEASE, FP_N };
+       FP_S_ACQUIRE, FP_S_RELEASE, FP_S_MAX_WAITING, FP_N };
 static const char *const fp_parts[] = {
   "kids", "clients", "parked", "co_rec", "co_key", "on", "default", "hbase", "hslots", "validate",
   "checkout", "checkin", "checkout_from", "checkin_rest", "held",
   "lease_mt", "pump", "drain_wake", NULL
 };
-static const char *const fp_pool_fields[] = { "nwaiters", "drain", NULL };
+static const char *const fp_pool_fields[] = { "nwaiters", "drain", "config", NULL };
 static const char *const fp_lease_fields[] = { "client", "pool", "key", "record", "slot", "gen", "sentinel", NULL };
 #define FP(i) lua_upvalueindex(FP_##i)
 
@@ -114,13 +116,30 @@ static int fp_unset(lua_State *L, int t, int field) {
   return none;
 }
 
+/* Whether n queued waiters (n > 0) leave the pool's queue short of its
+ * max_waiting: else the driver reaps dead waiters before it acquires
+ * (events.lua's reap_if_full), and does it all. */
+static int fp_queue_short(lua_State *L, lua_Number n) {
+  int below;
+  lua_pushvalue(L, FP(F_CONFIG));
+  lua_rawget(L, 1);
+  if (!lua_istable(L, -1)) { lua_pop(L, 1); return 0; }
+  lua_pushvalue(L, FP(S_MAX_WAITING));
+  lua_rawget(L, -2);
+  below = lua_type(L, -1) == LUA_TNUMBER && n < lua_tonumber(L, -1);
+  lua_pop(L, 2);
+  return below;
+}
+
 /* What checkout and acquire share.  The name of the key in argument 2 goes
  * to index top + 1 (arguments above 2 are kept), its id to top + 2; then,
  * unless a waiter may need reaping (Lua's reap_if_full), the engine's
- * acquire.  Returns -1 when nothing was done (the driver does it all),
- * else 1 when the grant is the common case (an idle client, unparked, no
- * validate, no event pending, no acquire listener), 0 when the driver must
- * go on from it (fp_push_grant). */
+ * acquire: also with waiters queued (issue 17: a contended handoff took the
+ * whole Lua path, its argument checks twice, before it queued).  Returns -1
+ * when nothing was done (the driver does it all), else 1 when the grant is
+ * the common case (an idle client, unparked, no validate, no event pending,
+ * no acquire listener), 0 when the driver must go on from it
+ * (fp_push_grant). */
 static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k, clientpool_t **pp) {
   clientpool_t *p;
   const fp_layout *lay = fp_lay(L);
@@ -134,7 +153,7 @@ static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k
   if (lua_isnil(L, -1) || (p = fp_engine(L)) == NULL) return -1;
   lua_pushvalue(L, FP(F_NWAITERS));
   lua_rawget(L, 1);
-  if (lua_tonumber(L, -1) > 0) return -1;
+  if (lua_tonumber(L, -1) > 0 && !fp_queue_short(L, lua_tonumber(L, -1))) return -1;
   lua_pop(L, 1);
   *k = (int32_t)lua_tointeger(L, -1);
   *pp = p;
@@ -435,6 +454,7 @@ int lcp_fastpath(lua_State *L) {
   lua_remove(L, 3);                      /* 1 engine, 2 pool, 3.. the parts, then the names */
   lua_pushliteral(L, "acquire");
   lua_pushliteral(L, "release");
+  lua_pushliteral(L, "max_waiting");
   lua_createtable(L, 0, 5);
   {
     static const struct { const char *name; lua_CFunction fn; } made[] = {

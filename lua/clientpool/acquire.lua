@@ -342,7 +342,9 @@ M.bounded = bounded
 -- PENDING: not granted yet, wait again). want: a leak sentinel for a grant.
 local function wait_claim(self, w, g, deadline, token, want)
   local e = self._e
-  local st, rec, l, lg, validate, idle, pending, waited, sentinel = e:claim(w, g, now_of(self), want)
+  -- (a claim only reads the waiter's result: its time is unused, so 0
+  -- rather than a clock read per handoff)
+  local st, rec, l, lg, validate, idle, pending, waited, sentinel = e:claim(w, g, 0, want)
   if st == PENDING then
     if token and token._cancelled then
       local _
@@ -392,7 +394,11 @@ local function wait_for(self, k, name, opts, bare)
   local done = sched.done        -- (optional) h is over: see below
   local timeout = opts and opts.timeout
   if timeout == nil then timeout = self._c.acquire_timeout end
-  local start = clock(self)
+  -- a deadline is timed on the clock (never early); without one the queue
+  -- entry takes the acquisition's time (the turn's where the host has one:
+  -- a clock read less per handoff; `waited` may then count up to a turn more)
+  local start
+  if timeout then start = clock(self) else start = turn_of(self) end
   local deadline = timeout and start + timeout
   local e = self._e
   if self._nwaiters > 0 then reap_if_full(self) end

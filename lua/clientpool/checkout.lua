@@ -292,9 +292,10 @@ end
 
 
 -- The pool table's fields the C fast path reads (by role): the count of
--- queued waiters (it hands over to Lua when any may need reaping) and the
--- set of drain() waiters (it hands over while a drain waits).
-local FP_POOL_FIELDS = { nwaiters = "_nwaiters", drain = "_drain_hs" }
+-- queued waiters (it hands over to Lua when they may need reaping: as many
+-- as the checked options' max_waiting, config) and the set of drain()
+-- waiters (it hands over while a drain waits).
+local FP_POOL_FIELDS = { nwaiters = "_nwaiters", drain = "_drain_hs", config = "_c" }
 
 -- The lease form of the fast path (self._fp, made by install_fastpath) is
 -- the pool's acquire and release unless leak_threshold is set: then each

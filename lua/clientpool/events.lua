@@ -255,17 +255,19 @@ end
 M.wake_drainers = wake_drainers
 
 -- The built-in handlers: the engine's own bookkeeping of waiters, timers
--- and destroyed records.
+-- and destroyed records. A handler returns true when it called the engine
+-- not at all (so queued nothing): see pump.
 ON[EV_WAKE] = function(self, e, a, b)
   local h = self._waiters[a]
   if h ~= nil and self._wgen[a] == b then
-    if not self._sched.wake(h, give_back, self, a, b) then
-      -- the waiting coroutine is gone: give its grant back
-      self._waiters[a] = nil
-      self._nwaiters = self._nwaiters - 1
-      e:abandon(a, b, now_of(self))
-    end
+    if self._sched.wake(h, give_back, self, a, b) then return true end
+    -- the waiting coroutine is gone: give its grant back
+    self._waiters[a] = nil
+    self._nwaiters = self._nwaiters - 1
+    e:abandon(a, b, now_of(self))
+    return
   end
+  return true
 end
 
 ON[EV_DESTROY] = function(self, _, a, b, c)
@@ -295,19 +297,27 @@ end
 -- event, not a loop: under LuaJIT a loop here aborts every trace recorded
 -- through it (create, wait, destroy paths), and the aborts blacklist the
 -- functions they start in, checkout and acquire included, hot path and all.
+-- The last event taken (left == 0) by a handler that queued nothing (it
+-- returned true: a handoff's wake) ends the pump without one more
+-- next_event to learn the queue is empty (issue 17: a call per handoff).
+local function pump_done(self)
+  -- (not from inside a destroy hook that runs now, _dco: the run_queued
+  -- that started it goes on once it returns, so hooks that call into the
+  -- pool do not nest one coroutine per queued destroy)
+  if self._dqt >= self._dqh and not self._dco then return run_queued(self) end
+  if self._drain_hs then wake_drainers(self) end
+end
+
 pump = function(self)
   local e = self._e
-  local t, a, b, c, tt = e:next_event()
-  if not t then
-    -- (not from inside a destroy hook that runs now, _dco: the run_queued
-    -- that started it goes on once it returns, so hooks that call into the
-    -- pool do not nest one coroutine per queued destroy)
-    if self._dqt >= self._dqh and not self._dco then return run_queued(self) end
-    if self._drain_hs then wake_drainers(self) end
-    return
-  end
+  local t, a, b, c, tt, left = e:next_event()
+  if not t then return pump_done(self) end
   local h = ON[t]
-  if h then h(self, e, a, b, c, tt) end
+  if h then
+    if h(self, e, a, b, c, tt) == true and left == 0 then return pump_done(self) end
+  elseif left == 0 then
+    return pump_done(self)
+  end
   return pump(self)
 end
 M.pump = pump

@@ -474,11 +474,11 @@ function Engine:key_forget(key)
   return C.clientpool_key_forget(self.p, key) ~= 0
 end
 
---- E:next_event() -> type, a, b, c, t | nothing
+--- E:next_event() -> type, a, b, c, t, left | nothing (left: events still queued)
 function Engine:next_event()
-  local ev = self.ev
-  if C.clientpool_next_event(self.p, ev) == EV_NONE then return end
-  return ev.type, ev.a, ev.b, ev.c, ev.t
+  local ev, p = self.ev, self.p
+  if C.clientpool_next_event(p, ev) == EV_NONE then return end
+  return ev.type, ev.a, ev.b, ev.c, ev.t, C.clientpool_pending(p)
 end
 
 function Engine:pending()
