@@ -9,11 +9,12 @@
 --
 -- A lease table holds two values: its client and its leak sentinel (which
 -- holds the lease's slot and generation: E:guarded); its pool is named by
--- its metatable (one per pool, M.metatable), its record and key are the
--- pool's (_lrec, _lkey by lease slot + 1), so the table stays small (bench
--- B4.alloc_lease: 96-120 B; as 8 fields it was 248-384 B; on Lua 5.1 the
--- table header alone is 64 B, and a hash node 40 B). What only some leases have (on_drain, an owner,
--- leak_threshold's traceback, a cancellation) is added to it when needed.
+-- its metatable (one per pool, M.metatable), its record, key and owner are
+-- the pool's (_lrec, _lkey, _lor, _loc by lease slot + 1), so the table
+-- stays small (bench B4.alloc_lease: 96-120 B; as 8 fields it was 248-384
+-- B; on Lua 5.1 the table header alone is 64 B, and a hash node 40 B).
+-- What only some leases have (on_drain, leak_threshold's traceback, a
+-- cancellation) is added to it when needed.
 -- FIELDS names the two for the binding's C fast path (checkout.lua hands
 -- it over at installation): it builds and ends leases of the common case
 -- itself, so the names are given to it here, next to new_lease, their one
