@@ -385,14 +385,20 @@ build/bench/engine_pair: bench/c/engine_pair.c $(ENGINE_SRCS) $(wildcard csrc/*.
 	@mkdir -p $(@D)
 	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/engine_pair.c $(ENGINE_SRCS) $(LIBS)
 
+build/bench/coarse_lag: bench/c/coarse_lag.c
+	@mkdir -p $(@D)
+	$(CC) $(WARNFLAGS) -O2 -o $@ bench/c/coarse_lag.c
+
 build/bench/fleet_pair: bench/c/fleet_pair.c $(ENGINE_SRCS) $(wildcard csrc/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(WARNFLAGS) -O2 -Icsrc -o $@ bench/c/fleet_pair.c $(ENGINE_SRCS) $(LIBS)
 
-bench: all build/bench/engine_pair build/bench/fleet_pair
+bench: all build/bench/engine_pair build/bench/fleet_pair build/bench/coarse_lag
 	@mkdir -p build/bench
 	@echo "== the engine alone (C, no Lua; absolute figures, a diagnostic)"
 	@build/bench/engine_pair
+	@echo "== the clocks (C; docs/performance.md \"The coarse clock\", a diagnostic)"
+	@build/bench/coarse_lag
 	@echo "== what the fleet adds to that pair (C; docs/fleet.md, a diagnostic for B7)"
 	@build/bench/fleet_pair
 	@set -e; for r in $(BENCH_RUNS); do \

@@ -33,6 +33,19 @@ typedef struct lcp_box {
   int refs;
 } lcp_box;
 
+/* A leak sentinel: the lease (slot, generation) it guards.  A lease table
+ * holds its sentinel and nothing else of the engine's: the driver reads the
+ * lease's slot and generation from it (E:guarded, lfastpath.c). */
+typedef struct lcp_guard {
+  lcp_box *box;
+  int32_t lease;
+  uint32_t gen;
+} lcp_guard;
+
+/* The sentinel at stack index i if it is one of the engine box's, else
+ * NULL.  mt: the stack index of the sentinel metatable, or 0 (the
+ * registry's is looked up). */
+LCP_INTERNAL const lcp_guard *lcp_guard_at(lua_State *L, int i, const lcp_box *box, int mt);
 /* Pushes a leak sentinel for (lease, gen) of the engine at stack index e. */
 LCP_INTERNAL void lcp_push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen);
 /* The lease (lease, gen) of the engine at index e ended: its sentinel, if

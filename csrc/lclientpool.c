@@ -24,11 +24,6 @@
 
 enum { UV_GUARDS = 1, UV_SPARE = 2 };   /* the pool's private table's arrays */
 
-typedef struct lcp_sentinel {
-  lcp_box *box;
-  int32_t lease;
-  uint32_t gen;
-} lcp_guard;
 
 static void box_unref(lcp_box *b) {
   if (--b->refs == 0) free(b);
@@ -243,6 +238,32 @@ static int lcp_sentinel(lua_State *L) {
   lcp_self(L);
   lcp_push_sentinel(L, 1, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3));
   return 1;
+}
+
+const lcp_guard *lcp_guard_at(lua_State *L, int i, const lcp_box *box, int mt) {
+  const lcp_guard *s = (const lcp_guard *)lua_touserdata(L, i);
+  int same;
+  if (s == NULL || lua_type(L, i) != LUA_TUSERDATA || !lua_getmetatable(L, i)) return NULL;
+  if (mt) same = lua_rawequal(L, -1, mt);
+  else {
+    luaL_getmetatable(L, LCP_SENTINEL_MT);
+    same = lua_rawequal(L, -1, -2);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return same && s->box == box ? s : NULL;
+}
+
+/* E:guarded(sentinel) -> lease, gen of a sentinel of this engine's, or
+ * nothing (a lease table keeps its slot and generation in its sentinel) */
+static int lcp_guarded(lua_State *L) {
+  const lcp_guard *s;
+  lcp_self(L);
+  s = lcp_guard_at(L, 2, *(lcp_box **)lua_touserdata(L, 1), 0);
+  if (s == NULL) return 0;
+  lua_pushinteger(L, s->lease);
+  lua_pushinteger(L, (lua_Integer)s->gen);
+  return 2;
 }
 
 /* E:disarm(lease, gen): the lease's sentinel guards it no more (checkout
@@ -720,6 +741,7 @@ static const luaL_Reg pool_methods[] = {
   {"next_event", lcp_next_event}, {"pending", lcp_pending},
   {"next_deadline", lcp_next_deadline}, {"is_closed", lcp_is_closed},
   {"lease_age", lcp_lease_age}, {"stats", lcp_stats}, {"sentinel", lcp_sentinel}, {"disarm", lcp_disarm},
+  {"guarded", lcp_guarded},
   {"set_notify", lcp_set_notify}, {"retire_before", lcp_retire_before},
   {"retire_upto", lcp_retire_upto}, {"regrant", lcp_regrant},
   {"release_closes", lcp_release_closes},

@@ -22,12 +22,15 @@
  *   validate   whether the pool has a validate hook
  *   checkout, checkin, checkout_from, checkin_rest, pump, drain_wake
  *              the Lua functions the rest is handed to
- *   lease_mt   the Lease metatable
+ *   lease_mt   the pool's Lease metatable (one per pool: it names the pool)
+ *   lease_rec, lease_key  the pool's tables: lease slot + 1 -> record, key
+ *              name (a lease table holds neither)
  *   pool_fields  { nwaiters =, drain =, config = }: the pool's fields holding
  *              the count of queued waiters, the set of drain() waiters and
  *              the checked options (its max_waiting is read)
- *   lease_fields { client =, pool =, key =, record =, slot =, gen =,
- *              sentinel = }: the lease table's fields
+ *   lease_fields { client =, sentinel = }: the lease table's fields (a
+ *              name or an array index): its client, and its leak sentinel,
+ *              which holds the lease's slot and generation
  *
  * These two C closures do what Pool:checkout and Pool:checkin do when
  * nothing unusual happens, reading the driver's tables (their upvalues),
@@ -69,17 +72,17 @@
  * option name of max_waiting. */
 enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
        FP_DEFAULT, FP_LAYOUT, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
-       FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE,
+       FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE, FP_L_REC, FP_L_KEY,
        FP_F_NWAITERS, FP_F_DRAIN, FP_F_CONFIG,
-       FP_L_CLIENT, FP_L_POOL, FP_L_KEY, FP_L_RECORD, FP_L_SLOT, FP_L_GEN, FP_L_SENTINEL,
-       FP_S_ACQUIRE, FP_S_RELEASE, FP_S_MAX_WAITING, FP_N };
+       FP_L_CLIENT, FP_L_SENTINEL,
+       FP_S_ACQUIRE, FP_S_RELEASE, FP_S_MAX_WAITING, FP_SENTINEL_MT, FP_N };
 static const char *const fp_parts[] = {
   "kids", "clients", "parked", "co_rec", "co_key", "on", "default", "hbase", "hslots", "validate",
   "checkout", "checkin", "checkout_from", "checkin_rest", "held",
-  "lease_mt", "pump", "drain_wake", NULL
+  "lease_mt", "pump", "drain_wake", "lease_rec", "lease_key", NULL
 };
 static const char *const fp_pool_fields[] = { "nwaiters", "drain", "config", NULL };
-static const char *const fp_lease_fields[] = { "client", "pool", "key", "record", "slot", "gen", "sentinel", NULL };
+static const char *const fp_lease_fields[] = { "client", "sentinel", NULL };
 #define FP(i) lua_upvalueindex(FP_##i)
 
 /* The numbers of parts, read once at installation into a userdata that
@@ -330,32 +333,22 @@ static int fast_acquire(lua_State *L) {
   if (fast < 0) return 0;
   if (fast) {                            /* as the driver's new_lease */
     int t;
-    lua_createtable(L, 0, 8);
+    if (lua_type(L, FP(L_SENTINEL)) == LUA_TNUMBER) lua_createtable(L, 1, 1);   /* (its array slot) */
+    else lua_createtable(L, 0, 2);
     t = lua_gettop(L);
     fp_key(L, FP(L_CLIENT));
     lua_rawgeti(L, FP(CLIENTS), g.record);
-    lua_rawset(L, t);
-    fp_key(L, FP(L_POOL));
-    lua_pushvalue(L, 1);
-    lua_rawset(L, t);
-    fp_key(L, FP(L_KEY));
-    lua_pushvalue(L, 4);
-    lua_rawset(L, t);
-    fp_key(L, FP(L_RECORD));
-    lua_pushinteger(L, g.record);
-    lua_rawset(L, t);
-    fp_key(L, FP(L_SLOT));
-    lua_pushinteger(L, g.lease);
-    lua_rawset(L, t);
-    fp_key(L, FP(L_GEN));
-    lua_pushinteger(L, (lua_Integer)g.lease_gen);
     lua_rawset(L, t);
     fp_key(L, FP(L_SENTINEL));
     lcp_push_sentinel(L, FP(ENGINE), g.lease, g.lease_gen);
     lua_rawset(L, t);
     lua_pushvalue(L, FP(LEASE_MT));
-    lua_setmetatable(L, -2);
-    lua_pushvalue(L, -1);
+    lua_setmetatable(L, t);
+    lua_pushinteger(L, g.record);
+    lua_rawseti(L, FP(L_REC), g.lease + 1);
+    lua_pushvalue(L, 4);
+    lua_rawseti(L, FP(L_KEY), g.lease + 1);
+    lua_pushvalue(L, t);
     lua_rawseti(L, FP(HELD), g.lease);
     return 1;
   }
@@ -366,36 +359,36 @@ static int fast_acquire(lua_State *L) {
  * own checks, for a lease of this pool); false when nothing was done. */
 static int lcp_fast_release(lua_State *L) {
   clientpool_t *p;
+  const lcp_guard *s;
   int32_t l, rc;
   uint32_t gen;
+  lcp_box **u = (lcp_box **)lua_touserdata(L, FP(ENGINE));
   lua_settop(L, 2);
-  fp_key(L, FP(L_POOL));
-  lua_rawget(L, 1);
-  fp_key(L, FP(L_SLOT));
-  lua_rawget(L, 1);
-  fp_key(L, FP(L_GEN));
-  lua_rawget(L, 1);                                       /* 3 pool, 4 slot, 5 gen */
-  if (!lua_rawequal(L, 3, FP(POOL)) || !lua_isnumber(L, 5) || (p = fp_engine(L)) == NULL ||
+  fp_key(L, FP(L_SENTINEL));
+  lua_rawget(L, 1);                                       /* 3: the sentinel (held here) */
+  if (!lua_getmetatable(L, 1)) lua_pushnil(L);            /* 4: the lease's metatable */
+  if (!lua_rawequal(L, 4, FP(LEASE_MT)) || u == NULL || *u == NULL || (p = (*u)->p) == NULL ||
+      (s = lcp_guard_at(L, 3, *u, FP(SENTINEL_MT))) == NULL ||
       !fp_unset(L, FP(POOL), FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) {
     lua_pushboolean(L, 0);
     return 1;
   }
-  l = (int32_t)lua_tointeger(L, 4);
-  gen = (uint32_t)lua_tointeger(L, 5);
-  /* as the driver's finish_lease: the lease lets go of its sentinel first */
-  fp_key(L, FP(L_GEN));
-  lua_pushnil(L);
-  lua_rawset(L, 1);
-  fp_key(L, FP(L_SENTINEL));
-  lua_pushnil(L);
-  lua_rawset(L, 1);
+  l = s->lease;
+  gen = s->gen;
   lua_rawgeti(L, FP(HELD), l);
   if (lua_rawequal(L, -1, 1)) {
     lua_pushnil(L);
     lua_rawseti(L, FP(HELD), l);
   }
   lua_pop(L, 1);
+  lua_pushnil(L);
+  lua_rawseti(L, FP(L_REC), l + 1);
   rc = clientpool_release(p, l, gen, fp_reason(L, 2), clientpool_monotime());
+  /* as the driver's finish_lease: the lease lets go of its sentinel once
+   * the engine has the release (the stack holds it until then) */
+  fp_key(L, FP(L_SENTINEL));
+  lua_pushnil(L);
+  lua_rawset(L, 1);
   if (rc == 0) lcp_recycle_sentinel(L, FP(ENGINE), l, gen);
   if (clientpool_pending(p) > 0) {       /* release never yields: plain calls */
     lua_pushvalue(L, FP(PUMP));
@@ -418,8 +411,8 @@ static int lcp_fast_release(lua_State *L) {
  * driver hands over. */
 static void fp_name(lua_State *L, int t, const char *what, const char *name) {
   lua_getfield(L, t, name);
-  if (lua_type(L, -1) != LUA_TSTRING)
-    luaL_error(L, "clientpool.core.fastpath: parts.%s.%s must be a field name (a string)", what, name);
+  if (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER)
+    luaL_error(L, "clientpool.core.fastpath: parts.%s.%s must be a field name (a string or an index)", what, name);
 }
 
 int lcp_fastpath(lua_State *L) {
@@ -455,6 +448,7 @@ int lcp_fastpath(lua_State *L) {
   lua_pushliteral(L, "acquire");
   lua_pushliteral(L, "release");
   lua_pushliteral(L, "max_waiting");
+  luaL_getmetatable(L, LCP_SENTINEL_MT);
   lua_createtable(L, 0, 5);
   {
     static const struct { const char *name; lua_CFunction fn; } made[] = {

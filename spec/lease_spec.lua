@@ -186,3 +186,49 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
 
   end)
 end
+
+-- The lease table's size (issue 17, bench B4.alloc_lease): a lease pair
+-- allocates the lease table alone, which holds its client and its leak
+-- sentinel (record, key, slot and generation are the pool's), at most 128
+-- bytes on every interpreter (it was an 8-field table, 248-384 B). Both the
+-- binding's C fast path (PUC Lua, LuaJIT with the JIT off) and the Lua path
+-- (the fast path's methods removed, as in checkout_spec's differential
+-- spec; the FFI backend's only path).
+describe("a lease pair allocates at most 128 bytes", function()
+  local function per_pair(pool, try)
+    local function pairs_n(n)
+      for _ = 1, n do
+        local lease = try and pool:try_acquire("k") or pool:acquire("k")
+        lease:release()
+      end
+    end
+    pairs_n(20000)   -- warm up (and let the JIT compile)
+    local best = math.huge
+    for _ = 1, 3 do
+      collectgarbage("collect")
+      collectgarbage("stop")
+      pairs_n(10)    -- a full collection shrinks the stack: grow it back
+      local before = collectgarbage("count")
+      pairs_n(2000)
+      local bytes = (collectgarbage("count") - before) * 1024 / 2000
+      collectgarbage("restart")
+      if bytes < best then best = bytes end
+    end
+    return best
+  end
+  for _, path in ipairs { "fast", "lua" } do
+    for _, try in ipairs { false, true } do
+      local what = (try and "try_acquire" or "acquire") .. "/release, " .. path .. " path"
+      it(what, function()
+        local pool = clientpool.new { max_live = 2, create = function() return {} end }
+        if path == "lua" then
+          pool.acquire, pool.try_acquire, pool._frel, pool._fp = nil, nil, nil, nil
+        end
+        local bytes = per_pair(pool, try)
+        pool:close()
+        assert(bytes <= 128, what .. ": " .. bytes .. " bytes per pair")
+        assert(bytes > 0, what .. ": nothing allocated: the measurement is broken")
+      end)
+    end
+  end
+end)

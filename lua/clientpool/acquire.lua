@@ -40,7 +40,8 @@ local snapshot, REFUSED, refused, no_key = stats.snapshot, stats.REFUSED, stats.
 local timed_out = stats.timed_out
 local floor = require "clientpool.floor"
 local owners_before_wait = require("clientpool.owners").before_wait
-local new_lease = require("clientpool.lease").new_lease
+local lease_m = require "clientpool.lease"
+local new_lease, SENTINEL = lease_m.new_lease, lease_m.SENTINEL
 local Token = require("clientpool.token").Token
 
 local M = {}
@@ -162,11 +163,10 @@ local function create_client(self, name, rec, lease)
   local ok, client, err = ycall(self._create, hook_key(name))
   local e = self._e
   if not ok or client == nil then
-    if lease then lease._g = nil end
     if ok then err = err or "create returned nil" else err = client end
     self._create_err[name] = err   -- what an acquisition refused by the backoff returns
     local _, pending = e:created(rec, false, now_of(self))
-    if lease then lease._s = nil end   -- (after: see lease.lua's finish_lease)
+    if lease then lease[SENTINEL] = nil end   -- (after: see lease.lua's finish_lease)
     if pending > 0 then pump(self) end
     if self._on.create_failed then emit(self, "create_failed", hook_key(name), err) end
     return nil, "create", err
@@ -577,13 +577,14 @@ local function take_late(self, name, gr, lease)
     if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, gr.waited) end
     return lease
   end
-  local l = lease._l
+  local l = gr.l
   if self._held[l] == lease then self._held[l] = nil end
+  self._lrec[l + 1] = nil
   local rl = self._rec_leases
-  if rl and rl[lease._r] then rl[lease._r][lease] = nil end
-  lease._g, lease.client = nil, nil
+  if rl and rl[gr.rec] then rl[gr.rec][lease] = nil end
+  lease.client = nil
   regrant(self, gr, true)
-  lease._s = nil             -- (after: see lease.lua's finish_lease)
+  lease[SENTINEL] = nil      -- (after: see lease.lua's finish_lease)
   return nil
 end
 

@@ -17,7 +17,7 @@ local type, error, tostring, getmetatable = type, error, tostring, getmetatable
 
 local base = require "clientpool.base"
 base.own_source()
-local core, Pool, Lease = base.core, base.Pool, base.Lease
+local core, Pool = base.core, base.Pool
 local GRANT_IDLE, GRANT_CREATE, MUST_WAIT, CLOSED, STALE = core.GRANT_IDLE, core.GRANT_CREATE, core.MUST_WAIT,
                                                            core.CLOSED, core.STALE
 local emit, hook_key, now_of, not_a_pool, DEFAULT, BY = base.emit, base.hook_key, base.now_of, base.not_a_pool,
@@ -332,7 +332,8 @@ function M.install_fastpath(self, mod)
     co_key = self._co_key, on = self._on, default = DEFAULT, hbase = self._hbase, hslots = HSLOTS,
     validate = self._validate and true or false, checkout = checkout, checkin = checkin,
     checkout_from = checkout_from, checkin_rest = checkin_rest,
-    held = self._held, lease_mt = Lease, pump = pump, drain_wake = wake_drainers,
+    held = self._held, lease_mt = self._lmt, lease_rec = self._lrec, lease_key = self._lkey, pump = pump,
+    drain_wake = wake_drainers,
     pool_fields = FP_POOL_FIELDS, lease_fields = lease_m.FIELDS,
   })
   -- the lease form (installed by fastpath_leases). acquire stays a Lua

@@ -11,6 +11,7 @@ local type, error, pairs, tostring, getmetatable = type, error, pairs, tostring,
 local math_huge = math.huge
 
 local base = require "clientpool.base"
+local is_held = base.is_held
 base.own_source()
 local now_of, clock, not_a_pool, DEFAULT, Pool = base.now_of, base.clock, base.not_a_pool, base.DEFAULT, base.Pool
 local pump = require("clientpool.events").pump
@@ -33,7 +34,7 @@ function Pool:close()
   if self._timer_h then self._sched.wake(self._timer_h) end
   if self._run_h then self._sched.wake(self._run_h) end
   for _, lease in pairs(self._held) do
-    if lease._g and lease._drain then self:_schedule_cancel(lease) end
+    if is_held(lease) and lease._drain then self:_schedule_cancel(lease) end
   end
 end
 
@@ -46,7 +47,7 @@ function Pool:_schedule_cancel(lease)
   local sched = self._sched
   base.background(self, function()
     sched.sleep(grace)
-    if lease._g then fire_cancel(lease) end
+    if is_held(lease) then fire_cancel(lease) end
   end)
 end
 
@@ -92,7 +93,7 @@ function Pool:cancel_active()
     error("clientpool: cancel_active() is allowed only after close() or drain() stopped admission", 2)
   end
   for _, lease in pairs(self._held) do
-    if lease._g then fire_cancel(lease) end
+    if is_held(lease) then fire_cancel(lease) end
   end
 end
 

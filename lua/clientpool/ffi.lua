@@ -63,6 +63,7 @@ local i32_1 = ffi.typeof("int32_t[1]")
 local engine_pp = ffi.typeof("clientpool_t *[1]")
 local engine_ptr_t = ffi.typeof("clientpool_t *")
 -- A leak sentinel: the lease it guards. Its finalizer is the pool's.
+local ffi_istype = ffi.istype
 local sentinel_t = ffi.typeof("struct { int32_t lease; uint32_t gen; }")
 
 -- After free(): every method raises, as the C binding's do.
@@ -208,6 +209,12 @@ end
 
 function Engine:sentinel(lease, gen)
   return new_sentinel(self, lease, gen)
+end
+
+--- E:guarded(sentinel) -> lease, gen of a leak sentinel, or nothing (a
+-- lease table keeps its slot and generation in its sentinel)
+function Engine:guarded(s) -- luacheck: ignore self
+  if ffi_istype(sentinel_t, s) then return s.lease, s.gen end
 end
 
 -- status, record, lease, gen, validate, idle, pending [, sentinel]

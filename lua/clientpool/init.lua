@@ -35,7 +35,7 @@ require "clientpool.owners"
 require "clientpool.stats"
 require "clientpool.floor"
 require "clientpool.keepalive"
-require "clientpool.lease"
+local lease = require "clientpool.lease"
 require "clientpool.admission"
 require "clientpool.drain"
 require "clientpool.acquire"
@@ -102,6 +102,8 @@ function _M.new(opts)
     _opts_seen = setmetatable({}, WEAK_KEYS),   -- acquire: option tables checked once
     _on = {}, _closed = false,              -- listeners (base.emit); drain
     _held = setmetatable({}, { __mode = "v" }),   -- lease: slot -> lease (weak)
+    _lrec = {}, _lkey = {},                 -- lease: lease slot + 1 -> record, key name
+    _lor = {}, _loc = {},                   -- lease, owners: lease slot + 1 -> its owner (ref, ctx)
     _paused = false, _kpaused = {}, _pause_gen = 0,   -- admission
     _strikes = 0, _spent = false, _refilling = 0,     -- floor (and _spends, _retry_at, _retry_due)
     _spends = 0, _retry_at = 0, _retry_due = false,
@@ -119,6 +121,7 @@ function _M.new(opts)
     _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and sched.owner or nil,
     _owner_watch = false,
   }, Pool)
+  self._lmt = lease.metatable(self)         -- lease: its leases' metatable (names the pool)
   -- (base.turn_of: the FFI backend's clock, read in Lua)
   if (c.backend or base.BACKEND) == "ffi" then self._mclock = mod.monotime end
   base.turn_setup(self)

@@ -9,6 +9,7 @@
 -- registered (report_early).
 
 local base = require "clientpool.base"
+local slot_of = base.slot_of
 local events = require "clientpool.events"
 base.own_source()
 
@@ -21,15 +22,18 @@ local M = {}
 -- leak_threshold, if a lease or a checkout holds it; false if none does.
 local function report_held(self, l, g, since)
   local lease = self._held[l]
-  if lease and lease._g == g then
+  local _, lg
+  if lease then _, lg = slot_of(self, lease) end
+  if lease and lg == g then
+    local name = self._lkey[l + 1]
     -- (no traceback for a lease taken before configure() set leak_threshold)
     local info = { leaked = false, held = clock(self) - since, lease = lease,
                    where = lease._where or "acquired before leak_threshold was set" }
     if self._on.leak then
-      emit(self, "leak", hook_key(lease._key), info)
+      emit(self, "leak", hook_key(name), info)
     else
       log(self, string_format("lease of key '%s' held %.3fs (leak_threshold), %s",
-        lease._key, info.held, tostring(lease._where)))
+        name, info.held, tostring(lease._where)))
     end
     return true
   elseif lease == nil and self._co_rec[l + 1] ~= nil then

@@ -3,7 +3,7 @@
 -- Owns "a lease ends with the request that acquired it" (issue 12): with
 -- an adapter that knows owners (sched.owner / sched.owner_alive; the ngx
 -- adapter: the running request or timer), each lease records its owner
--- (lease.lua's new_lease: fields _or, _oc). A lease still held when its owner ended is
+-- (lease.lua's new_lease: the pool's _lor, _loc by lease slot + 1). A lease still held when its owner ended is
 -- given back as leaked: nginx closed its cosocket with the request, so
 -- the engine destroys the record (closed_by leaked, the leaked counter,
 -- a `leak` event), and its capacity goes to the next waiter. Nothing runs
@@ -17,6 +17,7 @@
 -- docs/decisions.md ("OpenResty: a lease ends with its request").
 
 local base = require "clientpool.base"
+local slot_of, is_held, SENTINEL = base.slot_of, base.is_held, base.SENTINEL
 local events = require "clientpool.events"
 base.own_source()
 
@@ -31,17 +32,18 @@ local M = {}
 local function ended(self)
   local alive = self._sched.owner_alive
   local list, n, owned = nil, 0, false
-  for _, lease in pairs(self._held) do
-    local ref = lease._or
-    if ref and lease._g ~= nil then
+  local lor, loc = self._lor, self._loc
+  for l, lease in pairs(self._held) do
+    local ref = lor[l + 1]
+    if ref and is_held(lease) then
       owned = true
-      local ok, moved = alive(ref, lease._oc)
+      local ok, moved = alive(ref, loc[l + 1])
       if not ok then
         n = n + 1
         if not list then list = {} end
         list[n] = lease
       elseif moved ~= nil then
-        lease._oc = moved
+        loc[l + 1] = moved
       end
     end
   end
@@ -50,14 +52,15 @@ end
 
 -- Ends lease as leaked (its owner is gone, its client with it).
 local function give_back(self, lease)
-  local l, g = lease._l, lease._g
-  if g == nil then return end
-  lease._g = nil
+  local l, g = slot_of(self, lease)
+  if l == nil then return end
   if self._held[l] == lease then self._held[l] = nil end
+  local rec = self._lrec[l + 1]
+  self._lrec[l + 1], self._loc[l + 1] = nil, nil
   local rl = self._rec_leases
-  if rl and rl[lease._r] then rl[lease._r][lease] = nil end
+  if rl and rl[rec] then rl[rec][lease] = nil end
   local _, pending = self._e:leak(l, g, now_of(self))
-  lease._s = nil
+  lease[SENTINEL] = nil
   lease.client = nil
   if pending > 0 then pump(self) end
 end

@@ -17,6 +17,8 @@
 -- @module clientpool.policy
 
 local type, tonumber, tostring, setmetatable, pairs, rawget = type, tonumber, tostring, setmetatable, pairs, rawget
+local driver_base = require "clientpool.base"
+local pool_of, lease_key = driver_base.pool_of, driver_base.lease_key
 local os_time, os_date = os.time, os.date
 local math_huge = math.huge
 local string_match, string_lower = string.match, string.lower
@@ -112,7 +114,7 @@ end
 -- The clock of the pool a lease belongs to (its scheduler's now(), which
 -- is what resume_after is measured on), or the wall clock without a lease.
 local function now_of(lease)
-  local p = type(lease) == "table" and rawget(lease, "_p")
+  local p = pool_of(lease)
   local sched = type(p) == "table" and rawget(p, "_sched")
   if sched then return sched.now() end
   return os_time()
@@ -122,14 +124,14 @@ end
 -- { n = pauses in a row, ends = when the latest one ends }. A policy object
 -- may serve several pools: states are kept per pool (weak), then per scope.
 local function scope_state(self, lease, scope, create)
-  local p = type(lease) == "table" and rawget(lease, "_p") or false
+  local p = pool_of(lease) or false
   local per_pool = self._states[p]
   if not per_pool then
     if not create then return nil end
     per_pool = {}
     self._states[p] = per_pool
   end
-  local name = scope == "key" and type(lease) == "table" and rawget(lease, "_key") or ""
+  local name = scope == "key" and p and lease_key(p, lease) or ""
   local st = per_pool[name]
   if not st and create then
     st = { n = 0, ends = -math_huge }
