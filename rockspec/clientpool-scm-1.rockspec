@@ -85,6 +85,7 @@ build = {
     ["clientpool.fleetlink"] = "lua/clientpool/fleetlink.lua",
     ["clientpool.redisfleet"] = "lua/clientpool/redisfleet/init.lua",
     ["clientpool.redisfleet.agent"] = "lua/clientpool/redisfleet/agent.lua",
+    ["clientpool.redisfleet.budgets"] = "lua/clientpool/redisfleet/budgets.lua",
     ["clientpool.redisfleet.scripts"] = "lua/clientpool/redisfleet/scripts.lua",
     ["clientpool.redisfleet.resp"] = "lua/clientpool/redisfleet/resp.lua",
     ["clientpool.owners"] = "lua/clientpool/owners.lua",

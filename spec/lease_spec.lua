@@ -3,6 +3,7 @@
 -- whole suite runs once per scheduler entry of spec/helpers.lua, as
 -- spec/acquire_spec.lua does (same helpers); times are spec seconds x T().
 
+local clientpool = require "clientpool"
 local H = require "spec.helpers"
 local contains, errmsg, assert_api_error = H.contains, H.errmsg, H.assert_api_error
 
