@@ -265,28 +265,6 @@ local bg_cos = setmetatable({}, { __mode = "k" }) -- coroutines running a backgr
 --- Monotonic seconds (clientpool's CLOCK_MONOTONIC clock, not ngx.now()).
 M.now = monotime
 
--- The turn's time (docs/performance.md "Time per turn"): nginx keeps a
--- CLOCK_MONOTONIC reading in milliseconds (ngx_current_msec), refreshed as
--- each event-loop iteration begins (and by ngx.update_time, ngx.sleep);
--- lua-resty-core's monotonic_msec() returns it for a FFI call instead of a
--- clock read (1.6 ns against 46 ns here). It lags the clock by the
--- iteration's run so far plus under 1 ms of truncation, never leads it: a
--- time an acquisition may take (base.turn_of). Used only where it reads
--- the same clock as the C module (an nginx built without CLOCK_MONOTONIC
--- keeps the wall clock there): checked once, at load.
-do
-  local ok, rct = pcall(require, "resty.core.time")
-  local mmsec = ok and type(rct) == "table" and rct.monotonic_msec
-  if type(mmsec) == "function" then
-    local lag = monotime() - mmsec() / 1000
-    if lag >= 0 and lag < 10 then
-      M.turn_clock = setmetatable({}, { __index = function(_, k)
-        if k == "now" then return mmsec() / 1000 end
-      end })
-    end
-  end
-end
-
 --- A handle for the running light thread, or nil, "cannot wait in the <phase>
 -- phase".
 function M.current()
