@@ -298,6 +298,43 @@ function H.assert_api_error(msg, ...)
   end
 end
 
+-- Spawns a task on sched that acquires key from pool and records the
+-- outcome in the returned table: co (the task's coroutine), t0/t1 (the
+-- clock before and after), lease, client, code, detail, done. then_fn(w),
+-- if given, runs after the acquire.
+function H.waiter(sched, pool, key, opts, then_fn)
+  local w = { done = false }
+  sched.spawn(function()
+    w.co = coroutine.running()
+    w.t0 = sched.now()
+    w.lease, w.code, w.detail = pool:acquire(key, opts)
+    w.client = w.lease and w.lease.client -- release clears lease.client
+    w.t1 = sched.now()
+    w.done = true
+    if then_fn then then_fn(w) end
+  end)
+  return w
+end
+
+-- Lua bytes allocated per call of step(n) (n calls), the least of three
+-- rounds with the collector stopped, after a warm-up (and the JIT's
+-- compilation).
+function H.bytes_per(step)
+  step(20000)
+  local best = math.huge
+  for _ = 1, 3 do
+    collectgarbage("collect")
+    collectgarbage("stop")
+    step(10)    -- a full collection shrinks the coroutine's stack: grow it back
+    local before = collectgarbage("count")
+    step(2000)
+    local bytes = (collectgarbage("count") - before) * 1024 / 2000
+    collectgarbage("restart")
+    if bytes < best then best = bytes end
+  end
+  return best
+end
+
 -- The task kit most scheduler-parametrised suites share, bound to scheduler
 -- entry S; defaults are the pool options mkpool starts from (o overrides):
 --   run(body)                          body(sched) as a task on a fresh scheduler
@@ -322,20 +359,7 @@ function H.kit(S, defaults)
     sched.sleep(0)
     sched.sleep(0)
   end
-  local function waiter(sched, pool, key, opts, then_fn)
-    local w = { done = false }
-    sched.spawn(function()
-      w.co = coroutine.running()
-      w.t0 = sched.now()
-      w.lease, w.code, w.detail = pool:acquire(key, opts)
-      w.client = w.lease and w.lease.client -- release clears lease.client
-      w.t1 = sched.now()
-      w.done = true
-      if then_fn then then_fn(w) end
-    end)
-    return w
-  end
-  return run, mkpool, settle, waiter
+  return run, mkpool, settle, H.waiter
 end
 
 return H

@@ -203,19 +203,7 @@ describe("a lease pair allocates at most 128 bytes", function()
         lease:release()
       end
     end
-    pairs_n(20000)   -- warm up (and let the JIT compile)
-    local best = math.huge
-    for _ = 1, 3 do
-      collectgarbage("collect")
-      collectgarbage("stop")
-      pairs_n(10)    -- a full collection shrinks the stack: grow it back
-      local before = collectgarbage("count")
-      pairs_n(2000)
-      local bytes = (collectgarbage("count") - before) * 1024 / 2000
-      collectgarbage("restart")
-      if bytes < best then best = bytes end
-    end
-    return best
+    return H.bytes_per(pairs_n)
   end
   for _, path in ipairs { "fast", "lua" } do
     for _, try in ipairs { false, true } do

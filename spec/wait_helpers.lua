@@ -49,22 +49,8 @@ local function new_pool(sched, f, o)
   return clientpool.new(o)
 end
 
--- Spawns a task that acquires key and records the outcome in the returned
--- table: co (the task's coroutine), t0/t1 (the clock before and after),
--- lease, client, code, detail, done. then_fn(w), if given, runs after the acquire.
-local function waiter(sched, pool, key, opts, then_fn)
-  local w = { done = false }
-  sched.spawn(function()
-    w.co = coroutine.running()
-    w.t0 = sched.now()
-    w.lease, w.code, w.detail = pool:acquire(key, opts)
-    w.client = w.lease and w.lease.client -- release clears lease.client
-    w.t1 = sched.now()
-    w.done = true
-    if then_fn then then_fn(w) end
-  end)
-  return w
-end
+-- A task that acquires and records the outcome: spec/helpers.lua H.waiter.
+local waiter = H.waiter
 
 -- Makes a coroutine that is suspended inside a wait dead. Lua 5.4 closes it;
 -- elsewhere a count hook raises an error in it as soon as it is resumed (the
