@@ -421,8 +421,11 @@ local function wait_for(self, k, name, opts, bare)
   local token = opts and opts.cancel
   if token then token._waits[h] = sched end
   if pending > 0 then pump(self) end
-  local st, rec, l, lg, validate, idle, waited, sentinel
+  -- (the claim's locals after the wait, not before: the wait's frame sits
+  -- eight slots lower in a waiting coroutine's stack, a margin under the
+  -- doubling of Lua 5.4's stack that bench B4.lua_waiter shows)
   sched.wait(h, deadline)
+  local st, rec, l, lg, validate, idle, waited, sentinel
   st, rec, l, lg, validate, idle, pending, waited, sentinel = wait_claim(self, w, g, deadline, token, not bare)
   if st == PENDING then
     st, rec, l, lg, validate, idle, pending, waited, sentinel = wait_on(self, h, w, g, deadline, token, not bare)

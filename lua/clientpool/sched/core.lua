@@ -306,11 +306,11 @@ function M.new(opts)
   end
 
   ---------------------------------------------------------------- ready queues
-  -- Items: rq_co[i], rq_gen[i] (entry.gen when queued), rq_fg[i] (kept run()
-  -- alive when queued). sp_* is the spare set, swapped in each turn.
-  local rq_co, rq_gen, rq_fg, rqn = {}, {}, {}, 0
-  local sp_co, sp_gen, sp_fg = {}, {}, {}
-  local fgready = 0
+  -- Items: rq_co[i], rq_gen[i] (entry.gen when queued). sp_* is the spare
+  -- set, swapped in each turn. (A third array, whether an item kept run()
+  -- alive, was counted and never read: gone, issue 17.)
+  local rq_co, rq_gen, rqn = {}, {}, 0
+  local sp_co, sp_gen = {}, {}
 
   local function make_ready(co, e, res)
     if e.pos > 0 then heap_remove(e) end
@@ -320,9 +320,6 @@ function M.new(opts)
     e.gen = gen
     rqn = rqn + 1
     rq_co[rqn] = co; rq_gen[rqn] = gen
-    local fg = not e.bg
-    rq_fg[rqn] = fg
-    if fg then fgready = fgready + 1 end
     if changed and not in_turn then changed() end
   end
 
@@ -429,13 +426,14 @@ function M.new(opts)
 
   --- A handle for the running coroutine (the coroutine itself), or
   -- nil, reason where it cannot wait.
-  -- (current, wait and sleep check inline, calling none of the helpers
-  -- above, which cqueues' adapter uses: a frame more under a waiting
-  -- coroutine's C calls grew its Lua 5.4 stack past a doubling, bench
-  -- B4.lua_waiter 797 -> 2077 B per waiter)
+  -- (current and wait check inline, calling none of the helpers above,
+  -- which cqueues' adapter uses: fewer calls per handoff, and a frame
+  -- more under a waiting coroutine's C calls grew its Lua 5.4 stack past a
+  -- doubling, bench B4.lua_waiter 797 -> 2077 B per waiter; sleep, off the
+  -- handoff, uses check_sleep)
   function S.current()
-    local co = running_co()
-    if not co then return nil, "not in a coroutine" end
+    local co, ismain = co_running()
+    if co == nil or ismain then return nil, "not in a coroutine" end
     if co_isyieldable and not co_isyieldable() then
       return nil, "coroutine cannot yield here"
     end
@@ -452,11 +450,30 @@ function M.new(opts)
   -- true at once. Returns nil, "not in a coroutine" where it cannot wait.
   -- Spurious returns (true) happen if someone else resumes the coroutine.
   function S.wait(h, deadline)
-    local co, why = wait_start(name, h, deadline)
-    if not co then return nil, why end
-    local e = entry_of(co)
+    -- (wait_start and take_wake inline: three calls less per handoff; the
+    -- call to wait_start, f13d0c6, is what first grew a waiting
+    -- coroutine's Lua 5.4 stack past a doubling, bench B4.lua_waiter 797 ->
+    -- 2077 B; ismain in a block keeps the frame at its old 8 slots)
+    local co
+    do
+      local c, ismain = co_running()
+      if c == nil or ismain then return nil, "not in a coroutine" end
+      co = c
+    end
+    if co_isyieldable and not co_isyieldable() then return nil, "coroutine cannot yield here" end
+    if h ~= co then
+      error(name .. ": wait: handle is not the running coroutine", 2)
+    end
+    if deadline ~= nil and (type(deadline) ~= "number" or deadline ~= deadline) then
+      error(name .. ": wait: deadline must be a number or nil", 2)
+    end
+    local e = entries[co] or entry_of(co)
     if e.state ~= IDLE then cancel(e) end
-    if take_wake(e) then return true end
+    if e.woke then
+      e.woke = false
+      e.lost = nil
+      return true
+    end
     if deadline and deadline <= now() then return nil, "timeout" end
     e.sleeping = false
     e.state = WAITING
@@ -475,10 +492,10 @@ function M.new(opts)
   -- (optional) is called as lost(la, lb, lc) if h dies before the wake
   -- reaches it.
   function S.wake(h, lost, la, lb, lc)
-    if type(h) ~= "thread" then
+    local e = entries[h]   -- (only coroutines are keys: no type() call for a known one)
+    if e == nil and type(h) ~= "thread" then
       error(name .. ": wake expects a coroutine handle", 2)
     end
-    local e = entries[h]
     if co_status(h) == "dead" then
       if e then
         if e.pos > 0 then heap_remove(e) end
@@ -496,7 +513,15 @@ function M.new(opts)
     end
     local state = e.state
     if state == WAITING and not e.sleeping then
-      make_ready(h, e, RES_WAKE)
+      -- (make_ready, inline: a call less per handoff)
+      if e.pos > 0 then heap_remove(e) end
+      e.state = READY
+      e.res = RES_WAKE
+      local gen = e.gen + 1
+      e.gen = gen
+      rqn = rqn + 1
+      rq_co[rqn] = h; rq_gen[rqn] = gen
+      if changed and not in_turn then changed() end
     elseif state == READY and e.res == RES_TIMEOUT then
       e.res = RES_WAKE -- timed out but not resumed yet: the wake wins
     else
@@ -579,22 +604,25 @@ function M.new(opts)
   local function run_ready()
     in_turn = true
     turn_clock.now = now()
-    local l_co, l_gen, l_fg, n = rq_co, rq_gen, rq_fg, rqn
-    rq_co, rq_gen, rq_fg, rqn = sp_co, sp_gen, sp_fg, 0
-    sp_co, sp_gen, sp_fg = l_co, l_gen, l_fg
+    local l_co, l_gen, n = rq_co, rq_gen, rqn
+    rq_co, rq_gen, rqn = sp_co, sp_gen, 0
+    sp_co, sp_gen = l_co, l_gen
     for i = 1, n do
       local co, gen = l_co[i], l_gen[i]
-      if l_fg[i] then fgready = fgready - 1 end
-      l_co[i] = nil; l_gen[i] = nil; l_fg[i] = nil
+      l_co[i] = nil; l_gen[i] = nil
       local e = entries[co]
       if e and e.gen == gen and e.state == READY then
         local target = e.target or co
         e.target = nil
         e.state = IDLE
-        if co_status(co) == "dead" then
+        -- (one status call where the coroutine is its own target: a handoff)
+        local st = co_status(co)
+        local tst = st
+        if target ~= co and st ~= "dead" then tst = co_status(target) end
+        if st == "dead" then
           forget(co) -- killed elsewhere (coroutine.close) while it slept
           lost_wake(e)
-        elseif co_status(target) == "suspended" then
+        elseif tst == "suspended" then
           if hosted then   -- (only the hosted form tracks these: not on the loop's handoff)
             local te = target ~= co and entries[target] or e
             if te then te.away = false; te.nested = false end
@@ -614,27 +642,35 @@ function M.new(opts)
             ok, a, b = co_resume(target)
           end
           if hosted then resuming = nil end
-          local err = settle(target, ok, a, b)
+          local err
+          -- (settle, inline for what a handoff leaves: the coroutine waits
+          -- again in its own wait or sleep, so it is neither dead nor
+          -- nested: its entry is not IDLE)
+          if a == MARK and b == co and target == co and ok and not hosted and e.state ~= IDLE then
+            err = nil
+          else
+            err = settle(target, ok, a, b)
+          end
           if err ~= nil then
             -- Keep what was still due this turn ahead of what came after.
             local m = 0
             for j = i + 1, n do
               m = m + 1
-              l_co[m], l_gen[m], l_fg[m] = l_co[j], l_gen[j], l_fg[j]
+              l_co[m], l_gen[m] = l_co[j], l_gen[j]
             end
             for j = 1, rqn do
               m = m + 1
-              l_co[m], l_gen[m], l_fg[m] = rq_co[j], rq_gen[j], rq_fg[j]
-              rq_co[j], rq_gen[j], rq_fg[j] = nil, nil, nil
+              l_co[m], l_gen[m] = rq_co[j], rq_gen[j]
+              rq_co[j], rq_gen[j] = nil, nil
             end
-            for j = m + 1, n do l_co[j], l_gen[j], l_fg[j] = nil, nil, nil end
-            sp_co, sp_gen, sp_fg = rq_co, rq_gen, rq_fg
-            rq_co, rq_gen, rq_fg, rqn = l_co, l_gen, l_fg, m
+            for j = m + 1, n do l_co[j], l_gen[j] = nil, nil end
+            sp_co, sp_gen = rq_co, rq_gen
+            rq_co, rq_gen, rqn = l_co, l_gen, m
             in_turn = false
             turn_clock.now = false
             return err
           end
-        elseif co_status(target) == "dead" then
+        elseif tst == "dead" then
           forget(target) -- (5.1) the task around a nested waiter was killed elsewhere
           lost_wake(e)
         end
