@@ -265,4 +265,60 @@ describe("cpngx.tcp", function()
     r:close()
     pool:close()
   end)
+
+  -- (issue 17: what a park or unpark without its pcall would have to rule
+  -- out; docs/performance.md, "B5, issue 17")
+  it("a lease released from another request (a timer) is retired: no slot, no error, a new connection next", function()
+    local opts, mgr = cpngx.tcp { host = "127.0.0.1", port = H.conf.redis_port, max_live = 1 }
+    local pool = clientpool.new(opts)
+    local l = assert(pool:acquire())
+    assert.are.equal("PONG", H.command(l.client, "PING"))
+    local done, rel_ok, rel_err
+    assert(ngx.timer.at(0, function()
+      -- setkeepalive raises "bad request" on another request's socket
+      rel_ok, rel_err = pcall(l.release, l)
+      done = true
+    end))
+    assert.truthy(H.wait_until(function() return done end, 2))
+    assert.is_true(rel_ok, tostring(rel_err))
+    local s = pool:stats()
+    assert.are.equal(0, s.leases)
+    assert.are.equal(0, s.idle)
+    assert.are.equal(1, mgr.stats.park_failed)
+    assert.are.equal(0, mgr.stats.parked)
+    local l2 = assert(pool:acquire())
+    assert.are.equal("PONG", H.command(l2.client, "PING"))
+    l2:release()
+    assert.are.equal(2, mgr.stats.connects)
+    assert.are.equal(1, pool:stats().idle)
+    pool:close()
+  end)
+
+  it("on_connect raising on a reconnect in unpark: the caller gets a connection, no slot leaks", function()
+    local fail_next = false
+    local opts, mgr = cpngx.tcp { host = "127.0.0.1", port = H.conf.redis_port, max_live = 1,
+                                  on_connect = function(s)
+                                    if fail_next then fail_next = false; error("boom") end
+                                    return H.command(s, "CLIENT", "SETNAME", "cp-raise")
+                                  end }
+    local pool = clientpool.new(opts)
+    assert(pool:acquire()):release()
+    local r = assert(H.redis())
+    local id = assert(r:cmd("CLIENT", "LIST")):match("id=(%d+) [^\n]* name=cp%-raise ")
+    assert.are.equal(1, r:cmd("CLIENT", "KILL", "ID", id))
+    ngx.sleep(0.02)
+    fail_next = true
+    -- unpark finds the parked connection gone, the new one's on_connect
+    -- raises: the record is retired and the same caller creates
+    local l = assert(pool:acquire())
+    assert.are.equal("PONG", H.command(l.client, "PING"))
+    l:release()
+    local s = pool:stats()
+    assert.are.equal(1, s.live)
+    assert.are.equal(0, s.leases)
+    assert.are.equal(3, mgr.stats.connects)
+    assert.truthy(H.wait_until(function() return r:clients("cp-raise") == 1 end, 2))
+    r:close()
+    pool:close()
+  end)
 end)
