@@ -325,6 +325,10 @@ end
 -- layout (hslots) and the functions to call.
 function M.install_fastpath(self, mod)
   local c = self._c
+  -- the FFI engine's calls given no time (the real clock's) skip the clock
+  -- read where the engine needs no time: not with a validate hook, which
+  -- reads the idle time (the C fast path below decides alike)
+  if self._e.untimed and self._mono then self._e:untimed(not self._validate) end
   if not mod.fastpath or not self._mono or c.capacity > 1 or c.probe or self._park then return end
   local checkout, checkin, lua_acquire, lua_try = Pool.checkout, Pool.checkin, Pool.acquire, Pool.try_acquire
   local fp = mod.fastpath(self._e, self, {
