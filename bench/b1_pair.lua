@@ -30,6 +30,17 @@ return function(U)
   U.row("B1.base", "(baseline: bare LIFO pair, ns)", math.min(b, bt, b2), "ns")
   pool:close()
 
+  -- (reference) a pool with a duration option: its stamps need the time,
+  -- so each engine call reads the clock (issue 17: without one the fast
+  -- path reads none)
+  local timed = clientpool.new { max_live = 16, create = new_client, idle_timeout = 60 }
+  assert(timed:acquire()):release()
+  U.row("B1.lease.timed", "(reference) acquire+release pair, idle_timeout = 60 / bare pair",
+        U.ratio(U.loop("pool", "local lease = pool:acquire(); lease:release()", timed), bare_pairs), "x")
+  U.row("B1.checkout.timed", "(reference) checkout+checkin pair, idle_timeout = 60 / bare pair",
+        U.ratio(U.loop("pool", "local _, h = pool:checkout(); pool:checkin(h)", timed), bare_pairs), "x")
+  timed:close()
+
   -- (reference) the same pairs inside a task of the built-in loop, where a
   -- turn's calls share the time the turn began with (docs/performance.md
   -- "Time per turn"): n pairs in one task, the spawn and run counted

@@ -187,6 +187,9 @@ struct clientpool {
   uint64_t fl_gates;            /* the fleet's gates_gen last seen */
 
   int32_t fast_off;             /* tests only (whitebox.c): the fast path off */
+  int32_t timed;                /* a duration option is set (cfg_timed): the untimed
+                                   entry points decline */
+  int32_t stale;                /* an untimed call stamped p->now (clientpool_acquire_untimed) */
 };
 
 static void finish(clientpool_t *p, double now);
@@ -1583,6 +1586,15 @@ static int config_ok(const clientpool_config_t *c) {
   return 1;
 }
 
+/* Whether a duration the fast path would stamp or test is configured: the
+ * idle clock (idle_timeout, validate_after_idle, keepalive), lifetimes and
+ * lease ages (leak_threshold).  Without one, a stamp's only later reader is
+ * a configure that sets one (see clientpool_acquire_untimed). */
+static int cfg_timed(const clientpool_config_t *c) {
+  return has(c->idle_timeout) || has(c->max_lifetime) || has(c->validate_after_idle) || has(c->keepalive) ||
+         has(c->leak_threshold);
+}
+
 int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
   clientpool_t *p;
   *out = NULL;
@@ -1590,6 +1602,7 @@ int clientpool_new(const clientpool_config_t *cfg, clientpool_t **out) {
   p = calloc(1, sizeof *p);
   if (!p) return CLIENTPOOL_ENOMEM;
   p->cfg = *cfg;
+  p->timed = cfg_timed(cfg);
   p->armed = -1;
   p->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ULL;
   p->rec_free = p->lea_free = p->wai_free = p->key_free = NONE;
@@ -1705,6 +1718,7 @@ int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double
   }
   old = p->cfg;
   p->cfg = *cfg;
+  p->timed = cfg_timed(cfg);
   /* durations held in the heap */
   if (!has(cfg->max_lifetime)) heap_drop(p, &p->dl, H_LIFETIME);
   else if (has(old.max_lifetime) && cfg->max_lifetime != old.max_lifetime) {
@@ -1737,9 +1751,13 @@ int clientpool_configure(clientpool_t *p, const clientpool_config_t *cfg, double
   }
   free(fresh);
   if (has(cfg->leak_threshold) && !has(old.leak_threshold))
-    for (i = 0; i < p->nlea; i++)
+    for (i = 0; i < p->nlea; i++) {
+      /* a stamp of an untimed call may be early: counted from now, a lease
+       * is reported late, never early */
+      if (p->stale && p->lea[i].record != NONE && p->lea[i].since < now) p->lea[i].since = now;
       if (p->lea[i].record != NONE && hpush(p, &p->dl, p->lea[i].since + cfg->leak_threshold, H_LEASE, i) != 0)
         p->lea[i].hpos = NONE;
+    }
   /* caps: what is over stays until it ends, nothing grows past them */
   {
     int32_t total = p->st.live + p->st.creating + p->st.closing;
@@ -2098,6 +2116,36 @@ static void release(clientpool_t *p, int32_t l, int32_t reason, double now) {
   gen = x->gen;
   dispatch(p, now);                     /* a waiter of k may take it at once */
   close_past_max_idle(p, r, gen, k);
+}
+
+/* The fast path without a clock (issue 17: the read was half a LuaJIT pair).
+ * Taken only where no duration is configured (p->timed): nothing then reads
+ * the time it would stamp (idle_since, a lease's since) but a later
+ * configure that sets a duration, and the engine's latest time (p->now) is
+ * never later than the true one: an idle time is counted long, so an
+ * idle_timeout or validate_after_idle set later closes or validates early,
+ * never late.  A lease's age is counted long too: a leak_threshold set
+ * later counts every lease held from the configure at least (p->stale:
+ * never reported early).  The grant's idle is not measured (0): the driver
+ * uses these only without a validate hook, the one reader of it. */
+int clientpool_acquire_untimed(clientpool_t *p, int32_t k, clientpool_grant_t *g) {
+  if (p->timed) return CLIENTPOOL_UNTIMED;
+  memset(g, 0, sizeof *g);
+  g->key = k;
+  if (!fast_acquire(p, k, p->now, g)) return CLIENTPOOL_UNTIMED;
+  p->stale = 1;
+  g->idle = 0;
+  return g->status;
+}
+
+int clientpool_release_untimed(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason) {
+  lease_t *x;
+  if (p->timed || reason >= 0) return CLIENTPOOL_UNTIMED;
+  x = lease_get(p, l, gen);
+  if (!x || p->rec[x->record].state != R_LEASED) return CLIENTPOOL_STALE;
+  if (!fast_release(p, l, p->now)) return CLIENTPOOL_UNTIMED;
+  p->stale = 1;
+  return 0;
 }
 
 int clientpool_release(clientpool_t *p, int32_t l, uint32_t gen, int32_t reason, double now) {

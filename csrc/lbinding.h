@@ -31,6 +31,7 @@
 typedef struct lcp_box {
   clientpool_t *p;     /* NULL once the engine is freed */
   int refs;
+  int skip_clock;      /* E:untimed: calls given no time try the untimed ones first */
 } lcp_box;
 
 /* A leak sentinel: the lease (slot, generation) it guards.  A lease table

@@ -31,6 +31,11 @@ static void box_unref(lcp_box *b) {
 
 /* The pool metatable is upvalue 1 of every method: checking a self argument
  * is one lua_rawequal instead of a registry lookup (luaL_checkudata). */
+/* Whether E (argument 1, checked by lcp_self) skips the clock (E:untimed). */
+static int lcp_skips_clock(lua_State *L) {
+  return (*(lcp_box **)lua_touserdata(L, 1))->skip_clock;
+}
+
 static clientpool_t *lcp_self(lua_State *L) {
   lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
   int same;
@@ -112,6 +117,7 @@ static int lcp_new(lua_State *L) {
   if (*u == NULL) { clientpool_free(p); return luaL_error(L, "clientpool: out of memory"); }
   (*u)->p = p;
   (*u)->refs = 1;
+  (*u)->skip_clock = 0;
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_setmetatable(L, -2);
   /* the pool's private table: holds the driver's notify function, and is
@@ -300,8 +306,20 @@ int lcp_push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p, i
 static int lcp_acquire(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   clientpool_grant_t g;
-  clientpool_acquire(p, (int32_t)lua_tointeger(L, 2), opt_now(L, 3), &g);
+  int32_t k = (int32_t)lua_tointeger(L, 2);
+  if (!lua_isnoneornil(L, 3) || !lcp_skips_clock(L) || clientpool_acquire_untimed(p, k, &g) != CLIENTPOOL_GRANT_IDLE)
+    clientpool_acquire(p, k, opt_now(L, 3), &g);
   return lcp_push_grant(L, &g, p, 0, lua_toboolean(L, 4) ? 1 : 0);
+}
+
+/* E:untimed(on): whether the calls given no time (acquire, release) try the
+ * engine's fast path without a clock read first (clientpool_acquire_untimed);
+ * the driver turns it on for a pool without a validate hook (the grant's
+ * idle is not measured there). */
+static int lcp_untimed(lua_State *L) {
+  lcp_self(L);
+  (*(lcp_box **)lua_touserdata(L, 1))->skip_clock = lua_toboolean(L, 2);
+  return 0;
 }
 
 /* E:release_closes(lease, gen [, now]) -> boolean (nil for a stale lease) */
@@ -329,7 +347,10 @@ static int lcp_release(lua_State *L) {
   clientpool_t *p = lcp_self(L);
   int32_t lease = (int32_t)lua_tointeger(L, 2);
   uint32_t gen = (uint32_t)lua_tointeger(L, 3);
-  int rc = clientpool_release(p, lease, gen, (int32_t)luaL_optinteger(L, 4, -1), opt_now(L, 5));
+  int32_t reason = (int32_t)luaL_optinteger(L, 4, -1);
+  int rc = lua_isnoneornil(L, 5) && lcp_skips_clock(L) ? clientpool_release_untimed(p, lease, gen, reason)
+                                                       : CLIENTPOOL_UNTIMED;
+  if (rc == CLIENTPOOL_UNTIMED) rc = clientpool_release(p, lease, gen, reason, opt_now(L, 5));
   if (rc == 0) lcp_recycle_sentinel(L, 1, lease, gen);
   lua_pushboolean(L, rc == 0);
   lua_pushinteger(L, clientpool_pending(p));
@@ -732,7 +753,7 @@ static int lcp_sleep(lua_State *L) {
 }
 
 static const luaL_Reg pool_methods[] = {
-  {"acquire", lcp_acquire}, {"release", lcp_release}, {"wait", lcp_wait},
+  {"acquire", lcp_acquire}, {"untimed", lcp_untimed}, {"release", lcp_release}, {"wait", lcp_wait},
   {"claim", lcp_claim}, {"cancel", lcp_cancel}, {"created", lcp_created},
   {"abandon", lcp_abandon}, {"leak", lcp_leak}, {"retire", lcp_retire}, {"destroyed", lcp_destroyed},
   {"configure", lcp_configure}, {"key_caps", lcp_key_caps}, {"keepalive_done", lcp_keepalive_done},

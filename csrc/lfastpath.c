@@ -160,7 +160,10 @@ static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k
   lua_pop(L, 1);
   *k = (int32_t)lua_tointeger(L, -1);
   *pp = p;
-  clientpool_acquire(p, *k, clientpool_monotime(), g);
+  /* no clock read where nothing needs the time (the engine says; a validate
+   * hook reads the idle time, so with one the stamps are always taken) */
+  if (lay->validate || clientpool_acquire_untimed(p, *k, g) != CLIENTPOOL_GRANT_IDLE)
+    clientpool_acquire(p, *k, clientpool_monotime(), g);
   if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= lay->hslots ||
       (g->validate && lay->validate) || !fp_unset(L, FP(ON), FP(S_ACQUIRE)))
     return 0;
@@ -217,6 +220,13 @@ static int64_t fp_handle(lua_State *L) {
   return (int64_t)d;
 }
 
+/* clientpool_release, without a clock read where nothing needs the time
+ * (as fp_acquire: the stamp is the idle time a validate hook would read). */
+static int fp_release(clientpool_t *p, const fp_layout *lay, int32_t l, uint32_t gen, int32_t reason) {
+  int rc = lay->validate ? CLIENTPOOL_UNTIMED : clientpool_release_untimed(p, l, gen, reason);
+  return rc == CLIENTPOOL_UNTIMED ? clientpool_release(p, l, gen, reason, clientpool_monotime()) : rc;
+}
+
 static int fast_checkin(lua_State *L) {
   clientpool_t *p;
   const fp_layout *lay;
@@ -234,7 +244,7 @@ static int fast_checkin(lua_State *L) {
   if (lua_isnil(L, -1)) { lua_pushboolean(L, 1); return 1; }   /* no checkout holds the slot */
   rec = (int32_t)lua_tointeger(L, -1);
   gen = (uint32_t)(h >> lay->hbits) - lay->hbase;
-  rc = clientpool_release(p, l, gen, fp_reason(L, 3), clientpool_monotime());
+  rc = fp_release(p, lay, l, gen, fp_reason(L, 3));
   if (rc != 0) { lua_pushboolean(L, 1); return 1; }          /* stale: not this holder's */
   lua_pushnil(L);
   lua_rawseti(L, FP(CO_REC), l + 1);
@@ -389,7 +399,7 @@ static int lcp_fast_release(lua_State *L) {
   lua_pop(L, 1);
   lua_pushnil(L);
   lua_rawseti(L, FP(L_REC), l + 1);
-  rc = clientpool_release(p, l, gen, fp_reason(L, 2), clientpool_monotime());
+  rc = fp_release(p, fp_lay(L), l, gen, fp_reason(L, 2));
   /* as the driver's finish_lease: the lease lets go of its sentinel once
    * the engine has the release (the stack holds it until then) */
   fp_key(L, FP(L_SENTINEL));

@@ -1,6 +1,7 @@
 /*
  * bench/c/engine_pair.c - the engine alone, no Lua: what an acquire+release
- * pair costs in C, with and without a clock read per call.  A diagnostic for
+ * pair costs in C, with and without a clock read per call, and through the
+ * untimed entry points (issue 17).  A diagnostic for
  * docs/performance.md (`make bench` prints it): it bounds what any binding
  * can reach.
  */
@@ -26,7 +27,15 @@ static double pairs(clientpool_t *p, int32_t k, long n, int clock_each) {
     double t0 = cpu_now(), t;
     long i;
     for (i = 0; i < n; i++) {
-      double now = clock_each ? clientpool_monotime() : 1.0;
+      double now;
+      if (clock_each == 2) {             /* the untimed entry points, as the bindings call them */
+        if (clientpool_acquire_untimed(p, k, &g) != CLIENTPOOL_GRANT_IDLE)
+          clientpool_acquire(p, k, clientpool_monotime(), &g);
+        if (clientpool_release_untimed(p, g.lease, g.lease_gen, -1) == CLIENTPOOL_UNTIMED)
+          clientpool_release(p, g.lease, g.lease_gen, -1, clientpool_monotime());
+        continue;
+      }
+      now = clock_each ? clientpool_monotime() : 1.0;
       clientpool_acquire(p, k, now, &g);
       if (clock_each) now = clientpool_monotime();
       clientpool_release(p, g.lease, g.lease_gen, -1, now);
@@ -70,6 +79,7 @@ int main(void) {
   clientpool_release(p, g.lease, g.lease_gen, -1, 0);
   printf("  C.engine_pair   engine acquire+release pair in C, time given       %8.1f ns\n", pairs(p, k, 200000, 0));
   printf("  C.engine_clock  the same, CLOCK_MONOTONIC read for each call       %8.1f ns\n", pairs(p, k, 200000, 1));
+  printf("  C.engine_untimed the same, the untimed calls (no duration option)  %8.1f ns\n", pairs(p, k, 200000, 2));
   printf("  C.clock         one clientpool_monotime() (CLOCK_MONOTONIC)        %8.1f ns\n", clock_reads(1000000));
   clientpool_free(p);
   return 0;

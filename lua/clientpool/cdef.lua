@@ -83,8 +83,9 @@ enum {
   CLIENTPOOL_CANCELLED = 8,    /* the waiter was cancelled */
   CLIENTPOOL_STALE = 9,        /* the (slot, gen) handle is no longer valid */
   CLIENTPOOL_PAUSED = 10,      /* a paused gate refused the acquisition (pause_fail) */
-  CLIENTPOOL_BACKOFF = 11      /* acquire: it would create, the key is backing off after
+  CLIENTPOOL_BACKOFF = 11,     /* acquire: it would create, the key is backing off after
                                   failed creates and no client of it may come back soon */
+  CLIENTPOOL_UNTIMED = 12      /* *_untimed: the call needs the time; nothing was done */
 };
 
 /* Why a record was destroyed: the index into clientpool_stats_t.closed_by. */
@@ -248,6 +249,18 @@ int clientpool_key_forget(clientpool_t *p, int32_t key);
  * there once the destroy is reported, and the waiter is served then. */
 int clientpool_acquire(clientpool_t *p, int32_t key, double now, clientpool_grant_t *g);
 
+/* clientpool_acquire's common case without the time, for a driver whose
+ * time is a clock read (a plain script): when the pool has no duration
+ * option (idle_timeout, max_lifetime, validate_after_idle, keepalive,
+ * leak_threshold) and an idle record of key is granted on the engine's fast
+ * path, fills *g and returns GRANT_IDLE, stamped with the engine's latest
+ * time; else returns UNTIMED with nothing done (then read the clock and call
+ * clientpool_acquire).  g->idle is 0 (not measured): not for a driver that
+ * hands it to a validate hook.  A duration configured later counts such
+ * stamps long (an idle client closed or validated early, never late; a
+ * lease reported late, never early).  Never blocks. */
+int clientpool_acquire_untimed(clientpool_t *p, int32_t key, clientpool_grant_t *g);
+
 /* Queues a waiter for key with an absolute deadline (< 0 = none), priority
  * 0.  Returns the waiter slot (>= 0) and sets *gen, or CLIENTPOOL_FULL, or
  * CLIENTPOOL_CLOSED (as a negative number: -status), or ENOMEM. */
@@ -291,6 +304,12 @@ int clientpool_created(clientpool_t *p, int32_t record, int32_t ok, double now);
  * or max_idle records are idle); reason >= 0 (CLIENTPOOL_BY_*) destroys it.
  * Returns 0, or STALE for a lease already ended (a no-op). */
 int clientpool_release(clientpool_t *p, int32_t lease, uint32_t gen, int32_t reason, double now);
+
+/* clientpool_release's release to idle (reason < 0) without the time, as
+ * clientpool_acquire_untimed: returns 0 when done, STALE for a lease
+ * already ended (a no-op), or UNTIMED with nothing done (then read the
+ * clock and call clientpool_release). */
+int clientpool_release_untimed(clientpool_t *p, int32_t lease, uint32_t gen, int32_t reason);
 
 /* Reads a waiter's result.  Fills *g: PENDING while queued; otherwise the
  * final result (GRANT_*, TIMEOUT, CANCELLED, CLOSED), and the waiter slot is

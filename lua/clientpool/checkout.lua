@@ -297,11 +297,24 @@ end
 -- waiters (it hands over while a drain waits).
 local FP_POOL_FIELDS = { nwaiters = "_nwaiters", drain = "_drain_hs", config = "_c" }
 
+-- The engine's calls given no time (the real clock's) try its fast path
+-- without a clock read first (E:untimed) where it needs no time: not with
+-- a validate hook, which reads the idle time (the C fast path decides
+-- alike), nor with a duration option, where the engine would decline (a
+-- call for nothing). install_fastpath and configure (fastpath_leases) call
+-- it.
+local function clock_setup(self)
+  local c = self._c
+  self._e:untimed(self._mono and not self._validate and not (c.idle_timeout or c.max_lifetime or
+                  c.validate_after_idle or c.keepalive or c.leak_threshold))
+end
+
 -- The lease form of the fast path (self._fp, made by install_fastpath) is
 -- the pool's acquire and release unless leak_threshold is set: then each
 -- lease records where it was taken, in Lua. configure() calls this again
 -- when leak_threshold changes.
 function M.fastpath_leases(self)
+  clock_setup(self)
   local fp = self._fp
   if not fp then return end
   -- (and where leases have owners: owners.lua records one on each lease)
@@ -325,6 +338,7 @@ end
 -- layout (hslots) and the functions to call.
 function M.install_fastpath(self, mod)
   local c = self._c
+  clock_setup(self)
   if not mod.fastpath or not self._mono or c.capacity > 1 or c.probe or self._park then return end
   local checkout, checkin, lua_acquire, lua_try = Pool.checkout, Pool.checkin, Pool.acquire, Pool.try_acquire
   local fp = mod.fastpath(self._e, self, {

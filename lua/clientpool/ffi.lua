@@ -28,6 +28,7 @@ local ffi_gc, ffi_cast = ffi.gc, ffi.cast
 local _M = { _NAME = "clientpool.ffi" }
 
 local GRANT_IDLE, GRANT_CREATE = C.CLIENTPOOL_GRANT_IDLE, C.CLIENTPOOL_GRANT_CREATE
+local UNTIMED = C.CLIENTPOOL_UNTIMED
 local EV_NONE = C.CLIENTPOOL_EV_NONE
 
 -- Status and reason codes, named as clientpool.core names them (CLIENTPOOL_<name>).
@@ -151,7 +152,8 @@ function _M.new(cfg)
                  life = life, box = box,
                  -- lease slot + 1 -> its sentinel (weak: a dropped lease must
                  -- let its sentinel be collected); released ones kept in spare
-                 guards = setmetatable({}, { __mode = "v" }), spare = {}, nspare = 0 }
+                 guards = setmetatable({}, { __mode = "v" }), spare = {}, nspare = 0,
+                 skip_clock = false }
   self.p = ffi_gc(out[0], function(p)
     if not life.freed then
       life.freed = true
@@ -235,11 +237,24 @@ local function claim_results(self, st, p, g, sentinel)
   return st, g.record, g.lease, g.lease_gen, g.validate ~= 0, g.idle, C.clientpool_pending(p), g.waited
 end
 
+--- E:untimed(on): whether the calls given no time try the engine's fast
+-- path without a clock read first (clientpool_acquire_untimed); the driver
+-- turns it on for a pool without a validate hook (the grant's idle is not
+-- measured there).
+function Engine:untimed(on)
+  self.skip_clock = on and true or false
+end
+
 --- E:acquire(key [, now [, sentinel]]) -> status, record, lease, gen, validate, idle, pending [, sentinel]
 function Engine:acquire(key, now, sentinel)
   local p, g = self.p, self.g
-  if now == nil then now = monotime() end
-  local st = C.clientpool_acquire(p, key, now, g)
+  local st
+  if now ~= nil then
+    st = C.clientpool_acquire(p, key, now, g)
+  else
+    if self.skip_clock then st = C.clientpool_acquire_untimed(p, key, g) end
+    if st ~= GRANT_IDLE then st = C.clientpool_acquire(p, key, monotime(), g) end
+  end
   return grant_results(self, st, p, g, sentinel)
 end
 
@@ -264,8 +279,13 @@ end
 --- E:release(lease, gen, reason [, now]) -> ok, pending
 function Engine:release(lease, gen, reason, now)
   local p = self.p
-  if now == nil then now = monotime() end
-  local rc = C.clientpool_release(p, lease, gen, reason or -1, now)
+  local rc
+  if now ~= nil then
+    rc = C.clientpool_release(p, lease, gen, reason or -1, now)
+  else
+    if self.skip_clock then rc = C.clientpool_release_untimed(p, lease, gen, reason or -1) end
+    if rc == nil or rc == UNTIMED then rc = C.clientpool_release(p, lease, gen, reason or -1, monotime()) end
+  end
   if rc == 0 then recycle_sentinel(self, lease, gen) end
   return rc == 0, C.clientpool_pending(p)
 end

@@ -1410,7 +1410,12 @@ int model_configure(model_t *m, const clientpool_config_t *cfg, double now) {
    * made is not made again)" */
   for (r = 0; r < M_MAXLEASE; r++) {
     if (!has(cfg->leak_threshold)) m->lea[r].leak_armed = 0;
-    else if (!has(old.leak_threshold) && m->lea[r].alive) m->lea[r].leak_armed = 1;
+    else if (!has(old.leak_threshold) && m->lea[r].alive) {
+      m->lea[r].leak_armed = 1;
+      /* "a stamp of an untimed call may be early: counted from the
+       * configure, a lease is reported late, never early" */
+      if (m->stale && m->lea[r].since < now) m->lea[r].since = now;
+    }
   }
   /* keepalive: each clock as it was, measured against the new value */
   for (r = 0; r < M_MAXREC; r++) {

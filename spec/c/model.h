@@ -141,6 +141,8 @@ typedef struct model {
   int evhead, evlen;
   int nchecking;        /* records out for a keepalive */
   int overflow;         /* an array ran out: the run is not comparable any more */
+  int stale;            /* the harness made an untimed call (clientpool_acquire_untimed): stamps
+                           may be early, a leak_threshold set later counts from the configure */
 } model_t;
 
 /* The model's answer of acquire, claim and cancel (ids are the model's). */

@@ -434,6 +434,7 @@ static const test_t *const suites[] = {
   tests_cap,
   tests_live,
   tests_fleet,
+  tests_untimed,
 };
 
 /* runs one test; a failed CHECK longjmps back here.  Returns 1 if it failed. */

@@ -32,6 +32,7 @@ extern const test_t tests_faults[];   /* test_engine_faults.c */
 extern const test_t tests_cap[];   /* test_engine_cap.c */
 extern const test_t tests_live[];   /* test_engine_live.c */
 extern const test_t tests_fleet[];   /* test_engine_fleet.c */
+extern const test_t tests_untimed[];   /* test_engine_untimed.c */
 
 /* ---- checks, events, engine calls, helpers ---------------------------- */
 
