@@ -29,13 +29,13 @@ static void box_unref(lcp_box *b) {
   if (--b->refs == 0) free(b);
 }
 
-/* The pool metatable is upvalue 1 of every method: checking a self argument
- * is one lua_rawequal instead of a registry lookup (luaL_checkudata). */
 /* Whether E (argument 1, checked by lcp_self) skips the clock (E:untimed). */
 static int lcp_skips_clock(lua_State *L) {
   return (*(lcp_box **)lua_touserdata(L, 1))->skip_clock;
 }
 
+/* The pool metatable is upvalue 1 of every method: checking a self argument
+ * is one lua_rawequal instead of a registry lookup (luaL_checkudata). */
 static clientpool_t *lcp_self(lua_State *L) {
   lcp_box **u = (lcp_box **)lua_touserdata(L, 1);
   int same;

@@ -48,19 +48,17 @@ local function snapshot(self, reason, name, waited)
     local k = name and self._kids[name]
     if self._e:gate(-1) == 2 or (k and self._e:gate(k) == 2) then paused = "probe" end
   end
+  -- eight fields in the constructor, key and paused set only when they
+  -- are there: a constructor naming ten (nil ones count) sizes the hash
+  -- part for sixteen, half of it empty in the common case (the default key
+  -- unpaused): 440 B -> 248 B of garbage per timed-out wait on Lua 5.4,
+  -- 449 B -> 257 B under LuaJIT (bench B3.wait, issue 17)
+  local d = setmetatable({ live = s.live, idle = s.idle, active = s.active, waiting = s.waiting,
+                           leases = s.leases, creating = s.creating, waited = waited, reason = reason }, Detail)
   local key = hook_key(name)
-  if key == nil and paused == nil then
-    -- the common case, the default key unpaused: a constructor of eight
-    -- fields sizes the table's hash part for eight, the ten-field one for
-    -- sixteen (nil fields count) and half of it stays empty: 440 B -> 248 B
-    -- of garbage per timed-out wait on Lua 5.4, 449 B -> 257 B under LuaJIT
-    -- (bench B3.wait, issue 17)
-    return setmetatable({ live = s.live, idle = s.idle, active = s.active, waiting = s.waiting,
-                          leases = s.leases, creating = s.creating, waited = waited, reason = reason }, Detail)
-  end
-  return setmetatable({ live = s.live, idle = s.idle, active = s.active, waiting = s.waiting,
-                        leases = s.leases, creating = s.creating, key = key,
-                        waited = waited, reason = reason, paused = paused }, Detail)
+  if key ~= nil then d.key = key end
+  if paused ~= nil then d.paused = paused end
+  return d
 end
 M.snapshot = snapshot
 
