@@ -353,7 +353,8 @@ SOAK_VALGRIND_ARGS ?= --coroutines 1000 --acquisitions 100000 --margin 0.25
 # function's Lua stack stays inside Lua's own block where ASan does not
 # look; valgrind caught one. About a minute for both.
 test-valgrind-%: build/%/clientpool/core.so
-	@BUSTED_PREFIX="valgrind --quiet --error-exitcode=99" CLIENTPOOL_BACKEND=core scripts/busted-run.sh $* \
+	@BUSTED_PREFIX="valgrind --quiet --error-exitcode=99" CLIENTPOOL_BACKEND=core CLIENTPOOL_SPEC_SCALE=0.04 \
+	  scripts/busted-run.sh $* \
 	  '--lpath=$(LPATH)' '--cpath=./build/$*/?.so' spec/checkout_spec.lua spec/acquire_spec.lua spec/acquire_lifecycle_spec.lua \
 	  spec/lease_spec.lua spec/leak_spec.lua spec/stats_spec.lua
 
