@@ -42,5 +42,20 @@ if [ ${#failed_steps[@]} -eq 0 ]; then
   echo "ALL OK: $total_pass passed, $total_fail failed in $# steps"
   exit 0
 fi
+# What failed, at the end where a truncated CI log still shows it: busted's
+# "Failure ->"/"Error ->" headings with the two lines after each, else the
+# step's last lines.
+for step in "${failed_steps[@]}"; do
+  log=build/logs/$step.log
+  echo
+  echo "=== what failed in $step (build/logs/$step.log)"
+  clean=$(sed -E 's/\x1b\[[0-9;]*m//g' "$log")
+  if grep -qE '^(Failure|Error) ->' <<<"$clean"; then
+    grep -E -A2 '^(Failure|Error) ->' <<<"$clean" | head -n 24
+  else
+    tail -n 8 <<<"$clean"
+  fi
+done
+echo
 echo "FAILED: $total_pass passed, $total_fail failed; failed steps: ${failed_steps[*]}"
 exit 1
