@@ -98,7 +98,10 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
 
           local w1
           sched.spawn(function() w1 = { pool:acquire("a", { timeout = T(1) }) } end)
-          sched.sleep(T(0.5))
+          -- two turns, not a timed sleep: on a real clock a loop stalled past
+          -- w1's deadline would time it out before this check
+          sched.sleep(0)
+          sched.sleep(0)
           s = expect { waiting = 1, wait_count = 0 }
           assert.equal(1, s.keys.a.waiting)
 
@@ -109,7 +112,7 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
           assert.equal(1, detail.waiting)
           expect { rejected = 1, waiting = 1 }
 
-          sched.sleep(T(1))
+          sched.sleep(T(1.5))
           assert.equal("timeout", w1[2])
           expect { waiting = 0, timeouts = 1, wait_count = 1, wait_time = 1 }
 
