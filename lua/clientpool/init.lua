@@ -31,7 +31,7 @@ local token = require "clientpool.token"
 local events = require "clientpool.events"
 require "clientpool.keys"
 require "clientpool.leak"
-require "clientpool.owners"
+local owners = require "clientpool.owners"
 require "clientpool.stats"
 require "clientpool.floor"
 require "clientpool.keepalive"
@@ -122,6 +122,8 @@ function _M.new(opts)
     _owner_watch = false,
   }, Pool)
   self._lmt = lease.metatable(self)         -- lease: its leases' metatable (names the pool)
+  -- owners: new_lease calls owner() through owners.lua, which notes the sole owner
+  if self._owner then self._owner = owners.recorder(self, self._owner) end
   -- (base.turn_of: the FFI backend's clock, read in Lua)
   if (c.backend or base.BACKEND) == "ffi" then self._mclock = mod.monotime end
   base.turn_setup(self)
