@@ -118,12 +118,11 @@ function _M.new(opts)
     _dq = {}, _dqh = 1, _dqt = 0, -- events: destroys queued until the pump is done (rec, client, name, reason)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
     -- owners: the adapter's owner() (OpenResty: leases end with their request)
-    _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and sched.owner or nil,
+    -- (new_lease calls it as _owner(self): owners.record, which asks the adapter and notes the sole owner)
+    _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and owners.record or nil,
     _owner_watch = false,
   }, Pool)
   self._lmt = lease.metatable(self)         -- lease: its leases' metatable (names the pool)
-  -- owners: new_lease calls owner() through owners.lua, which notes the sole owner
-  if self._owner then self._owner = owners.recorder(self, self._owner) end
   -- (base.turn_of: the FFI backend's clock, read in Lua)
   if (c.backend or base.BACKEND) == "ffi" then self._mclock = mod.monotime end
   base.turn_setup(self)

@@ -18,7 +18,7 @@
 --
 -- The look is O(1) in the common case, with no loop on the path of a wait
 -- (a loop there kept LuaJIT from compiling the acquisition that waits:
--- "inner loop in root trace"): the pool's owner() is M.recorder's closure,
+-- "inner loop in root trace"): the pool's owner() is M.record,
 -- which notes whether every owned lease made since the held set was last
 -- seen empty has one owner (_osref, _osctx: the sole owner) or not
 -- (_omixed). With a sole owner still alive no held lease can be of an
@@ -145,21 +145,21 @@ function M.before_wait(self, always)
   return false
 end
 
---- The pool's owner(), for new_lease: the adapter's owner(), noting
+--- The pool's owner(self), for new_lease: the adapter's owner(), noting
 -- whether the owned leases made have one owner (see the opening comment).
-function M.recorder(self, owner)
-  return function()
-    local ref, ctx = owner()
-    if ref and not self._omixed then
-      local sref = self._osref
-      if sref == nil then
-        self._osref, self._osctx = ref, ctx
-      elseif sref ~= ref or self._osctx ~= ctx then
-        self._osref, self._osctx, self._omixed = nil, nil, true
-      end
+-- (One function for every pool, not a closure per pool: a call site
+-- compiled for one pool's closure fails its guard on the next pool's.)
+function M.record(self)
+  local ref, ctx = self._sched.owner()
+  if ref and not self._omixed then
+    local sref = self._osref
+    if sref == nil then
+      self._osref, self._osctx = ref, ctx
+    elseif sref ~= ref or self._osctx ~= ctx then
+      self._osref, self._osctx, self._omixed = nil, nil, true
     end
-    return ref, ctx
   end
+  return ref, ctx
 end
 
 return M
