@@ -31,7 +31,7 @@ local token = require "clientpool.token"
 local events = require "clientpool.events"
 require "clientpool.keys"
 require "clientpool.leak"
-local owners = require "clientpool.owners"
+require "clientpool.owners"
 require "clientpool.stats"
 require "clientpool.floor"
 require "clientpool.keepalive"
@@ -118,8 +118,7 @@ function _M.new(opts)
     _dq = {}, _dqh = 1, _dqt = 0, -- events: destroys queued until the pump is done (rec, client, name, reason)
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
     -- owners: the adapter's owner() (OpenResty: leases end with their request)
-    -- (new_lease calls it as _owner(self): owners.record, which asks the adapter and notes the sole owner)
-    _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and owners.record or nil,
+    _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and sched.owner or nil,
     _owner_watch = false,
   }, Pool)
   self._lmt = lease.metatable(self)         -- lease: its leases' metatable (names the pool)

@@ -105,7 +105,7 @@ local function new_lease(self, name, rec, l, g, client, sentinel, drain)
   if own then
     -- OpenResty: the request (or timer) it belongs to, given back when that
     -- ends (owners.lua): the pool's, by slot, as the record and key are
-    local ref, ctx = own(self)   -- (owners.record)
+    local ref, ctx = own()
     self._lor[l + 1], self._loc[l + 1] = ref or false, ctx or false
   end
   if SENTINEL == 1 then

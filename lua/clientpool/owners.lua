@@ -15,17 +15,6 @@
 --     holder that ends while others wait hands its slot on within that;
 --   * the same for drain(), which waits for every lease.
 -- docs/decisions.md ("OpenResty: a lease ends with its request").
---
--- The look is O(1) in the common case, with no loop on the path of a wait
--- (a loop there kept LuaJIT from compiling the acquisition that waits:
--- "inner loop in root trace"): the pool's owner() is M.record,
--- which notes whether every owned lease made since the held set was last
--- seen empty has one owner (_osref, _osctx: the sole owner) or not
--- (_omixed). With a sole owner still alive no held lease can be of an
--- ended owner, so nothing is scanned; with none, no owned lease is held.
--- Else (several owners, or the sole one ended or replaced its ngx.ctx) the
--- held leases are scanned as before, and the scan notes the sole owner
--- again if there is one.
 
 local base = require "clientpool.base"
 local slot_of, is_held, SENTINEL = base.slot_of, base.is_held, base.SENTINEL
@@ -40,39 +29,24 @@ local M = {}
 
 -- The held leases whose owner ended, as a list (nil if none), and whether
 -- any held lease has an owner at all.
--- Notes the sole owner of the held owned leases (nil: none), or that
--- there are several (sref == false).
-local function note_sole(self, sref, sctx)
-  if sref == false then
-    self._osref, self._osctx, self._omixed = nil, nil, true
-  else
-    self._osref, self._osctx, self._omixed = sref, sctx, false
-  end
-end
-
 local function ended(self)
   local alive = self._sched.owner_alive
   local list, n, owned = nil, 0, false
   local lor, loc = self._lor, self._loc
-  local sref, sctx = nil, nil     -- the sole owner of the live owned leases; false: several
   for l, lease in pairs(self._held) do
     local ref = lor[l + 1]
     if ref and is_held(lease) then
       owned = true
-      local ctx = loc[l + 1]
-      local ok, moved = alive(ref, ctx)
+      local ok, moved = alive(ref, loc[l + 1])
       if not ok then
         n = n + 1
         if not list then list = {} end
         list[n] = lease
-      else
-        if moved ~= nil then ctx = moved; loc[l + 1] = moved end
-        if sref == nil then sref, sctx = ref, ctx
-        elseif sref ~= ref or sctx ~= ctx then sref = false end
+      elseif moved ~= nil then
+        loc[l + 1] = moved
       end
     end
   end
-  note_sole(self, sref, sctx)
   return list, owned
 end
 
@@ -113,53 +87,17 @@ local function watch_step(self)
   return owned
 end
 
-local function start_watch(self)
-  local watch = self._sched.watch_owners
-  if watch and watch(watch_step, self) then self._owner_watch = true end
-end
-
--- before_wait with the held leases scanned.
-local function scan_before_wait(self, always)
-  local n, owned = M.reclaim(self)
-  if n > 0 and not always then return true end
-  if owned and not self._owner_watch then start_watch(self) end
-  return false
-end
-
 --- An acquisition (or drain(): always) is about to wait: leases of ended
 -- owners go first (returns true if any did: the caller looks again), else
--- the watch runs while it waits. O(1) while the owned leases held have
--- one owner, alive (see the opening comment).
+-- the watch runs while it waits.
 function M.before_wait(self, always)
-  if self._omixed then return scan_before_wait(self, always) end
-  local ref = self._osref
-  if ref == nil then return false end        -- no owned lease made since none was held
-  if next(self._held) == nil then            -- none held now: forget the owner
-    self._osref, self._osctx = nil, nil
-    return false
+  local n, owned = M.reclaim(self)
+  if n > 0 and not always then return true end
+  if owned and not self._owner_watch then
+    local watch = self._sched.watch_owners
+    if watch and watch(watch_step, self) then self._owner_watch = true end
   end
-  local ok, moved = self._sched.owner_alive(ref, self._osctx)
-  if not ok or moved ~= nil then return scan_before_wait(self, always) end
-  -- (a lease of that owner may be held: the watch, as after a scan)
-  if not self._owner_watch then start_watch(self) end
   return false
-end
-
---- The pool's owner(self), for new_lease: the adapter's owner(), noting
--- whether the owned leases made have one owner (see the opening comment).
--- (One function for every pool, not a closure per pool: a call site
--- compiled for one pool's closure fails its guard on the next pool's.)
-function M.record(self)
-  local ref, ctx = self._sched.owner()
-  if ref and not self._omixed then
-    local sref = self._osref
-    if sref == nil then
-      self._osref, self._osctx = ref, ctx
-    elseif sref ~= ref or self._osctx ~= ctx then
-      self._osref, self._osctx, self._omixed = nil, nil, true
-    end
-  end
-  return ref, ctx
 end
 
 return M
