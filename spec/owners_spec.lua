@@ -120,9 +120,9 @@ describe("clientpool.owners (simulated owners, virtual clock)", function()
     pool:close()
   end)
 
-  -- before_wait scans nothing while the owned leases held have one live
-  -- owner (owners.lua's sole owner): whatever the order owners come and go
-  -- in, an ended owner's lease is still given back before a wait
+  -- whatever the order owners come and go in (several at once; one after
+  -- another, with or without a wait in between), an ended owner's lease is
+  -- given back before a wait (a guard for any shortcut of before_wait's scan)
   it("gives back an ended owner's lease among several owners, and after the sole owner changed", function()
     local sched, loop = owned_sched()
     local f = H.factory(loop)
