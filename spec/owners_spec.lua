@@ -120,6 +120,76 @@ describe("clientpool.owners (simulated owners, virtual clock)", function()
     pool:close()
   end)
 
+  -- whatever the order owners come and go in (several at once; one after
+  -- another, with or without a wait in between), an ended owner's lease is
+  -- given back before a wait (a guard for any shortcut of before_wait's scan)
+  it("gives back an ended owner's lease among several owners, and after the sole owner changed", function()
+    local sched, loop = owned_sched()
+    local f = H.factory(loop)
+    local pool = clientpool.new { create = f.create, destroy = f.destroy, max_live = 2, scheduler = sched }
+    local res = {}
+    H.schedulers()[1].run(loop, function()
+      local o1, o2, o3, o4 = owner(), owner(), owner(), owner()
+      -- two owners hold a lease each; the second one ends
+      sched.current_owner = o1
+      local a = assert(pool:acquire())
+      sched.current_owner = o2
+      assert(pool:acquire())
+      sched.current_owner = o1
+      o2.ended = true
+      local t0 = loop.now()
+      local b, code = pool:acquire(nil, { timeout = 1 })
+      res[1] = { lease = b, code = code, waited = loop.now() - t0 }
+      a:release()
+      if b then b:release() end
+      -- a sole owner whose leases were all released, then another one's,
+      -- which ends: without a wait in between (nothing held seen)...
+      sched.current_owner = o3
+      local c = assert(pool:acquire())
+      local d = assert(pool:acquire())
+      c:release()
+      d:release()
+      sched.current_owner = o4
+      assert(pool:acquire())
+      assert(pool:acquire())
+      o4.ended = true
+      sched.current_owner = o3
+      t0 = loop.now()
+      local e
+      e, code = pool:acquire(nil, { timeout = 1 })
+      res[2] = { lease = e, code = code, waited = loop.now() - t0 }
+      if e then e:release() end
+      -- ...and with one (a wait with nothing held forgets the owner)
+      local g1 = assert(pool:acquire())
+      local g2 = assert(pool:acquire())
+      local l, why = pool:acquire(nil, { timeout = 0.01 })   -- waits: o3 holds both, alive
+      res[3] = { lease = l, code = why }
+      g1:release()
+      g2:release()
+      local o5 = owner()
+      sched.current_owner = o5
+      assert(pool:acquire())
+      assert(pool:acquire())
+      o5.ended = true
+      sched.current_owner = nil
+      t0 = loop.now()
+      e, code = pool:acquire(nil, { timeout = 1 })
+      res[4] = { lease = e, code = code, waited = loop.now() - t0 }
+      if e then e:release() end
+    end)
+    for i = 1, 2 do
+      assert.is_table(res[i].lease, i .. ": " .. tostring(res[i].code))
+      assert.are.equal(0, res[i].waited)
+    end
+    assert.is_nil(res[3].lease)
+    assert.are.equal("timeout", res[3].code)
+    assert.is_table(res[4].lease, tostring(res[4].code))
+    assert.are.equal(0, res[4].waited)
+    -- o2's lease, o4's two, o5's two
+    assert.are.equal(5, pool:stats().leaked)
+    pool:close()
+  end)
+
   it("drain() waiting for the lease of an owner that ends returns without the collector", function()
     local sched, loop = owned_sched(0.002)
     local f = H.factory(loop)

@@ -13,7 +13,8 @@
 --   the handle (nothing refers to it any more, so nothing can wake it), when
 --   done(handle) says so (the driver calls it when an acquire's wait ends),
 --   or when its waiter is found gone. A wait/wake cycle
---   allocates no semaphore; current() allocates one small table.
+--   allocates no semaphore; current() allocates one small table, or none:
+--   done() keeps the handle's table for a later current().
 -- * wake() posts the semaphore and remembers it (`pending`), so a wake that
 --   comes before the wait, or while a wait times out, is not lost. It returns
 --   false when the waiter left the semaphore's queue without returning from
@@ -111,6 +112,8 @@ local nslots = 0
 local free, nfree = {}, 0
 local isfree = {}                 -- isfree[i]: slot i is on the free list
 local sweep_at = 32               -- sweep when this many slots exist and none is free
+-- Handle tables given back by done(), for current() to reuse.
+local hfree, nhfree, HFREE_MAX = {}, 0, 256
 local lost_count = 0              -- grants reported lost (diagnostics)
 local wakes_refused = 0           -- wake() returned false (diagnostics)
 
@@ -272,8 +275,16 @@ function M.current()
   if not WAITABLE[phase] then return nil, "cannot wait in the " .. phase .. " phase" end
   if nwatch > 0 and not watch_armed then run_watch() end
   local i = take_slot()
-  local h = { i = i, st = HELD, pending = false, tm = phase == "timer",
-              lost = nil, la = nil, lb = nil, lc = nil, wi = false }
+  local h
+  if nhfree > 0 then
+    h = hfree[nhfree]
+    hfree[nhfree] = nil
+    nhfree = nhfree - 1
+    h.i, h.st, h.pending, h.tm = i, HELD, false, phase == "timer"
+  else
+    h = { i = i, st = HELD, pending = false, tm = phase == "timer",
+          lost = nil, la = nil, lb = nil, lc = nil, wi = false }
+  end
   H[i] = h
   return h
 end
@@ -416,9 +427,18 @@ end
 M.exiting = worker_exiting
 
 --- Gives h's semaphore back at once (optional; without it the garbage
--- collector does). The handle must not be used again.
+-- collector does). The handle must not be used again: its table is kept
+-- for a later current() (a wait allocates no table then).
 function M.done(h)
-  if h.st == HELD then retire(h) end
+  if h.st == HELD then
+    retire(h)
+    -- (off the watch, no callback: nothing of the adapter refers to it)
+    if not h.wi and nhfree < HFREE_MAX then
+      h.lost, h.la, h.lb, h.lc = nil, nil, nil, nil
+      nhfree = nhfree + 1
+      hfree[nhfree] = h
+    end
+  end
 end
 
 local function log_task_error(err)

@@ -164,6 +164,25 @@ describe("semaphores", function()
     assert.is_true(sched.stats().semaphores - s0 <= 1)
   end)
 
+  it("done() keeps the handle's table for the next current(), with nothing of its wait", function()
+    local h = sched.current()
+    sched.wake(h)                       -- a post never taken: not the next wait's
+    sched.done(h)
+    local h2 = sched.current()
+    assert.are.equal(h, h2)             -- the same table: no allocation per wait
+    assert.are.same({ nil, "timeout" }, { sched.wait(h2, sched.now() + 0.01) })
+    assert.is_true(sched.wake(h2))
+    assert.is_true(sched.wait(h2, sched.now() + 1))
+    sched.done(h2)
+    -- a handle that died (its wait's thread killed) is not kept
+    local dead = sched.current()
+    local t = ngx.thread.spawn(function() sched.wait(dead, sched.now() + 5) end)
+    ngx.thread.kill(t)
+    assert.is_false(sched.wake(dead))
+    sched.done(dead)
+    assert.are_not.equal(dead, sched.current())
+  end)
+
   -- TASKS light threads hand one client (max_live = 1) round, ROUNDS times
   -- each, with the collector stopped: what a handoff leaves behind shows.
   -- probe(), if given, runs in each thread after each release.
