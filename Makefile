@@ -276,7 +276,7 @@ check-memory:
 test-busted-asan: build/asan-lua5.4/clientpool/core.so
 	@test -f '$(ASAN_RT)' || { echo "check-memory: no ASan runtime found via $(CLANG)"; exit 1; }
 	@echo "check-memory: lua5.4 busted with $(ASAN_RT) preloaded"
-	@$(ASAN_ENV) BUSTED_PREFIX='env LD_PRELOAD=$(ASAN_RT)' \
+	@$(ASAN_ENV) BUSTED_PREFIX='env LD_PRELOAD=$(ASAN_RT)' CLIENTPOOL_SPEC_SCALE=0.05 \
 	  scripts/busted-run.sh lua5.4 '--lpath=$(LPATH)' '--cpath=./build/asan-lua5.4/?.so' $(SPEC_ROOTS)
 
 # ---------------------------------------------------------------- reliability
@@ -353,7 +353,7 @@ SOAK_VALGRIND_ARGS ?= --coroutines 1000 --acquisitions 100000 --margin 0.25
 # function's Lua stack stays inside Lua's own block where ASan does not
 # look; valgrind caught one. About a minute for both.
 test-valgrind-%: build/%/clientpool/core.so
-	@BUSTED_PREFIX="valgrind --quiet --error-exitcode=99" CLIENTPOOL_BACKEND=core CLIENTPOOL_SPEC_SCALE=0.04 \
+	@BUSTED_PREFIX="valgrind --quiet --error-exitcode=99" CLIENTPOOL_BACKEND=core CLIENTPOOL_SPEC_SCALE=0.06 \
 	  scripts/busted-run.sh $* \
 	  '--lpath=$(LPATH)' '--cpath=./build/$*/?.so' spec/checkout_spec.lua spec/acquire_spec.lua spec/acquire_lifecycle_spec.lua \
 	  spec/lease_spec.lua spec/leak_spec.lua spec/stats_spec.lua
