@@ -1590,8 +1590,15 @@ static int hammer_child(hammer_t *H, int me) {
   f->on_reclaim = hammer_on_reclaim;
   f->on_reclaim_ud = H;
   /* (EBUSY: the admin lock is held, possibly by a child killed inside it until a
-   * scan steals it; on a loaded machine that took longer than 100 ms once) */
-  for (i = 0; (r = clientpool_fleet_join(f)) == CLIENTPOOL_FLEET_EBUSY && i < 2000; i++) sleep_us(1000);
+   * scan steals it; on a loaded machine that took longer than 100 ms once.
+   * EMEMBERS: in the kill storm the rows of killed children are each a
+   * reclaim away from free, and a reclaimer descheduled mid-reclaim keeps its
+   * row RECLAIMING; four children at once were refused so, in a CI run on a
+   * machine loaded past its two cores.  Both pass; the bound is 4 s.) */
+  for (i = 0; ((r = clientpool_fleet_join(f)) == CLIENTPOOL_FLEET_EBUSY || r == CLIENTPOOL_FLEET_EMEMBERS) &&
+              i < 4000; i++)
+    sleep_us(1000);
+  if (r != 0) printf("  child %d: join: %d after %d tries\n", (int)getpid(), (int)r, i);
   CCHECK(r == 0);
   memset(hold, 0, sizeof hold);
   for (k = 0; k < HK; k++) slot[k] = -1;
