@@ -99,4 +99,35 @@ describe("clientpool without a duration option (issue 17: no clock read on the f
     assert.is_false(hooked._e.skip_clock)
     plain:close(); hooked:close()
   end)
+
+  -- The FFI backend reads an acquisition's time in Lua (base.turn_of), so
+  -- that the engine's untimed path was never tried on acquire: a clock read
+  -- a pair, a third of a checkout pair under the JIT (found 2026-12-03).
+  -- Counted through the backend's monotime, which that read goes through.
+  local jit_it = rawget(_G, "jit") and it or pending
+  jit_it("the FFI backend's pairs read no clock in Lua without a duration option", function()
+    local ffimod = require "clientpool.ffi"
+    local real, reads = ffimod.monotime, 0
+    ffimod.monotime = function() reads = reads + 1; return real() end
+    local ok, err = pcall(function()
+      local function pairs_of(o)
+        o.backend = "ffi"
+        local pool = counting(o)
+        reads = 0
+        for _ = 1, 10 do
+          assert(pool:acquire()):release()
+          assert(pool:try_acquire()):release()
+          local _, h = pool:checkout()
+          pool:checkin(h)
+        end
+        local n = reads
+        pool:close()
+        return n
+      end
+      assert.equal(0, pairs_of { max_live = 2 }, "reads without a duration option")
+      assert.is_true(pairs_of { max_live = 2, idle_timeout = 60 } >= 30, "a timed pool's reads are counted")
+    end)
+    ffimod.monotime = real
+    assert(ok, err)
+  end)
 end)

@@ -186,10 +186,12 @@ function B.turn_of(self)
   if self._mono then
     -- (the FFI backend: the clock read here, not in the binding, so that
     -- the time is a number in and out of turns alike: one type less for
-    -- the JIT's traces to split on)
+    -- the JIT's traces to split on; but not in a pool that needs no time,
+    -- where the engine's untimed path reads none: a clock read was a third
+    -- of a checkout pair under the JIT)
     local m = self._mclock
-    if m then return m() end
-    return nil
+    if m and not self._untimed then return m() end
+    return nil        -- (the engine reads the clock, only if it needs it)
   end
   return self._sched.now()
 end

@@ -305,8 +305,12 @@ local FP_POOL_FIELDS = { nwaiters = "_nwaiters", drain = "_drain_hs", config = "
 -- it.
 local function clock_setup(self)
   local c = self._c
-  self._e:untimed(self._mono and not self._validate and not (c.idle_timeout or c.max_lifetime or
-                  c.validate_after_idle or c.keepalive or c.leak_threshold))
+  local untimed = self._mono and not self._validate and not (c.idle_timeout or c.max_lifetime or
+                  c.validate_after_idle or c.keepalive or c.leak_threshold)
+  self._e:untimed(untimed)
+  -- (the FFI backend reads the acquisition's clock in Lua, base.turn_of:
+  -- not where the engine's untimed path is tried first)
+  self._untimed = untimed and true or false
 end
 
 -- The lease form of the fast path (self._fp, made by install_fastpath) is

@@ -120,6 +120,7 @@ function _M.new(opts)
     -- owners: the adapter's owner() (OpenResty: leases end with their request)
     _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and sched.owner or nil,
     _owner_watch = false,
+    _untimed = false,     -- checkout.lua's clock_setup: the engine's untimed path is tried first
   }, Pool)
   self._lmt = lease.metatable(self)         -- lease: its leases' metatable (names the pool)
   -- (base.turn_of: the FFI backend's clock, read in Lua)
