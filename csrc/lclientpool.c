@@ -189,16 +189,13 @@ static int lcp_pool__tostring(lua_State *L) {
  * engine.  A released lease's sentinel is nobody's any more and is armed
  * again for a later lease (lcp_recycle_sentinel): no finalizer runs per lease,
  * and a lease table needs no __gc of its own. */
-void lcp_push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
+void lcp_push_sentinel_in(lua_State *L, int e, int guards, int spare, int32_t lease, uint32_t gen) {
   lcp_guard *s;
-  int n;
-  lcp_getuservalue(L, e);                      /* uv */
-  lua_rawgeti(L, -1, UV_SPARE);                /* uv spare */
-  n = lcp_rawlen(L, -1);
+  int n = lcp_rawlen(L, spare);
   if (n > 0) {
-    lua_rawgeti(L, -1, n);                     /* uv spare s */
+    lua_rawgeti(L, spare, n);                  /* s */
     lua_pushnil(L);
-    lua_rawseti(L, -3, n);
+    lua_rawseti(L, spare, n);
     s = (lcp_guard *)lua_touserdata(L, -1);
   } else {
     lcp_box **u = (lcp_box **)lua_touserdata(L, e);
@@ -207,36 +204,48 @@ void lcp_push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
     s->box->refs++;
     luaL_getmetatable(L, LCP_SENTINEL_MT);
     lua_setmetatable(L, -2);
-    lua_pushvalue(L, -3);
+    lcp_getuservalue(L, e);                    /* (the private table: its notify) */
     lcp_setuservalue(L, -2);
   }
   s->lease = lease;
   s->gen = gen;
-  lua_rawgeti(L, -3, UV_GUARDS);               /* uv spare s guards */
-  lua_pushvalue(L, -2);
-  lua_rawseti(L, -2, lease + 1);
-  lua_pop(L, 1);
-  lua_replace(L, -3);                          /* s spare */
-  lua_pop(L, 1);
+  lua_pushvalue(L, -1);
+  lua_rawseti(L, guards, lease + 1);
 }
 
-/* The lease (lease, gen) ended: its sentinel, if the driver dropped it (the
- * lease table no longer refers to it), goes to the spares. */
-void lcp_recycle_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
+void lcp_push_sentinel_tables(lua_State *L, int e) {
+  lcp_getuservalue(L, e);
+  lua_rawgeti(L, -1, UV_GUARDS);
+  lua_rawgeti(L, -2, UV_SPARE);
+  lua_remove(L, -3);
+}
+
+void lcp_push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
+  int top = lua_gettop(L);
+  lcp_push_sentinel_tables(L, e);              /* guards spare */
+  lcp_push_sentinel_in(L, e, top + 1, top + 2, lease, gen);
+  lua_replace(L, top + 1);
+  lua_settop(L, top + 1);
+}
+
+void lcp_recycle_sentinel_in(lua_State *L, int guards, int spare, int32_t lease, uint32_t gen) {
   lcp_guard *s;
-  lcp_getuservalue(L, e);                      /* uv */
-  lua_rawgeti(L, -1, UV_GUARDS);               /* uv guards */
-  lua_rawgeti(L, -1, lease + 1);               /* uv guards s|nil */
+  lua_rawgeti(L, guards, lease + 1);           /* s|nil */
   s = (lcp_guard *)lua_touserdata(L, -1);
   if (s && s->box && s->lease == lease && s->gen == gen) {
     lua_pushnil(L);
-    lua_rawseti(L, -3, lease + 1);
-    lua_rawgeti(L, -3, UV_SPARE);              /* uv guards s spare */
-    lua_pushvalue(L, -2);
-    lua_rawseti(L, -2, lcp_rawlen(L, -2) + 1);
+    lua_rawseti(L, guards, lease + 1);
+    lua_rawseti(L, spare, lcp_rawlen(L, spare) + 1);
+  } else {
     lua_pop(L, 1);
   }
-  lua_pop(L, 3);
+}
+
+void lcp_recycle_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
+  int top = lua_gettop(L);
+  lcp_push_sentinel_tables(L, e);
+  lcp_recycle_sentinel_in(L, top + 1, top + 2, lease, gen);
+  lua_settop(L, top);
 }
 
 /* E:sentinel(lease, gen) -> a leak sentinel */

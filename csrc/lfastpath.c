@@ -68,14 +68,15 @@
 /* The closures' upvalues: the engine, the pool, the parts table's fields
  * named in fp_parts (same order), the field names of pool_fields and
  * lease_fields (fp_pool_fields, fp_lease_fields: same order), then the
- * listener events they look up (public names: pool:on("acquire")) and the
- * option name of max_waiting. */
+ * listener events they look up (public names: pool:on("acquire")), the
+ * option name of max_waiting, the sentinel metatable and the engine's two
+ * sentinel tables (lcp_push_sentinel_tables). */
 enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
        FP_DEFAULT, FP_LAYOUT, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
        FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE, FP_L_REC, FP_L_KEY,
        FP_F_NWAITERS, FP_F_DRAIN, FP_F_CONFIG,
        FP_L_CLIENT, FP_L_SENTINEL,
-       FP_S_ACQUIRE, FP_S_RELEASE, FP_S_MAX_WAITING, FP_SENTINEL_MT, FP_N };
+       FP_S_ACQUIRE, FP_S_RELEASE, FP_S_MAX_WAITING, FP_SENTINEL_MT, FP_GUARDS, FP_SPARE, FP_N };
 static const char *const fp_parts[] = {
   "kids", "clients", "parked", "co_rec", "co_key", "on", "default", "hbase", "hslots", "validate",
   "checkout", "checkin", "checkout_from", "checkin_rest", "held",
@@ -93,6 +94,10 @@ typedef struct fp_layout {
   int hbits;           /* log2(hslots): handles are split by shifts, not divisions */
   uint32_t hbase;      /* the pool's handle base (parts.hbase) */
   int validate;        /* the pool has a validate hook (parts.validate) */
+  /* the engine handle's box pointer (FP_ENGINE's userdata block): Lua never
+   * moves a userdata's block, and each closure holds the handle as an
+   * upvalue, so this stays valid as long as the closure */
+  lcp_box *const *eng;
 } fp_layout;
 
 static const fp_layout *fp_lay(lua_State *L) {
@@ -104,19 +109,18 @@ static const fp_layout *fp_lay(lua_State *L) {
  * an assignment does), t[key] with lua_rawget. */
 #define fp_key(L, name) lua_pushvalue(L, name)
 
-static clientpool_t *fp_engine(lua_State *L) {
-  lcp_box **u = (lcp_box **)lua_touserdata(L, FP(ENGINE));
-  return (u && *u) ? (*u)->p : NULL;
+static clientpool_t *fp_engine(const fp_layout *lay) {
+  return *lay->eng ? (*lay->eng)->p : NULL;
 }
 
-/* Whether t[field] (field a string upvalue) is nil. */
+/* Whether t[field] (field a string upvalue) is nil.  The value stays on
+ * the stack, as the others the closures look at do: they return their top
+ * values, and a pop is one C API call more per check (B1 on PUC Lua is
+ * mostly such calls). */
 static int fp_unset(lua_State *L, int t, int field) {
-  int none;
   lua_pushvalue(L, field);
   lua_rawget(L, t);
-  none = lua_isnil(L, -1);
-  lua_pop(L, 1);
-  return none;
+  return lua_isnil(L, -1);
 }
 
 /* Whether n queued waiters (n > 0) leave the pool's queue short of its
@@ -142,23 +146,22 @@ static int fp_queue_short(lua_State *L, lua_Number n) {
  * when nothing was done (the driver does it all), else 1 when the grant is
  * the common case (an idle client, unparked, no validate, no event pending,
  * no acquire listener), 0 when the driver must go on from it
- * (fp_push_grant). */
-static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k, clientpool_t **pp) {
+ * (fp_push_grant).  Its callers make room for FP_ROOM values first. */
+#define FP_ROOM 24                       /* 11 results over 8 slots, and push_sentinel's */
+static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_grant_t *g, int32_t *k,
+                      clientpool_t **pp) {
   clientpool_t *p;
-  const fp_layout *lay = fp_lay(L);
-  int parked;
+  lua_Number nw;
   if (!lua_rawequal(L, 1, FP(POOL))) return -1;
-  luaL_checkstack(L, 24, NULL);          /* 11 results over 5 slots, and push_sentinel's */
   lua_settop(L, nargs);
   lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* nargs + 1: name */
   lua_pushvalue(L, -1);
   lua_rawget(L, FP(KIDS));                                /* nargs + 2: key id */
-  if (lua_isnil(L, -1) || (p = fp_engine(L)) == NULL) return -1;
+  if (lua_isnil(L, -1) || (p = fp_engine(lay)) == NULL) return -1;
   lua_pushvalue(L, FP(F_NWAITERS));
-  lua_rawget(L, 1);
-  if (lua_tonumber(L, -1) > 0 && !fp_queue_short(L, lua_tonumber(L, -1))) return -1;
-  lua_pop(L, 1);
-  *k = (int32_t)lua_tointeger(L, -1);
+  lua_rawget(L, 1);                                       /* (left on the stack: fp_unset) */
+  if ((nw = lua_tonumber(L, -1)) > 0 && !fp_queue_short(L, nw)) return -1;
+  *k = (int32_t)lua_tointeger(L, nargs + 2);
   *pp = p;
   /* no clock read where nothing needs the time (the engine says; a validate
    * hook reads the idle time, so with one the stamps are always taken) */
@@ -168,9 +171,7 @@ static int fp_acquire(lua_State *L, int nargs, clientpool_grant_t *g, int32_t *k
       (g->validate && lay->validate) || !fp_unset(L, FP(ON), FP(S_ACQUIRE)))
     return 0;
   lua_rawgeti(L, FP(PARKED), g->record);
-  parked = lua_toboolean(L, -1);
-  lua_pop(L, 1);
-  return !parked;
+  return !lua_toboolean(L, -1);
 }
 
 /* The grant fp_acquire did not finish: nil, false, k, then push_grant's. */
@@ -185,10 +186,14 @@ static int fast_checkout(lua_State *L) {
   clientpool_grant_t g;
   clientpool_t *p;
   int32_t k;
-  int fast = fp_acquire(L, 2, &g, &k, &p);                /* 3: name */
+  const fp_layout *lay = fp_lay(L);
+  int fast;
+#if LUA_VERSION_NUM < 503                /* (else lcp_direct_checkout made room) */
+  luaL_checkstack(L, FP_ROOM, NULL);
+#endif
+  fast = fp_acquire(L, 2, lay, &g, &k, &p);               /* 3: name */
   if (fast < 0) return 0;
   if (fast) {
-    const fp_layout *lay = fp_lay(L);
     lua_pushinteger(L, g.record);
     lua_rawseti(L, FP(CO_REC), g.lease + 1);
     lua_pushvalue(L, 3);
@@ -227,18 +232,18 @@ static int fp_release(clientpool_t *p, const fp_layout *lay, int32_t l, uint32_t
   return rc == CLIENTPOOL_UNTIMED ? clientpool_release(p, l, gen, reason, clientpool_monotime()) : rc;
 }
 
-static int fast_checkin(lua_State *L) {
+/* checkin of handle h (valid: fp_handle), reuse at index 3 nil or a
+ * boolean. */
+static int fp_checkin(lua_State *L, int64_t h) {
   clientpool_t *p;
   const fp_layout *lay;
-  int64_t h;
   int32_t l, rec, pending;
   uint32_t gen;
-  int reuse_type = lua_type(L, 3), rc;
-  if (!lua_rawequal(L, 1, FP(POOL)) || (h = fp_handle(L)) < 0) return 0;   /* Lua raises */
-  if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
+  int rc;
+  if (!lua_rawequal(L, 1, FP(POOL))) return 0;
   if (!fp_unset(L, 1, FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) return 0;
-  if ((p = fp_engine(L)) == NULL) return 0;
   lay = fp_lay(L);
+  if ((p = fp_engine(lay)) == NULL) return 0;
   l = (int32_t)(h & (lay->hslots - 1));
   lua_rawgeti(L, FP(CO_REC), l + 1);
   if (lua_isnil(L, -1)) { lua_pushboolean(L, 1); return 1; }   /* no checkout holds the slot */
@@ -255,6 +260,16 @@ static int fast_checkin(lua_State *L) {
   lua_pushinteger(L, l);
   return 4;
 }
+
+#if LUA_VERSION_NUM < 503   /* (5.3+: lcp_direct_checkin checks the arguments itself) */
+static int fast_checkin(lua_State *L) {
+  int64_t h;
+  int reuse_type = lua_type(L, 3);
+  if ((h = fp_handle(L)) < 0) return 0;   /* Lua raises */
+  if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
+  return fp_checkin(L, h);
+}
+#endif
 
 #if LUA_VERSION_NUM >= 503
 static int fp_return(lua_State *L, int status, lua_KContext base) {
@@ -285,7 +300,7 @@ static int lcp_direct_checkout(lua_State *L) {
   if (t != LUA_TNIL && t != LUA_TSTRING && lua_rawequal(L, 1, FP(POOL)))
     return luaL_error(L, "clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got %s)",
                       lua_typename(L, t));
-  luaL_checkstack(L, 32, NULL);          /* (more than LUA_MINSTACK: results, then a call) */
+  luaL_checkstack(L, 32, NULL);          /* (FP_ROOM, then a call's: more than LUA_MINSTACK) */
   n = fast_checkout(L);
   if (n == 2) return 2;
   if (n == 0) return fp_lua(L, FP(LUA_CHECKOUT), 2);
@@ -308,8 +323,9 @@ static int lcp_direct_checkout(lua_State *L) {
 
 static int lcp_direct_checkin(lua_State *L) {
   int n, top, t;
+  int64_t h;
   lua_settop(L, 3);
-  if (fp_handle(L) < 0)
+  if ((h = fp_handle(L)) < 0)
     return luaL_error(L, "clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got %s)",
                       luaL_tolstring(L, 2, NULL));
   t = lua_type(L, 3);
@@ -317,7 +333,7 @@ static int lcp_direct_checkin(lua_State *L) {
     return luaL_error(L, "clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got %s)",
                       lua_typename(L, t));
   luaL_checkstack(L, 32, NULL);
-  n = fast_checkin(L);
+  n = fp_checkin(L, h);
   if (n == 1) return 0;
   if (n == 0) return fp_lua(L, FP(LUA_CHECKIN), 3);
   top = lua_gettop(L);
@@ -345,7 +361,8 @@ static int fast_acquire(lua_State *L) {
   int32_t k;
   int fast;
   if (!lua_isnoneornil(L, 3)) return 0;
-  fast = fp_acquire(L, 3, &g, &k, &p);                   /* 3: opts (nil), 4: name */
+  luaL_checkstack(L, FP_ROOM, NULL);
+  fast = fp_acquire(L, 3, fp_lay(L), &g, &k, &p);        /* 3: opts (nil), 4: name */
   if (fast < 0) return 0;
   if (fast) {                            /* as the driver's new_lease */
     int t;
@@ -356,7 +373,7 @@ static int fast_acquire(lua_State *L) {
     lua_rawgeti(L, FP(CLIENTS), g.record);
     lua_rawset(L, t);
     fp_key(L, FP(L_SENTINEL));
-    lcp_push_sentinel(L, FP(ENGINE), g.lease, g.lease_gen);
+    lcp_push_sentinel_in(L, FP(ENGINE), FP(GUARDS), FP(SPARE), g.lease, g.lease_gen);
     lua_rawset(L, t);
     lua_pushvalue(L, FP(LEASE_MT));
     lua_setmetatable(L, t);
@@ -378,13 +395,14 @@ static int lcp_fast_release(lua_State *L) {
   const lcp_guard *s;
   int32_t l, rc;
   uint32_t gen;
-  lcp_box **u = (lcp_box **)lua_touserdata(L, FP(ENGINE));
+  const fp_layout *lay = fp_lay(L);
+  lcp_box *b = *lay->eng;
   lua_settop(L, 2);
   fp_key(L, FP(L_SENTINEL));
   lua_rawget(L, 1);                                       /* 3: the sentinel (held here) */
   if (!lua_getmetatable(L, 1)) lua_pushnil(L);            /* 4: the lease's metatable */
-  if (!lua_rawequal(L, 4, FP(LEASE_MT)) || u == NULL || *u == NULL || (p = (*u)->p) == NULL ||
-      (s = lcp_guard_at(L, 3, *u, FP(SENTINEL_MT))) == NULL ||
+  if (!lua_rawequal(L, 4, FP(LEASE_MT)) || b == NULL || (p = b->p) == NULL ||
+      (s = lcp_guard_at(L, 3, b, FP(SENTINEL_MT))) == NULL ||
       !fp_unset(L, FP(POOL), FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) {
     lua_pushboolean(L, 0);
     return 1;
@@ -396,16 +414,15 @@ static int lcp_fast_release(lua_State *L) {
     lua_pushnil(L);
     lua_rawseti(L, FP(HELD), l);
   }
-  lua_pop(L, 1);
   lua_pushnil(L);
   lua_rawseti(L, FP(L_REC), l + 1);
-  rc = fp_release(p, fp_lay(L), l, gen, fp_reason(L, 2));
+  rc = fp_release(p, lay, l, gen, fp_reason(L, 2));
   /* as the driver's finish_lease: the lease lets go of its sentinel once
    * the engine has the release (the stack holds it until then) */
   fp_key(L, FP(L_SENTINEL));
   lua_pushnil(L);
   lua_rawset(L, 1);
-  if (rc == 0) lcp_recycle_sentinel(L, FP(ENGINE), l, gen);
+  if (rc == 0) lcp_recycle_sentinel_in(L, FP(GUARDS), FP(SPARE), l, gen);
   if (clientpool_pending(p) > 0) {       /* release never yields: plain calls */
     lua_pushvalue(L, FP(PUMP));
     lua_pushvalue(L, FP(POOL));
@@ -449,6 +466,7 @@ int lcp_fastpath(lua_State *L) {
       return luaL_error(L, "clientpool.core.fastpath: parts.hslots must be a power of 2 up to 2^31");
     lay->hbase = (uint32_t)lua_tointeger(L, FP_LAYOUT + 1);
     lay->validate = lua_toboolean(L, FP_VALIDATE + 1);
+    lay->eng = (lcp_box *const *)lua_touserdata(L, 1);
     lua_replace(L, FP_LAYOUT + 1);       /* in parts.hbase's place */
   }
   lua_getfield(L, 3, "pool_fields");
@@ -465,6 +483,7 @@ int lcp_fastpath(lua_State *L) {
   lua_pushliteral(L, "release");
   lua_pushliteral(L, "max_waiting");
   luaL_getmetatable(L, LCP_SENTINEL_MT);
+  lcp_push_sentinel_tables(L, 1);
   lua_createtable(L, 0, 5);
   {
     static const struct { const char *name; lua_CFunction fn; } made[] = {
