@@ -13,15 +13,19 @@
  * is made in the driver alone.
  *
  * core.fastpath(engine, pool, parts) -> { checkout, checkin, acquire, release,
- *                                        direct }
+ *                                        lease_release, direct
+ *                                        [, acquire_direct, try_direct] }
  * parts: the driver's tables, names and functions, as in fp_parts below:
  *   kids, clients, parked, co_rec, co_key, on, held  the pool's tables
  *   default    the default key's name         hbase   the pool's handle base
  *   hslots     lease slots in a handle's low part (a handle is
  *              ((gen + hbase) mod 2^32) * hslots + slot)
  *   validate   whether the pool has a validate hook
- *   checkout, checkin, checkout_from, checkin_rest, pump, drain_wake
- *              the Lua functions the rest is handed to
+ *   checkout, checkin, checkout_from, checkin_rest, pump, drain_wake,
+ *   release, acquire_from, try_from, acquire_rest, try_rest
+ *              the Lua functions the rest is handed to (release: the
+ *              Lease.release that lease_release hands back to; the
+ *              others: what acquire_direct and try_direct hand back)
  *   lease_mt   the pool's Lease metatable (one per pool: it names the pool)
  *   lease_rec, lease_key  the pool's tables: lease slot + 1 -> record, key
  *              name (a lease table holds neither)
@@ -48,7 +52,12 @@
  *                            | (nothing)           nothing done
  *
  * acquire and release follow the same pattern for the lease form (below);
- * acquire is always wrapped in Lua, as its option errors are Lua's.
+ * on Lua 5.1 and LuaJIT the driver wraps acquire in Lua, on 5.3+ it
+ * installs acquire_direct and try_direct, which finish the job as the
+ * direct checkout does.
+ * lease_release is a lease's release method itself (the pool's leases'
+ * method table holds it): it does release's common case and hands
+ * anything else to the Lua Lease.release.
  *
  * On Lua 5.3 and 5.4 fastpath returns checkout and checkin closures that
  * finish the job themselves: they raise their argument errors (at the
@@ -74,13 +83,14 @@
 enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
        FP_DEFAULT, FP_LAYOUT, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
        FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE, FP_L_REC, FP_L_KEY,
-       FP_F_NWAITERS, FP_F_DRAIN, FP_F_CONFIG,
+       FP_LUA_RELEASE, FP_ACQUIRE_FROM, FP_TRY_FROM, FP_ACQUIRE_REST, FP_TRY_REST, FP_F_NWAITERS, FP_F_DRAIN, FP_F_CONFIG,
        FP_L_CLIENT, FP_L_SENTINEL,
        FP_S_ACQUIRE, FP_S_RELEASE, FP_S_MAX_WAITING, FP_SENTINEL_MT, FP_GUARDS, FP_SPARE, FP_N };
 static const char *const fp_parts[] = {
   "kids", "clients", "parked", "co_rec", "co_key", "on", "default", "hbase", "hslots", "validate",
   "checkout", "checkin", "checkout_from", "checkin_rest", "held",
-  "lease_mt", "pump", "drain_wake", "lease_rec", "lease_key", NULL
+  "lease_mt", "pump", "drain_wake", "lease_rec", "lease_key", "release",
+  "acquire_from", "try_from", "acquire_rest", "try_rest", NULL
 };
 static const char *const fp_pool_fields[] = { "nwaiters", "drain", "config", NULL };
 static const char *const fp_lease_fields[] = { "client", "sentinel", NULL };
@@ -388,9 +398,11 @@ static int fast_acquire(lua_State *L) {
   return fp_push_grant(L, k, &g, p, FP(ENGINE));   /* (a sentinel for a grant) */
 }
 
-/* release(lease, reuse) -> true when done (Lease.release calls it after its
- * own checks, for a lease of this pool); false when nothing was done. */
-static int lcp_fast_release(lua_State *L) {
+/* The common case of a lease's release (lease at 1, reuse at 2: nil or a
+ * boolean): 1 when done (also for a lease already released), 0 when
+ * nothing was done (not a lease of this pool's, a drain or a release
+ * listener, the engine closed, ...): the Lua Lease.release does it all. */
+static int fp_release_lease(lua_State *L) {
   clientpool_t *p;
   const lcp_guard *s;
   int32_t l, rc;
@@ -398,15 +410,14 @@ static int lcp_fast_release(lua_State *L) {
   const fp_layout *lay = fp_lay(L);
   lcp_box *b = *lay->eng;
   lua_settop(L, 2);
+  if (!lua_getmetatable(L, 1)) return 0;                 /* 3: the lease's metatable */
+  if (!lua_rawequal(L, 3, FP(LEASE_MT))) return 0;
   fp_key(L, FP(L_SENTINEL));
-  lua_rawget(L, 1);                                       /* 3: the sentinel (held here) */
-  if (!lua_getmetatable(L, 1)) lua_pushnil(L);            /* 4: the lease's metatable */
-  if (!lua_rawequal(L, 4, FP(LEASE_MT)) || b == NULL || (p = b->p) == NULL ||
-      (s = lcp_guard_at(L, 3, b, FP(SENTINEL_MT))) == NULL ||
-      !fp_unset(L, FP(POOL), FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
+  lua_rawget(L, 1);                                       /* 4: the sentinel (held here) */
+  if (lua_isnil(L, 4)) return 1;                          /* released: idempotent */
+  if (b == NULL || (p = b->p) == NULL || (s = lcp_guard_at(L, 4, b, FP(SENTINEL_MT))) == NULL ||
+      !fp_unset(L, FP(POOL), FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE)))
+    return 0;
   l = s->lease;
   gen = s->gen;
   lua_rawgeti(L, FP(HELD), l);
@@ -436,9 +447,74 @@ static int lcp_fast_release(lua_State *L) {
   fp_key(L, FP(L_CLIENT));
   lua_pushnil(L);
   lua_rawset(L, 1);
-  lua_pushboolean(L, 1);
   return 1;
 }
+
+/* release(lease, reuse) -> true when done; false when nothing was done
+ * (Lease.release calls it after its own checks, for a lease of a pool
+ * with the fast path: pool._frel). */
+static int lcp_fast_release(lua_State *L) {
+  lua_pushboolean(L, fp_release_lease(L));
+  return 1;
+}
+
+/* lease:release(reuse) itself: the pool's leases find it in their method
+ * table (checkout.lua's fastpath_leases), so a release is one C call, not
+ * the Lua Lease.release and then this (about 130 ns of a lua5.4 lease
+ * pair).  Whatever it does not do, Lease.release (parts.release) does, its
+ * checks and their errors included (raised at the caller's line: it counts
+ * the levels past this C frame). */
+static int lcp_lease_release(lua_State *L) {
+  int t;
+  lua_settop(L, 2);
+  t = lua_type(L, 2);
+  if ((t == LUA_TNIL || t == LUA_TBOOLEAN) && fp_release_lease(L)) return 0;
+  lua_settop(L, 2);
+  lua_pushvalue(L, FP(LUA_RELEASE));
+  lua_insert(L, 1);
+  lua_call(L, 2, 0);
+  return 0;
+}
+
+#if LUA_VERSION_NUM >= 503
+/* acquire(pool, key, opts) (nargs 3) and try_acquire(pool, key) (nargs 2)
+ * themselves, as lcp_direct_checkout: the lease of the common case; a
+ * grant fast_acquire did not finish goes to from (acquire_from, try_from)
+ * with the arguments the Lua wrappers pass it; anything else to rest
+ * (acquire_rest, try_rest), which raises the argument errors at the
+ * caller's line and does it all. */
+static int fp_direct_lease(lua_State *L, int nargs, int from, int rest) {
+  int n, top, first, i, pushed;
+  lua_settop(L, nargs);
+  luaL_checkstack(L, 40, NULL);          /* (FP_ROOM, then the call's 15 values) */
+  n = fast_acquire(L);
+  if (n == 1) return 1;
+  if (n == 0) return fp_lua(L, rest, nargs);
+  top = lua_gettop(L);
+  first = top - n + 1;                   /* nil, false, k, status .. pending[, sentinel] */
+  lua_pushvalue(L, from);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  if (nargs == 3) { lua_pushnil(L); lua_pushnil(L); }   /* acquire_from's opts and drain */
+  lua_pushvalue(L, first + 2);           /* k */
+  lua_pushvalue(L, 4);                   /* the key's name (fp_acquire) */
+  for (i = first + 3; i <= top; i++) lua_pushvalue(L, i);
+  /* the call moved down over what it copied (as lcp_direct_checkout: a
+   * waiter's frames sit that much lower) */
+  pushed = lua_gettop(L) - top;
+  lua_rotate(L, 3, pushed);
+  lua_settop(L, 2 + pushed);
+  return fp_call(L, 2, pushed - 1);
+}
+
+static int lcp_direct_acquire(lua_State *L) {
+  return fp_direct_lease(L, 3, FP(ACQUIRE_FROM), FP(ACQUIRE_REST));
+}
+
+static int lcp_direct_try(lua_State *L) {
+  return fp_direct_lease(L, 2, FP(TRY_FROM), FP(TRY_REST));
+}
+#endif
 
 /* Pushes t[name] (t at index t), which must be a string: a field name the
  * driver hands over. */
@@ -484,15 +560,17 @@ int lcp_fastpath(lua_State *L) {
   lua_pushliteral(L, "max_waiting");
   luaL_getmetatable(L, LCP_SENTINEL_MT);
   lcp_push_sentinel_tables(L, 1);
-  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, 8);
   {
     static const struct { const char *name; lua_CFunction fn; } made[] = {
 #if LUA_VERSION_NUM >= 503
       {"checkout", lcp_direct_checkout}, {"checkin", lcp_direct_checkin},
+      {"acquire_direct", lcp_direct_acquire}, {"try_direct", lcp_direct_try},
 #else
       {"checkout", fast_checkout}, {"checkin", fast_checkin},
 #endif
-      {"acquire", fast_acquire}, {"release", lcp_fast_release}, {NULL, NULL}
+      {"acquire", fast_acquire}, {"release", lcp_fast_release}, {"lease_release", lcp_lease_release},
+      {NULL, NULL}
     };
     for (i = 0; made[i].name; i++) {
       int j;

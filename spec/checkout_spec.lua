@@ -379,7 +379,7 @@ describe("checkout/checkin, acquire/release and try_acquire: the C fast path agr
     assert(rawget(pool, "checkout") ~= nil and rawget(pool, "acquire") ~= nil, "fast path installed")
     assert(rawget(pool, "try_acquire") ~= nil, "fast path's try_acquire installed")
     if not fast then
-      pool.checkout, pool.checkin, pool.acquire, pool.try_acquire, pool._frel, pool._fp = nil, nil, nil, nil, nil, nil
+      H.without_fastpath(pool)
     end
     local cap = 3   -- max_live, changed by configure() on the way
     local rnd = seed

@@ -320,6 +320,14 @@ function H.waiter(sched, pool, key, opts, then_fn)
   return w
 end
 
+-- Takes the binding's C fast path off pool (checkout.lua's
+-- install_fastpath): its methods, the lease form's release (the pool's
+-- leases' method table) included; the Lua path alone is left.
+function H.without_fastpath(pool)
+  pool.checkout, pool.checkin, pool.acquire, pool.try_acquire, pool._frel, pool._fp = nil, nil, nil, nil, nil, nil
+  pool._lmt.__index = require("clientpool").Lease
+end
+
 -- Lua bytes allocated per call of step(n) (n calls), the least of three
 -- rounds with the collector stopped, after a warm-up (and the JIT's
 -- compilation).

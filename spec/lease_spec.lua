@@ -211,7 +211,7 @@ describe("a lease pair allocates at most 128 bytes", function()
       it(what, function()
         local pool = clientpool.new { max_live = 2, create = function() return {} end }
         if path == "lua" then
-          pool.acquire, pool.try_acquire, pool._frel, pool._fp = nil, nil, nil, nil
+          H.without_fastpath(pool)
         end
         local bytes = per_pair(pool, try)
         pool:close()
@@ -220,4 +220,155 @@ describe("a lease pair allocates at most 128 bytes", function()
       end)
     end
   end
+end)
+
+-- The binding's C fast path makes the lease's release method itself a C
+-- function (lfastpath.c's lease_release, in the pool's leases' method
+-- table): the common case without the Lua Lease.release in front of it.
+-- What it does not do it hands to Lease.release, whose errors must still
+-- name the caller's line, and whose other cases (another pool's lease, a
+-- listener, a drain) must still happen.
+describe("a lease's release on the C fast path", function()
+  local fast = clientpool.backend == "core"
+  local it_fast = fast and it or pending
+  local function counted(o)
+    local f = { made = 0, destroyed = 0 }
+    local opts = { max_live = 2, create = function() f.made = f.made + 1; return { n = f.made } end,
+                   destroy = function() f.destroyed = f.destroyed + 1 end }
+    for k, v in pairs(o or {}) do opts[k] = v end
+    return clientpool.new(opts), f
+  end
+
+  it_fast("is a C function, and a pair leaves the pool as it found it", function()
+    local pool, f = counted()
+    local l = assert(pool:acquire("k"))
+    assert.equal("C", debug.getinfo(l.release, "S").what)
+    l:release()
+    for _ = 1, 100 do assert(pool:acquire("k")):release() end
+    local s = H.check(pool)
+    assert.equal(1, f.made)
+    assert.equal(0, f.destroyed)
+    assert.equal(1, s.idle)
+    assert.equal(0, s.leases)
+    pool:close()
+  end)
+
+  it("raises its argument errors at the caller's line", function()
+    local pool = counted()
+    local l = assert(pool:acquire("k"))
+    for _, case in ipairs {
+      { "release(5)", function() l:release(5) end, { "release", "#1", "boolean" } },
+      { "release('x') of a released lease", function() l:release(); l:release("x") end, { "release", "#1" } },
+      { "lease.release()", function() l.release() end, { "release", "colon" } },
+      { "lease.release({})", function() l.release({}) end, { "release", "colon" } },
+    } do
+      local err = H.errmsg(case[2])
+      assert_api_error(err, table.unpack and table.unpack(case[3]) or unpack(case[3]))
+      assert.truthy(err:find("lease_spec%.lua:%d+:"), case[1] .. ": no caller's line: " .. err)
+    end
+    assert.equal(0, H.check(pool).leases)
+    pool:close()
+  end)
+
+  it("acquire and try_acquire raise their argument errors at the caller's line", function()
+    local pool = counted()
+    if fast and tonumber(_VERSION:match("%d+%.%d+")) >= 5.3 then   -- (Lua 5.3+: the C closures themselves)
+      assert.equal("C", debug.getinfo(rawget(pool, "acquire"), "S").what)
+      assert.equal("C", debug.getinfo(rawget(pool, "try_acquire"), "S").what)
+    end
+    for _, case in ipairs {
+      { "acquire(5)", function() pool:acquire(5) end, { "acquire", "#1", "key" } },
+      { "acquire('k', 5)", function() pool:acquire("k", 5) end, { "acquire", "#2" } },
+      { "acquire('k', { timout = 1 })", function() pool:acquire("k", { timout = 1 }) end, { "timout" } },
+      { "acquire(5, {})", function() pool:acquire(5, {}) end, { "acquire", "#1", "key" } },
+      { "pool.acquire()", function() pool.acquire() end, { "acquire", "colon" } },
+      { "pool.acquire('k')", function() pool.acquire("k") end, { "acquire", "colon" } },
+      { "try_acquire(5)", function() pool:try_acquire(5) end, { "try_acquire", "#1", "key" } },
+      { "pool.try_acquire({})", function() pool.try_acquire({}) end, { "try_acquire", "colon" } },
+    } do
+      local err = H.errmsg(case[2])
+      assert_api_error(err, table.unpack and table.unpack(case[3]) or unpack(case[3]))
+      assert.truthy(err:find("lease_spec%.lua:%d+:"), case[1] .. ": no caller's line: " .. err)
+    end
+    local s = H.check(pool)
+    assert.equal(0, s.leases)
+    assert.equal(0, s.waiting)
+    pool:close()
+  end)
+
+  it("acquire with options, and a grant it hands on (a create), on the fast pool", function()
+    local pool, f = counted()
+    local l1 = assert(pool:acquire("k", { timeout = 1 }))   -- create: handed to acquire_from
+    local l2 = assert(pool:try_acquire("j"))               -- create: handed to try_from
+    assert.equal(2, f.made)
+    l1:release()
+    l2:release()
+    local l3 = assert(pool:acquire("k", {}))
+    assert.equal(1, l3.client.n)
+    l3:release()
+    local s = H.check(pool)
+    assert.equal(2, s.idle)
+    assert.equal(0, s.leases)
+    pool:close()
+  end)
+
+  it("of another pool's lease ends that lease, in its own pool", function()
+    local a, fa = counted()
+    local b, fb = counted()
+    local la, lb = assert(a:acquire()), assert(b:acquire())
+    la.release(lb, false)                -- la's method, lb's lease
+    assert.equal(1, H.check(a).leases)
+    assert.equal(0, H.check(b).leases)
+    assert.equal(1, fb.destroyed)
+    la:release()
+    lb:release()
+    assert.equal(0, fa.destroyed)
+    assert.equal(1, H.check(a).idle)
+    a:close()
+    b:close()
+  end)
+
+  it("release(false) and destroy retire the client, and repeat as no-ops", function()
+    local pool, f = counted()
+    local l = assert(pool:acquire())
+    l:release(false)
+    l:release(false)
+    l:destroy()
+    assert.equal(1, f.destroyed)
+    local l2 = assert(pool:acquire())
+    l2:destroy()
+    l2:release()
+    assert.equal(2, f.destroyed)
+    local s = H.check(pool)
+    assert.equal(0, s.leases)
+    assert.equal(0, s.idle)
+    pool:close()
+  end)
+
+  it("with a release listener, or a waiter, still tells the listener and hands the client over", function()
+    local loop = require("clientpool.loop").new()
+    local pool, f = counted { max_live = 1, scheduler = loop }
+    local heard = {}
+    local got
+    loop.spawn(function()
+      local l = assert(pool:acquire("k"))
+      loop.spawn(function()
+        local l2 = assert(pool:acquire("k", { timeout = 5 }))
+        got = l2.client
+        l2:release()
+      end)
+      loop.sleep(0)                      -- the second task waits
+      l:release()                        -- a waiter: pending events
+      loop.sleep(0)
+      pool:on("release", function(key, _, reuse) heard[#heard + 1] = key .. ":" .. tostring(reuse) end)
+      local l3 = assert(pool:acquire("k"))
+      l3:release()
+    end)
+    loop.run()
+    assert.equal(1, got and got.n)
+    assert.same({ "k:true" }, heard)
+    assert.equal(1, f.made)
+    assert.equal(1, H.check(pool).idle)
+    pool:close()
+  end)
 end)

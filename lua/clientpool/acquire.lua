@@ -456,12 +456,14 @@ end
 -- closed, cancelled, create.
 local ACQUIRE_OPTS = { timeout = true, cancel = true, on_drain = true, priority = true }
 
--- Checks acquire's options, raising at the level of acquire's caller;
+-- Checks acquire's options, raising at the level of acquire's caller (or
+-- at level, as error() counts from here: the fast path's checks);
 -- returns the cancel token and the on_drain grace (nil: preserve).
-local function acquire_opts(self, opts)
+local function acquire_opts(self, opts, level)
+  level = level or 3
   if opts ~= nil then
     if type(opts) ~= "table" then
-      error("clientpool: bad argument #2 to 'acquire' (options table expected, got " .. type(opts) .. ")", 3)
+      error("clientpool: bad argument #2 to 'acquire' (options table expected, got " .. type(opts) .. ")", level)
     end
     -- a misspelt option (timout = 1) must not pass silently; a table seen
     -- once is not walked again (weak cache: no pairs() on the hot path)
@@ -470,7 +472,7 @@ local function acquire_opts(self, opts)
       for name in pairs(opts) do
         if not ACQUIRE_OPTS[name] then
           error("clientpool: bad argument #2 to 'acquire' (unknown option '" .. tostring(name) ..
-                "'; the options are timeout, cancel, on_drain and priority)", 3)
+                "'; the options are timeout, cancel, on_drain and priority)", level)
         end
       end
       seen[opts] = true
@@ -478,20 +480,20 @@ local function acquire_opts(self, opts)
   end
   local token = opts and opts.cancel
   if token ~= nil and getmetatable(token) ~= Token then
-    error("clientpool: bad argument #2 to 'acquire' (opts.cancel must be a clientpool.token())", 3)
+    error("clientpool: bad argument #2 to 'acquire' (opts.cancel must be a clientpool.token())", level)
   end
   if opts and opts.timeout ~= nil then
     local t = opts.timeout
     if type(t) ~= "number" or t ~= t or t < 0 or t == math_huge then
       error("clientpool: bad argument #2 to 'acquire' (opts.timeout must be a finite number >= 0, got "
-            .. tostring(t) .. ")", 3)
+            .. tostring(t) .. ")", level)
     end
   end
   if opts and opts.priority ~= nil then
     local p = opts.priority
     if type(p) ~= "number" or p ~= p or p % 1 ~= 0 or p < -2147483648 or p > 2147483647 then
       error("clientpool: bad argument #2 to 'acquire' (opts.priority must be an integer in " ..
-            "[-2^31, 2^31), got " .. tostring(p) .. ")", 3)
+            "[-2^31, 2^31), got " .. tostring(p) .. ")", level)
     end
   end
   local drain
@@ -500,7 +502,7 @@ local function acquire_opts(self, opts)
     local grace = type(od) == "table" and od.cancel
     if type(grace) ~= "number" or grace ~= grace or grace < 0 or grace == math_huge then
       error("clientpool: bad argument #2 to 'acquire' (opts.on_drain must be \"preserve\" or " ..
-            "{ cancel = grace_s } with a finite grace >= 0)", 3)
+            "{ cancel = grace_s } with a finite grace >= 0)", level)
     end
     drain = grace
   end

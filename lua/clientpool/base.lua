@@ -241,10 +241,11 @@ end
 
 -- pool.acquire(...) instead of pool:acquire(...): say so, not "attempt to
 -- index a nil value" from somewhere inside. (Not on checkout/checkin, whose
--- cost is measured against a bare table pool.)
-function B.not_a_pool(self, name)
+-- cost is measured against a bare table pool.) level: as error() counts
+-- from here (3: the caller's caller).
+function B.not_a_pool(self, name, level)
   error("clientpool: " .. name .. " needs the pool as self, got " .. type(self) ..
-        " (call pool:" .. name .. "(...) with a colon)", 3)
+        " (call pool:" .. name .. "(...) with a colon)", level or 3)
 end
 
 -- Raises for a key argument (number n of method fname) that is neither a

@@ -13,11 +13,11 @@
 -- under the JIT (spec/jit_spec.lua): no loop, no closure on that path; the
 -- slow paths (checkout_grant) retry by tail calls.
 
-local type, error, tostring, getmetatable = type, error, tostring, getmetatable
+local type, error, tostring, getmetatable, setmetatable = type, error, tostring, getmetatable, setmetatable
 
 local base = require "clientpool.base"
 base.own_source()
-local core, Pool = base.core, base.Pool
+local core, Pool, Lease = base.core, base.Pool, base.Lease
 local GRANT_IDLE, GRANT_CREATE, MUST_WAIT, CLOSED, STALE = core.GRANT_IDLE, core.GRANT_CREATE, core.MUST_WAIT,
                                                            core.CLOSED, core.STALE
 local emit, hook_key, now_of, not_a_pool, DEFAULT, BY = base.emit, base.hook_key, base.now_of, base.not_a_pool,
@@ -297,6 +297,30 @@ end
 -- waiters (it hands over while a drain waits).
 local FP_POOL_FIELDS = { nwaiters = "_nwaiters", drain = "_drain_hs", config = "_c" }
 
+-- The fast path's acquire or try_acquire (name) did nothing: their
+-- argument checks, raised at the caller's line (level, as error() counts
+-- from here), before Pool.acquire or Pool.try_acquire do it all.
+local function check_lease_args(s, key, opts, name, level)
+  if getmetatable(s) ~= Pool then not_a_pool(s, name, level + 1) end
+  if opts ~= nil then acquire_opts(s, opts, level + 1) end
+  if key ~= nil and type(key) ~= "string" then
+    error("clientpool: bad argument #1 to '" .. name .. "' (key must be a string or nil, got " .. type(key) ..
+          ")", level)
+  end
+end
+
+-- What the C acquire_direct and try_direct (Lua 5.3+) hand back when they
+-- did nothing (4: past their C frame, the caller's line).
+local function acquire_rest(s, key, opts)
+  check_lease_args(s, key, opts, "acquire", 4)
+  return Pool.acquire(s, key, opts)
+end
+
+local function try_rest(s, key)
+  check_lease_args(s, key, nil, "try_acquire", 4)
+  return Pool.try_acquire(s, key)
+end
+
 -- The engine's calls given no time (the real clock's) try its fast path
 -- without a clock read first (E:untimed) where it needs no time: not with
 -- a validate hook, which reads the idle time (the C fast path decides
@@ -324,15 +348,18 @@ function M.fastpath_leases(self)
   -- (and where leases have owners: owners.lua records one on each lease)
   if self._c.leak_threshold or self._owner then
     self.acquire, self.try_acquire, self._frel = nil, nil, nil
+    self._lmt.__index = Lease
   else
     self.acquire, self.try_acquire, self._frel = fp.acquire, fp.try_acquire, fp.release
+    self._lmt.__index = fp.lease_methods
   end
 end
 
 -- The common case of checkout/checkin and acquire/release in C
 -- (clientpool.core's fastpath): on PUC Lua, and LuaJIT with the JIT off,
 -- most of a pair was the driver's Lua. Installed as the pool's own methods
--- (Lease.release calls self._frel) only where that case needs no Lua at
+-- (their leases' release method the C lease_release; Lease.release calls
+-- self._frel) only where that case needs no Lua at
 -- all: the engine reads the real clock, capacity 1, no probe, no park hook.
 -- (The FFI backend has no fastpath: under the JIT the Lua path compiles.)
 -- Anything else the C closures hand back to checkout_from, acquire_from,
@@ -352,16 +379,22 @@ function M.install_fastpath(self, mod)
     checkout_from = checkout_from, checkin_rest = checkin_rest,
     held = self._held, lease_mt = self._lmt, lease_rec = self._lrec, lease_key = self._lkey, pump = pump,
     drain_wake = wake_drainers,
-    pool_fields = FP_POOL_FIELDS, lease_fields = lease_m.FIELDS,
+    pool_fields = FP_POOL_FIELDS, lease_fields = lease_m.FIELDS, release = Lease.release,
+    acquire_from = acquire_from, try_from = try_from, acquire_rest = acquire_rest, try_rest = try_rest,
   })
-  -- the lease form (installed by fastpath_leases). acquire stays a Lua
-  -- function on every Lua: what it hands back to Pool.acquire must raise
-  -- its argument errors at the caller's line, which a C caller (lua_callk)
-  -- would hide; a lease pair is long enough that the extra call is a few
-  -- percent
-  do
+  -- the lease form (installed by fastpath_leases). On Lua 5.1 and LuaJIT
+  -- (no continuations) acquire and try_acquire are Lua wrappers of the C
+  -- closure: what it hands back to Pool.acquire may wait, and must raise
+  -- its argument errors at the caller's line. On Lua 5.3+ the C closures
+  -- do that themselves (fp.acquire_direct, fp.try_direct: a Lua wrapper
+  -- was about 75 ns of a lua5.4 lease pair), handing the rest to
+  -- acquire_from/try_from, or to acquire_rest/try_rest.
+  self._fp = { release = fp.release, lease_methods = setmetatable({ release = fp.lease_release },
+                                                                   { __index = Lease }) }
+  if fp.direct then
+    self._fp.acquire, self._fp.try_acquire = fp.acquire_direct, fp.try_direct
+  else
     local ac = fp.acquire
-    self._fp = { release = fp.release }
     self._fp.acquire = function(s, key, opts)
       if opts == nil then
         local lease, got, k, st, rec, l, g, validate, idle, pending, sentinel = ac(s, key)
@@ -373,11 +406,7 @@ function M.install_fastpath(self, mod)
       end
       -- nothing done: Pool.acquire does it all, its errors raised here first
       -- (on Lua 5.1 an error raised after a tail call has no position)
-      if getmetatable(s) ~= Pool then not_a_pool(s, "acquire") end
-      acquire_opts(s, opts)
-      if key ~= nil and type(key) ~= "string" then
-        error("clientpool: bad argument #1 to 'acquire' (key must be a string or nil, got " .. type(key) .. ")", 2)
-      end
+      check_lease_args(s, key, opts, "acquire", 3)
       return lua_acquire(s, key, opts)
     end
     -- try_acquire: the same C closure (opts nil); a grant it did not
@@ -388,11 +417,7 @@ function M.install_fastpath(self, mod)
       if got == false then
         return try_from(s, key, k, key == nil and DEFAULT or key, st, rec, l, g, validate, idle, pending, sentinel)
       end
-      if getmetatable(s) ~= Pool then not_a_pool(s, "try_acquire") end
-      if key ~= nil and type(key) ~= "string" then
-        error("clientpool: bad argument #1 to 'try_acquire' (key must be a string or nil, got " .. type(key) ..
-              ")", 2)
-      end
+      check_lease_args(s, key, nil, "try_acquire", 3)
       return lua_try(s, key)
     end
   end

@@ -188,11 +188,14 @@ M.park_first = park_first
 
 --- Returns the client for reuse; release(false) retires it. Idempotent;
 -- never yields.
+-- (Its errors are raised at the caller's line counted past the fast
+-- path's C lease_release, which hands them here: outside_level.)
 function Lease.release(lease, reuse)
   local self = pool_of(lease)
-  if self == nil then not_a_lease(lease, "release") end
+  if self == nil then not_a_lease(lease, "release", (outside_level() or 1) + 1) end
   if reuse ~= nil and reuse ~= true and reuse ~= false then
-    error("clientpool: bad argument #1 to 'release' (boolean or nil expected, got " .. type(reuse) .. ")", 2)
+    error("clientpool: bad argument #1 to 'release' (boolean or nil expected, got " .. type(reuse) .. ")",
+          outside_level() or 2)
   end
   local s = lease[SENTINEL]
   if s == nil then return end                 -- idempotent
