@@ -13,10 +13,10 @@
  * is made in the driver alone.
  *
  * core.fastpath(engine, pool, parts) -> { checkout, checkin, acquire, release,
- *                                        lease_release, direct
+ *                                        lease_release, set_flags, direct
  *                                        [, acquire_direct, try_direct] }
  * parts: the driver's tables, names and functions, as in fp_parts below:
- *   kids, clients, parked, co_rec, co_key, on, held  the pool's tables
+ *   kids, clients, parked, co_rec, co_key, held  the pool's tables
  *   default    the default key's name         hbase   the pool's handle base
  *   hslots     lease slots in a handle's low part (a handle is
  *              ((gen + hbase) mod 2^32) * hslots + slot)
@@ -29,9 +29,9 @@
  *   lease_mt   the pool's Lease metatable (one per pool: it names the pool)
  *   lease_rec, lease_key  the pool's tables: lease slot + 1 -> record, key
  *              name (a lease table holds neither)
- *   pool_fields  { nwaiters =, drain =, config = }: the pool's fields holding
- *              the count of queued waiters, the set of drain() waiters and
- *              the checked options (its max_waiting is read)
+ *   pool_fields  { nwaiters =, config = }: the pool's fields holding the
+ *              count of queued waiters and the checked options (its
+ *              max_waiting is read)
  *   lease_fields { client =, sentinel = }: the lease table's fields (a
  *              name or an array index): its client, and its leak sentinel,
  *              which holds the lease's slot and generation
@@ -69,30 +69,31 @@
  *
  * The driver installs them only for pools that read the real clock and
  * have capacity 1, no probe and no park hook; what they check each call
- * (waiters, drain, listeners, parked, validate) they read from the same
- * tables the Lua code does, so the two paths never disagree.
+ * (waiters, parked, validate) they read from the same tables the Lua code
+ * does, so the two paths never disagree; whether acquire or release
+ * listeners exist and a drain began, set_flags tells them (FP_ON_*): the
+ * driver calls it wherever those change.
  */
 #include "lbinding.h"
 
 /* The closures' upvalues: the engine, the pool, the parts table's fields
  * named in fp_parts (same order), the field names of pool_fields and
  * lease_fields (fp_pool_fields, fp_lease_fields: same order), then the
- * listener events they look up (public names: pool:on("acquire")), the
  * option name of max_waiting, the sentinel metatable and the engine's two
  * sentinel tables (lcp_push_sentinel_tables). */
-enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY, FP_ON,
+enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY,
        FP_DEFAULT, FP_LAYOUT, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
        FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE, FP_L_REC, FP_L_KEY,
-       FP_LUA_RELEASE, FP_ACQUIRE_FROM, FP_TRY_FROM, FP_ACQUIRE_REST, FP_TRY_REST, FP_F_NWAITERS, FP_F_DRAIN, FP_F_CONFIG,
+       FP_LUA_RELEASE, FP_ACQUIRE_FROM, FP_TRY_FROM, FP_ACQUIRE_REST, FP_TRY_REST, FP_F_NWAITERS, FP_F_CONFIG,
        FP_L_CLIENT, FP_L_SENTINEL,
-       FP_S_ACQUIRE, FP_S_RELEASE, FP_S_MAX_WAITING, FP_SENTINEL_MT, FP_GUARDS, FP_SPARE, FP_N };
+       FP_S_MAX_WAITING, FP_SENTINEL_MT, FP_GUARDS, FP_SPARE, FP_N };
 static const char *const fp_parts[] = {
-  "kids", "clients", "parked", "co_rec", "co_key", "on", "default", "hbase", "hslots", "validate",
+  "kids", "clients", "parked", "co_rec", "co_key", "default", "hbase", "hslots", "validate",
   "checkout", "checkin", "checkout_from", "checkin_rest", "held",
   "lease_mt", "pump", "drain_wake", "lease_rec", "lease_key", "release",
   "acquire_from", "try_from", "acquire_rest", "try_rest", NULL
 };
-static const char *const fp_pool_fields[] = { "nwaiters", "drain", "config", NULL };
+static const char *const fp_pool_fields[] = { "nwaiters", "config", NULL };
 static const char *const fp_lease_fields[] = { "client", "sentinel", NULL };
 #define FP(i) lua_upvalueindex(FP_##i)
 
@@ -104,11 +105,22 @@ typedef struct fp_layout {
   int hbits;           /* log2(hslots): handles are split by shifts, not divisions */
   uint32_t hbase;      /* the pool's handle base (parts.hbase) */
   int validate;        /* the pool has a validate hook (parts.validate) */
+  int flags;           /* FP_ON_*: what the driver tells it (set_flags) */
   /* the engine handle's box pointer (FP_ENGINE's userdata block): Lua never
    * moves a userdata's block, and each closure holds the handle as an
    * upvalue, so this stays valid as long as the closure */
   lcp_box *const *eng;
 } fp_layout;
+
+/* What makes the common case not the common case, kept here by the driver
+ * (checkout.lua's fastpath_sync calls set_flags whenever pool:on, pool:off
+ * or drain changes one): a flag test per call, where a table lookup each
+ * was three C API calls (about 40 ns of a lua5.4 pair for the three). */
+enum {
+  FP_ON_ACQUIRE = 1,   /* an acquire listener (pool:on("acquire")) */
+  FP_ON_RELEASE = 2,   /* a release listener */
+  FP_ON_DRAIN = 4      /* drain() began: its waiters learn of each release */
+};
 
 static const fp_layout *fp_lay(lua_State *L) {
   return (const fp_layout *)lua_touserdata(L, FP(LAYOUT));
@@ -121,16 +133,6 @@ static const fp_layout *fp_lay(lua_State *L) {
 
 static clientpool_t *fp_engine(const fp_layout *lay) {
   return *lay->eng ? (*lay->eng)->p : NULL;
-}
-
-/* Whether t[field] (field a string upvalue) is nil.  The value stays on
- * the stack, as the others the closures look at do: they return their top
- * values, and a pop is one C API call more per check (B1 on PUC Lua is
- * mostly such calls). */
-static int fp_unset(lua_State *L, int t, int field) {
-  lua_pushvalue(L, field);
-  lua_rawget(L, t);
-  return lua_isnil(L, -1);
 }
 
 /* Whether n queued waiters (n > 0) leave the pool's queue short of its
@@ -169,7 +171,7 @@ static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_
   lua_rawget(L, FP(KIDS));                                /* nargs + 2: key id */
   if (lua_isnil(L, -1) || (p = fp_engine(lay)) == NULL) return -1;
   lua_pushvalue(L, FP(F_NWAITERS));
-  lua_rawget(L, 1);                                       /* (left on the stack: fp_unset) */
+  lua_rawget(L, 1);   /* (left on the stack, as the closures' other looks: a pop is a call more) */
   if ((nw = lua_tonumber(L, -1)) > 0 && !fp_queue_short(L, nw)) return -1;
   *k = (int32_t)lua_tointeger(L, nargs + 2);
   *pp = p;
@@ -178,7 +180,7 @@ static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_
   if (lay->validate || clientpool_acquire_untimed(p, *k, g) != CLIENTPOOL_GRANT_IDLE)
     clientpool_acquire(p, *k, clientpool_monotime(), g);
   if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= lay->hslots ||
-      (g->validate && lay->validate) || !fp_unset(L, FP(ON), FP(S_ACQUIRE)))
+      (g->validate && lay->validate) || (lay->flags & FP_ON_ACQUIRE))
     return 0;
   lua_rawgeti(L, FP(PARKED), g->record);
   return !lua_toboolean(L, -1);
@@ -251,9 +253,8 @@ static int fp_checkin(lua_State *L, int64_t h) {
   uint32_t gen;
   int rc;
   if (!lua_rawequal(L, 1, FP(POOL))) return 0;
-  if (!fp_unset(L, 1, FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE))) return 0;
   lay = fp_lay(L);
-  if ((p = fp_engine(lay)) == NULL) return 0;
+  if ((lay->flags & (FP_ON_DRAIN | FP_ON_RELEASE)) || (p = fp_engine(lay)) == NULL) return 0;
   l = (int32_t)(h & (lay->hslots - 1));
   lua_rawgeti(L, FP(CO_REC), l + 1);
   if (lua_isnil(L, -1)) { lua_pushboolean(L, 1); return 1; }   /* no checkout holds the slot */
@@ -415,8 +416,8 @@ static int fp_release_lease(lua_State *L) {
   fp_key(L, FP(L_SENTINEL));
   lua_rawget(L, 1);                                       /* 4: the sentinel (held here) */
   if (lua_isnil(L, 4)) return 1;                          /* released: idempotent */
-  if (b == NULL || (p = b->p) == NULL || (s = lcp_guard_at(L, 4, b, FP(SENTINEL_MT))) == NULL ||
-      !fp_unset(L, FP(POOL), FP(F_DRAIN)) || !fp_unset(L, FP(ON), FP(S_RELEASE)))
+  if ((lay->flags & (FP_ON_DRAIN | FP_ON_RELEASE)) || b == NULL || (p = b->p) == NULL ||
+      (s = lcp_guard_at(L, 4, b, FP(SENTINEL_MT))) == NULL)
     return 0;
   l = s->lease;
   gen = s->gen;
@@ -438,7 +439,7 @@ static int fp_release_lease(lua_State *L) {
     lua_pushvalue(L, FP(PUMP));
     lua_pushvalue(L, FP(POOL));
     lua_call(L, 1, 0);
-    if (!fp_unset(L, FP(POOL), FP(F_DRAIN))) {   /* a drain began meanwhile */
+    if (lay->flags & FP_ON_DRAIN) {      /* a drain began meanwhile */
       lua_pushvalue(L, FP(DRAIN_WAKE));
       lua_pushvalue(L, FP(POOL));
       lua_call(L, 1, 0);
@@ -516,6 +517,13 @@ static int lcp_direct_try(lua_State *L) {
 }
 #endif
 
+/* set_flags(n): the FP_ON_* flags the driver keeps (fastpath_sync). */
+static int fp_set_flags(lua_State *L) {
+  fp_layout *lay = (fp_layout *)lua_touserdata(L, FP(LAYOUT));
+  lay->flags = (int)luaL_checkinteger(L, 1);
+  return 0;
+}
+
 /* Pushes t[name] (t at index t), which must be a string: a field name the
  * driver hands over. */
 static void fp_name(lua_State *L, int t, const char *what, const char *name) {
@@ -542,6 +550,7 @@ int lcp_fastpath(lua_State *L) {
       return luaL_error(L, "clientpool.core.fastpath: parts.hslots must be a power of 2 up to 2^31");
     lay->hbase = (uint32_t)lua_tointeger(L, FP_LAYOUT + 1);
     lay->validate = lua_toboolean(L, FP_VALIDATE + 1);
+    lay->flags = 0;
     lay->eng = (lcp_box *const *)lua_touserdata(L, 1);
     lua_replace(L, FP_LAYOUT + 1);       /* in parts.hbase's place */
   }
@@ -555,12 +564,10 @@ int lcp_fastpath(lua_State *L) {
   lua_remove(L, parts + 1);
   lua_remove(L, parts);
   lua_remove(L, 3);                      /* 1 engine, 2 pool, 3.. the parts, then the names */
-  lua_pushliteral(L, "acquire");
-  lua_pushliteral(L, "release");
   lua_pushliteral(L, "max_waiting");
   luaL_getmetatable(L, LCP_SENTINEL_MT);
   lcp_push_sentinel_tables(L, 1);
-  lua_createtable(L, 0, 8);
+  lua_createtable(L, 0, 9);
   {
     static const struct { const char *name; lua_CFunction fn; } made[] = {
 #if LUA_VERSION_NUM >= 503
@@ -570,7 +577,7 @@ int lcp_fastpath(lua_State *L) {
       {"checkout", fast_checkout}, {"checkin", fast_checkin},
 #endif
       {"acquire", fast_acquire}, {"release", lcp_fast_release}, {"lease_release", lcp_lease_release},
-      {NULL, NULL}
+      {"set_flags", fp_set_flags}, {NULL, NULL}
     };
     for (i = 0; made[i].name; i++) {
       int j;

@@ -372,3 +372,63 @@ describe("a lease's release on the C fast path", function()
     pool:close()
   end)
 end)
+
+-- What the C fast path is told rather than reads (checkout.lua's
+-- fastpath_sync): listeners added and removed, and a drain that began,
+-- must reach it at once, in both pool forms. (A drain closes the pool, so
+-- its releases also wake it through the events they queue: the drain
+-- cases guard the whole, not the flag alone.)
+describe("the C fast path learns of listeners and drains as they change", function()
+  local function real_pool(o)
+    local loop = require("clientpool.loop").new()
+    local opts = { max_live = 2, create = function() return {} end, scheduler = loop }
+    for k, v in pairs(o or {}) do opts[k] = v end
+    return clientpool.new(opts), loop
+  end
+
+  it("an acquire or release listener added later hears both forms; removed, no more", function()
+    local pool = real_pool()
+    local heard = {}
+    local function on_acquire(key) heard[#heard + 1] = "acquire " .. key end
+    local function on_release(key, _, reuse) heard[#heard + 1] = "release " .. key .. " " .. tostring(reuse) end
+    local function both()
+      local _, h = pool:checkout("k")
+      pool:checkin(h)
+      assert(pool:acquire("k")):release()
+      assert(pool:try_acquire("k")):release(false)
+    end
+    both()
+    assert.same({}, heard)
+    pool:on("acquire", on_acquire)
+    both()
+    assert.same({ "acquire k", "acquire k", "acquire k" }, heard)
+    pool:on("release", on_release)
+    pool:off("acquire", on_acquire)
+    heard = {}
+    both()
+    assert.same({ "release k true", "release k true", "release k false" }, heard)
+    pool:off("release", on_release)
+    heard = {}
+    both()
+    assert.same({}, heard)
+    pool:close()
+  end)
+
+  for _, form in ipairs { "lease", "checkout" } do
+    it("a drain waiting for a " .. form .. " ends at its release", function()
+      local pool, loop = real_pool()
+      local drained
+      loop.spawn(function()
+        local lease, h
+        if form == "lease" then lease = assert(pool:acquire("k")) else _, h = pool:checkout("k") end
+        loop.spawn(function() drained = pool:drain() end)
+        loop.sleep(0.01)                 -- drain() waits for this one
+        assert.is_nil(drained)
+        if lease then lease:release() else pool:checkin(h) end
+      end)
+      loop.run()                         -- (raises if the drain waited on, with no timer)
+      assert.is_true(drained)
+      assert.equal(0, pool:stats().leases)
+    end)
+  end
+end)

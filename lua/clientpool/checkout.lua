@@ -293,9 +293,20 @@ end
 
 -- The pool table's fields the C fast path reads (by role): the count of
 -- queued waiters (it hands over to Lua when they may need reaping: as many
--- as the checked options' max_waiting, config) and the set of drain()
--- waiters (it hands over while a drain waits).
-local FP_POOL_FIELDS = { nwaiters = "_nwaiters", drain = "_drain_hs", config = "_c" }
+-- as the checked options' max_waiting, config).
+local FP_POOL_FIELDS = { nwaiters = "_nwaiters", config = "_c" }
+
+-- What the C fast path is told rather than reads (lfastpath.c's FP_ON_*):
+-- acquire and release listeners, and a drain under way (its waiters learn
+-- of each release), each of which hands the call to Lua. Pool:on, Pool:off
+-- and drain call it (self._fpsync) wherever one changes.
+local function fastpath_sync(self)
+  local fp = self._fp
+  if fp then
+    local on = self._on
+    fp.set_flags((on.acquire and 1 or 0) + (on.release and 2 or 0) + (self._drain_hs and 4 or 0))
+  end
+end
 
 -- The fast path's acquire or try_acquire (name) did nothing: their
 -- argument checks, raised at the caller's line (level, as error() counts
@@ -374,7 +385,7 @@ function M.install_fastpath(self, mod)
   local checkout, checkin, lua_acquire, lua_try = Pool.checkout, Pool.checkin, Pool.acquire, Pool.try_acquire
   local fp = mod.fastpath(self._e, self, {
     kids = self._kids, clients = self._clients, parked = self._parked, co_rec = self._co_rec,
-    co_key = self._co_key, on = self._on, default = DEFAULT, hbase = self._hbase, hslots = HSLOTS,
+    co_key = self._co_key, default = DEFAULT, hbase = self._hbase, hslots = HSLOTS,
     validate = self._validate and true or false, checkout = checkout, checkin = checkin,
     checkout_from = checkout_from, checkin_rest = checkin_rest,
     held = self._held, lease_mt = self._lmt, lease_rec = self._lrec, lease_key = self._lkey, pump = pump,
@@ -389,8 +400,8 @@ function M.install_fastpath(self, mod)
   -- do that themselves (fp.acquire_direct, fp.try_direct: a Lua wrapper
   -- was about 75 ns of a lua5.4 lease pair), handing the rest to
   -- acquire_from/try_from, or to acquire_rest/try_rest.
-  self._fp = { release = fp.release, lease_methods = setmetatable({ release = fp.lease_release },
-                                                                   { __index = Lease }) }
+  self._fp = { release = fp.release, set_flags = fp.set_flags,
+               lease_methods = setmetatable({ release = fp.lease_release }, { __index = Lease }) }
   if fp.direct then
     self._fp.acquire, self._fp.try_acquire = fp.acquire_direct, fp.try_direct
   else
@@ -421,6 +432,8 @@ function M.install_fastpath(self, mod)
       return lua_try(s, key)
     end
   end
+  self._fpsync = fastpath_sync
+  fastpath_sync(self)
   M.fastpath_leases(self)
   if fp.direct then   -- Lua 5.3+: the C closures finish the job themselves
     self.checkout, self.checkin = fp.checkout, fp.checkin

@@ -72,7 +72,11 @@ function Pool:drain(timeout)
     error("clientpool: drain() must wait for leases, but " .. tostring(why or "the caller cannot yield"), 2)
   end
   local hs = self._drain_hs
-  if not hs then hs = {}; self._drain_hs = hs end
+  if not hs then
+    hs = {}
+    self._drain_hs = hs
+    if self._fpsync then self:_fpsync() end   -- (the C fast path hands releases to Lua now)
+  end
   hs[h] = true
   local deadline = timeout and clock(self) + timeout
   while e:stats(-1, self._scratch).leases > 0 do

@@ -90,7 +90,7 @@ function _M.new(opts)
   -- The pool's private fields, by the file that owns them (the others read
   -- some of them). Lazily set: _timer_at, _timer_h, _timer_spawned, _kicked,
   -- _dco (events), _early_leaks (leak), _run_h, _run_waits (floor), _drain_started
-  -- (drain), _frel (checkout), _warm (here).
+  -- (drain), _frel, _fp, _fpsync (checkout), _warm (here).
   local self = setmetatable({
     _e = e, _c = c, _sched = sched, _mono = sched.monotonic == true,          -- base, options
     _o = options.copy_options(given),       -- configure: the options as given, changed by configure()
@@ -174,6 +174,7 @@ function Pool:on(event, fn)
   local ls = self._on[event]
   if not ls then ls = {}; self._on[event] = ls end
   ls[#ls + 1] = fn
+  if self._fpsync then self:_fpsync() end   -- (the C fast path hands listened calls to Lua)
   return self
 end
 
@@ -192,6 +193,7 @@ function Pool:off(event, fn)
     if ls[i] ~= fn then kept[#kept + 1] = ls[i] end
   end
   self._on[event] = #kept > 0 and kept or nil
+  if self._fpsync then self:_fpsync() end
   return self
 end
 
