@@ -448,6 +448,14 @@ int clientpool_next_event(clientpool_t *p, clientpool_event_t *ev);
 /* The number of queued events. */
 int32_t clientpool_pending(const clientpool_t *p);
 
+/* Whether waiters, max_waiting of them or more, are queued or have ended
+ * and not been claimed (or abandoned) yet: a caller that died meanwhile
+ * may hold a place in the queue, or a client granted to it, until the
+ * driver reaps it.  (The binding's fast path hands its calls to the driver
+ * then, which reaps dead waiters first, before the engine could refuse a
+ * wait as full or find the client taken.) */
+int clientpool_queue_full(const clientpool_t *p);
+
 /* Fills *s with the pool's counters (key < 0) or one key's.  Returns 0, or
  * EINVAL for an unknown key. */
 int clientpool_stats(const clientpool_t *p, int32_t key, clientpool_stats_t *s);

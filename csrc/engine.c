@@ -154,6 +154,7 @@ struct clientpool {
   record_t *rec; int32_t nrec, rec_free;
   lease_t *lea; int32_t nlea, lea_free;
   waiter_t *wai; int32_t nwai, wai_free;
+  int32_t wai_used;             /* waiter slots not free: queued, or ended and not yet claimed */
   key_t_ *keys; int32_t nkeys, key_free, keys_used;
   int32_t g_oldest, g_newest;   /* pool-wide idle list */
   int32_t hold_key;             /* the key an acquire works on: not forgotten meanwhile */
@@ -1254,6 +1255,7 @@ static void waiter_free(clientpool_t *p, int32_t w) {
   x->gen++;
   x->next_free = p->wai_free;
   p->wai_free = w;
+  p->wai_used--;
   p->keys[k].wrefs--;
   key_maybe_free(p, k);
 }
@@ -1954,6 +1956,7 @@ int32_t clientpool_wait_priority(clientpool_t *p, int32_t k, double deadline, in
   w = p->wai_free;
   x = &p->wai[w];
   p->wai_free = x->next_free;
+  p->wai_used++;
   x->state = W_QUEUED;
   x->key = k;
   p->keys[k].wrefs++;
@@ -2531,6 +2534,13 @@ int clientpool_next_event(clientpool_t *p, clientpool_event_t *ev) {
 
 int32_t clientpool_pending(const clientpool_t *p) { return p->evlen; }
 
+int clientpool_queue_full(const clientpool_t *p) {
+  /* (waiter slots, not queued waiters: a waiter granted a client whose
+   * coroutine died before it claimed it still holds the client, and only
+   * the driver's reaping gives it back) */
+  return p->wai_used > 0 && p->wai_used >= p->cfg.max_waiting;
+}
+
 int clientpool_stats(const clientpool_t *p, int32_t k, clientpool_stats_t *s) {
   if (k < 0) { *s = p->st; return 0; }
   if (!key_ok(p, k)) return CLIENTPOOL_EINVAL;
@@ -2752,7 +2762,7 @@ static int fl_check(const clientpool_t *p, char *buf, size_t n) {
 
 int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   clientpool_stats_t tot, *per;
-  int32_t i, k, used = 0, ready = 0, refilling = 0;
+  int32_t i, k, used = 0, wused = 0, ready = 0, refilling = 0;
   int h;
   const clientpool_config_t *c = &p->cfg;
   memset(&tot, 0, sizeof tot);
@@ -2807,9 +2817,11 @@ int clientpool_check(const clientpool_t *p, char *buf, size_t n) {
   }
   for (i = 0; i < p->nwai; i++) {
     const waiter_t *x = &p->wai[i];
+    if (x->state != W_FREE) wused++;
     if (x->state != W_QUEUED) continue;
     per[x->key].waiting++; tot.waiting++;
   }
+  if (wused != p->wai_used) FAIL("waiter slots used %d, counted %d", p->wai_used, wused);
   tot.opened = p->st.opened; tot.closed = p->st.closed;
   if (check_counts(&p->st, &tot, "pool", buf, n)) { free(per); return -1; }
   for (k = 0; k < p->nkeys; k++) {

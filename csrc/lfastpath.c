@@ -7,7 +7,7 @@
  * It stands on its own: everything it knows of the Lua driver is what the
  * driver hands it at installation (lua/clientpool/checkout.lua's
  * install_fastpath): the pool's tables, the names of the fields it reads
- * and writes (parts.pool_fields, parts.lease_fields), the handle layout
+ * and writes (parts.lease_fields), the handle layout
  * (parts.hslots) and the Lua functions it hands the rest to. No name of the
  * driver's private fields is written here: a change of the driver's layout
  * is made in the driver alone.
@@ -16,7 +16,7 @@
  *                                        lease_release, set_flags, direct
  *                                        [, acquire_direct, try_direct] }
  * parts: the driver's tables, names and functions, as in fp_parts below:
- *   kids, clients, parked, co_rec, co_key, held  the pool's tables
+ *   kids, clients, co_rec, co_key, held  the pool's tables
  *   default    the default key's name         hbase   the pool's handle base
  *   hslots     lease slots in a handle's low part (a handle is
  *              ((gen + hbase) mod 2^32) * hslots + slot)
@@ -29,9 +29,6 @@
  *   lease_mt   the pool's Lease metatable (one per pool: it names the pool)
  *   lease_rec, lease_key  the pool's tables: lease slot + 1 -> record, key
  *              name (a lease table holds neither)
- *   pool_fields  { nwaiters =, config = }: the pool's fields holding the
- *              count of queued waiters and the checked options (its
- *              max_waiting is read)
  *   lease_fields { client =, sentinel = }: the lease table's fields (a
  *              name or an array index): its client, and its leak sentinel,
  *              which holds the lease's slot and generation
@@ -69,31 +66,29 @@
  *
  * The driver installs them only for pools that read the real clock and
  * have capacity 1, no probe and no park hook; what they check each call
- * (waiters, parked, validate) they read from the same tables the Lua code
- * does, so the two paths never disagree; whether acquire or release
+ * (the waiters queued, through the engine; validate) they read where the
+ * Lua code does, so the two paths never disagree; whether acquire or release
  * listeners exist and a drain began, set_flags tells them (FP_ON_*): the
  * driver calls it wherever those change.
  */
 #include "lbinding.h"
 
 /* The closures' upvalues: the engine, the pool, the parts table's fields
- * named in fp_parts (same order), the field names of pool_fields and
- * lease_fields (fp_pool_fields, fp_lease_fields: same order), then the
- * option name of max_waiting, the sentinel metatable and the engine's two
- * sentinel tables (lcp_push_sentinel_tables). */
-enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_PARKED, FP_CO_REC, FP_CO_KEY,
+ * named in fp_parts (same order), the field names of lease_fields
+ * (fp_lease_fields: same order), then the sentinel metatable and the
+ * engine's two sentinel tables (lcp_push_sentinel_tables). */
+enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_CO_REC, FP_CO_KEY,
        FP_DEFAULT, FP_LAYOUT, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
        FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE, FP_L_REC, FP_L_KEY,
-       FP_LUA_RELEASE, FP_ACQUIRE_FROM, FP_TRY_FROM, FP_ACQUIRE_REST, FP_TRY_REST, FP_F_NWAITERS, FP_F_CONFIG,
+       FP_LUA_RELEASE, FP_ACQUIRE_FROM, FP_TRY_FROM, FP_ACQUIRE_REST, FP_TRY_REST,
        FP_L_CLIENT, FP_L_SENTINEL,
-       FP_S_MAX_WAITING, FP_SENTINEL_MT, FP_GUARDS, FP_SPARE, FP_N };
+       FP_SENTINEL_MT, FP_GUARDS, FP_SPARE, FP_N };
 static const char *const fp_parts[] = {
-  "kids", "clients", "parked", "co_rec", "co_key", "default", "hbase", "hslots", "validate",
+  "kids", "clients", "co_rec", "co_key", "default", "hbase", "hslots", "validate",
   "checkout", "checkin", "checkout_from", "checkin_rest", "held",
   "lease_mt", "pump", "drain_wake", "lease_rec", "lease_key", "release",
   "acquire_from", "try_from", "acquire_rest", "try_rest", NULL
 };
-static const char *const fp_pool_fields[] = { "nwaiters", "config", NULL };
 static const char *const fp_lease_fields[] = { "client", "sentinel", NULL };
 #define FP(i) lua_upvalueindex(FP_##i)
 
@@ -135,44 +130,29 @@ static clientpool_t *fp_engine(const fp_layout *lay) {
   return *lay->eng ? (*lay->eng)->p : NULL;
 }
 
-/* Whether n queued waiters (n > 0) leave the pool's queue short of its
- * max_waiting: else the driver reaps dead waiters before it acquires
- * (events.lua's reap_if_full), and does it all. */
-static int fp_queue_short(lua_State *L, lua_Number n) {
-  int below;
-  lua_pushvalue(L, FP(F_CONFIG));
-  lua_rawget(L, 1);
-  if (!lua_istable(L, -1)) { lua_pop(L, 1); return 0; }
-  lua_pushvalue(L, FP(S_MAX_WAITING));
-  lua_rawget(L, -2);
-  below = lua_type(L, -1) == LUA_TNUMBER && n < lua_tonumber(L, -1);
-  lua_pop(L, 2);
-  return below;
-}
-
 /* What checkout and acquire share.  The name of the key in argument 2 goes
  * to index top + 1 (arguments above 2 are kept), its id to top + 2; then,
- * unless a waiter may need reaping (Lua's reap_if_full), the engine's
- * acquire: also with waiters queued (issue 17: a contended handoff took the
- * whole Lua path, its argument checks twice, before it queued).  Returns -1
- * when nothing was done (the driver does it all), else 1 when the grant is
- * the common case (an idle client, unparked, no validate, no event pending,
- * no acquire listener), 0 when the driver must go on from it
- * (fp_push_grant).  Its callers make room for FP_ROOM values first. */
+ * unless a waiter may need reaping (the engine's queue is at max_waiting:
+ * the driver's reap_if_full reaps dead waiters before the engine could
+ * refuse the call as full), the engine's acquire: also with waiters queued
+ * (issue 17: a contended handoff took the whole Lua path, its argument
+ * checks twice, before it queued).  Returns -1 when nothing was done (the
+ * driver does it all), else 1 when the grant is the common case (an idle
+ * client, no validate, no event pending, no acquire listener), 0 when the
+ * driver must go on from it (fp_push_grant).  (No client is ever parked
+ * here: the driver installs the fast path only in pools without a park
+ * hook, which configure cannot add.)  Its callers make room for FP_ROOM
+ * values first. */
 #define FP_ROOM 24                       /* 11 results over 8 slots, and push_sentinel's */
 static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_grant_t *g, int32_t *k,
                       clientpool_t **pp) {
   clientpool_t *p;
-  lua_Number nw;
   if (!lua_rawequal(L, 1, FP(POOL))) return -1;
   lua_settop(L, nargs);
   lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* nargs + 1: name */
   lua_pushvalue(L, -1);
   lua_rawget(L, FP(KIDS));                                /* nargs + 2: key id */
-  if (lua_isnil(L, -1) || (p = fp_engine(lay)) == NULL) return -1;
-  lua_pushvalue(L, FP(F_NWAITERS));
-  lua_rawget(L, 1);   /* (left on the stack, as the closures' other looks: a pop is a call more) */
-  if ((nw = lua_tonumber(L, -1)) > 0 && !fp_queue_short(L, nw)) return -1;
+  if (lua_isnil(L, -1) || (p = fp_engine(lay)) == NULL || clientpool_queue_full(p)) return -1;
   *k = (int32_t)lua_tointeger(L, nargs + 2);
   *pp = p;
   /* no clock read where nothing needs the time (the engine says; a validate
@@ -182,8 +162,7 @@ static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_
   if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= lay->hslots ||
       (g->validate && lay->validate) || (lay->flags & FP_ON_ACQUIRE))
     return 0;
-  lua_rawgeti(L, FP(PARKED), g->record);
-  return !lua_toboolean(L, -1);
+  return 1;
 }
 
 /* The grant fp_acquire did not finish: nil, false, k, then push_grant's. */
@@ -554,17 +533,13 @@ int lcp_fastpath(lua_State *L) {
     lay->eng = (lcp_box *const *)lua_touserdata(L, 1);
     lua_replace(L, FP_LAYOUT + 1);       /* in parts.hbase's place */
   }
-  lua_getfield(L, 3, "pool_fields");
   lua_getfield(L, 3, "lease_fields");
-  if (!lua_istable(L, -2) || !lua_istable(L, -1))
-    return luaL_error(L, "clientpool.core.fastpath: parts.pool_fields and parts.lease_fields must be tables");
-  parts = lua_gettop(L) - 1;             /* pool_fields; lease_fields above it */
-  for (i = 0; fp_pool_fields[i]; i++) fp_name(L, parts, "pool_fields", fp_pool_fields[i]);
-  for (i = 0; fp_lease_fields[i]; i++) fp_name(L, parts + 1, "lease_fields", fp_lease_fields[i]);
-  lua_remove(L, parts + 1);
+  if (!lua_istable(L, -1))
+    return luaL_error(L, "clientpool.core.fastpath: parts.lease_fields must be a table");
+  parts = lua_gettop(L);
+  for (i = 0; fp_lease_fields[i]; i++) fp_name(L, parts, "lease_fields", fp_lease_fields[i]);
   lua_remove(L, parts);
   lua_remove(L, 3);                      /* 1 engine, 2 pool, 3.. the parts, then the names */
-  lua_pushliteral(L, "max_waiting");
   luaL_getmetatable(L, LCP_SENTINEL_MT);
   lcp_push_sentinel_tables(L, 1);
   lua_createtable(L, 0, 9);

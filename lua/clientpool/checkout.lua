@@ -6,7 +6,7 @@
 -- the binding's C closures (clientpool.core's fastpath) in front of
 -- checkout/checkin and acquire/release where the common case needs no Lua.
 -- The C side knows only what install_fastpath hands it: the pool's tables,
--- the names of the fields it reads (lease.FIELDS, FP_POOL_FIELDS), HSLOTS and
+-- the names of the lease's fields (lease.FIELDS), HSLOTS and
 -- the Lua functions it hands the rest to.
 --
 -- checkout, checkin and the handle arithmetic stay together in one trace
@@ -291,11 +291,6 @@ function Pool:checkin(h, reuse)
 end
 
 
--- The pool table's fields the C fast path reads (by role): the count of
--- queued waiters (it hands over to Lua when they may need reaping: as many
--- as the checked options' max_waiting, config).
-local FP_POOL_FIELDS = { nwaiters = "_nwaiters", config = "_c" }
-
 -- What the C fast path is told rather than reads (lfastpath.c's FP_ON_*):
 -- acquire and release listeners, and a drain under way (its waiters learn
 -- of each release), each of which hands the call to Lua. Pool:on, Pool:off
@@ -376,21 +371,23 @@ end
 -- Anything else the C closures hand back to checkout_from, acquire_from,
 -- Pool.checkout/checkin/acquire or checkin_rest, so both paths share one
 -- set of rules. What the C side reads and writes it is told here, by
--- name: the tables, their fields (pool_fields, lease_fields), the handle
--- layout (hslots) and the functions to call.
+-- name: the tables, the lease's fields (lease_fields), the handle layout
+-- (hslots) and the functions to call; what changes rarely (listeners, a
+-- drain) it is told as it changes (fastpath_sync). It never sees a parked
+-- client: pools with a park hook (set at new() only) go without it.
 function M.install_fastpath(self, mod)
   local c = self._c
   clock_setup(self)
   if not mod.fastpath or not self._mono or c.capacity > 1 or c.probe or self._park then return end
   local checkout, checkin, lua_acquire, lua_try = Pool.checkout, Pool.checkin, Pool.acquire, Pool.try_acquire
   local fp = mod.fastpath(self._e, self, {
-    kids = self._kids, clients = self._clients, parked = self._parked, co_rec = self._co_rec,
+    kids = self._kids, clients = self._clients, co_rec = self._co_rec,
     co_key = self._co_key, default = DEFAULT, hbase = self._hbase, hslots = HSLOTS,
     validate = self._validate and true or false, checkout = checkout, checkin = checkin,
     checkout_from = checkout_from, checkin_rest = checkin_rest,
     held = self._held, lease_mt = self._lmt, lease_rec = self._lrec, lease_key = self._lkey, pump = pump,
     drain_wake = wake_drainers,
-    pool_fields = FP_POOL_FIELDS, lease_fields = lease_m.FIELDS, release = Lease.release,
+    lease_fields = lease_m.FIELDS, release = Lease.release,
     acquire_from = acquire_from, try_from = try_from, acquire_rest = acquire_rest, try_rest = try_rest,
   })
   -- the lease form (installed by fastpath_leases). On Lua 5.1 and LuaJIT

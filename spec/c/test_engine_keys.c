@@ -298,16 +298,47 @@ static void t_max_waiting_full(void) {
   c.max_waiting = 2;
   clientpool_t *p = POOL(c);
   int32_t k = PKEY(p);
+  waiter_h w;
   (void)NEW_LEASE(p, k, 0);
+  CHECK(!clientpool_queue_full(p));
   MUST_WAIT(p, k, 0);
   (void)WAIT(p, k, -1, 0);
+  CHECK(!clientpool_queue_full(p));         /* one of two */
   MUST_WAIT(p, k, 0);
-  (void)WAIT(p, k, -1, 0);
+  w = WAIT(p, k, -1, 0);
+  CHECK(clientpool_queue_full(p));          /* (the binding's fast path hands over here) */
   CHECK_STATUS(ACQUIRE(p, k, 1, &g), CLIENTPOOL_FULL);
+  CHECK(clientpool_queue_full(p));
+  CHECK_EQ(clientpool_abandon(p, w.w, w.gen, 1), 0);
+  CHECK(!clientpool_queue_full(p));
+  (void)WAIT(p, k, -1, 1);
+  CHECK(clientpool_queue_full(p));
   CHECK_EQ(WAIT_RAW(p, k, -1, 1, &gen), -CLIENTPOOL_FULL);
   clientpool_stats_t s = pstats(p);
   CHECK(s.rejected == 2 && s.waiting == 2);
   CHECK(KSTATS(p, k).rejected == 2);
+}
+
+/* A waiter granted a client and not yet claimed still counts: its caller
+ * may be dead, and only the driver's reaping (the fast path hands over
+ * while queue_full) gives the client back. */
+static void t_queue_full_counts_unclaimed(void) {
+  clientpool_config_t c = cfg_caps(1, 1);
+  clientpool_grant_t g;
+  c.max_waiting = 1;
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p);
+  hold_t h = NEW_LEASE(p, k, 0);
+  MUST_WAIT(p, k, 0);
+  waiter_h w = WAIT(p, k, -1, 0);
+  CHECK(clientpool_queue_full(p));
+  RELEASE(p, h, 1);                         /* granted to w, not claimed */
+  drain(p);
+  CHECK_EQ(pstats(p).waiting, 0);
+  CHECK(clientpool_queue_full(p));
+  CHECK_EQ(clientpool_abandon(p, w.w, w.gen, 2), 0);   /* (reaped: its caller died) */
+  CHECK(!clientpool_queue_full(p));
+  CHECK_STATUS(ACQUIRE(p, k, 3, &g), CLIENTPOOL_GRANT_IDLE);   /* the client went back to idle */
 }
 
 static void t_max_waiting_zero_fails_fast(void) {
@@ -318,6 +349,7 @@ static void t_max_waiting_zero_fails_fast(void) {
   clientpool_t *p = POOL(c);
   int32_t k = PKEY(p);
   (void)NEW_LEASE(p, k, 0);                 /* room: no waiting needed */
+  CHECK(!clientpool_queue_full(p));         /* nobody waits: nothing to reap */
   CHECK_STATUS(ACQUIRE(p, k, 0, &g), CLIENTPOOL_FULL);
   CHECK_EQ(WAIT_RAW(p, k, -1, 0, &gen), -CLIENTPOOL_FULL);
   CHECK(pstats(p).rejected == 2 && pstats(p).waiting == 0);
@@ -442,6 +474,7 @@ const test_t tests_keys[] = {
   T(t_max_concurrency_independent_of_max_live),
   T(t_max_concurrency_counts_reservations),
   T(t_max_waiting_full),
+  T(t_queue_full_counts_unclaimed),
   T(t_max_waiting_zero_fails_fast),
   /* 8 FIFO */
   T(t_fifo_one_key),
