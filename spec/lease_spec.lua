@@ -437,37 +437,55 @@ end)
 -- the driver, which reaps dead waiters before the engine could refuse it
 -- as full (lfastpath.c asks the engine: clientpool_queue_full).
 describe("the C fast path with the queue at max_waiting", function()
-  -- (it54: coroutine.close makes the dead waiter)
-  -- a waiter granted the client, closed before it ran: off the engine's
-  -- queue, but still holding the client until the driver reaps it
-  for _, form in ipairs { "try_acquire", "acquire", "checkout" } do
-    it54(form .. " gets the client a dead waiter was granted and never took", function()
-      local loop = require("clientpool.loop").new()
-      local pool = clientpool.new { max_live = 1, max_waiting = 1, create = function() return {} end,
-                                    scheduler = loop }
-      local got, code
+  -- One client (max_live 1, max_waiting 1), held; a waiter queued for it,
+  -- closed with coroutine.close (it54: Lua 5.4) while queued, or once
+  -- granted the client and before it ran (off the engine's queue, but
+  -- holding the client until the driver reaps it); then `form` takes the
+  -- client. Returns the client taken (or nil and the code), and the pool.
+  local function past_dead_waiter(form, granted)
+    local loop = require("clientpool.loop").new()
+    local pool = clientpool.new { max_live = 1, max_waiting = 1, create = function() return {} end,
+                                  scheduler = loop }
+    local got, code
+    local function take()               -- (no options: the fast path's call)
+      if form == "checkout" then
+        local h
+        got, h = pool:checkout("k")
+        if got then pool:checkin(h) else code = h end
+      else
+        local l
+        l, code = pool[form](pool, "k")
+        got = l and l.client
+        if l then l:release() end
+      end
+    end
+    loop.spawn(function()
+      local held = assert(pool:acquire("k"))
+      local dead
       loop.spawn(function()
-        local held = assert(pool:acquire("k"))
-        local dead
-        loop.spawn(function()
-          dead = coroutine.running()
-          pool:acquire("k")
-        end)
-        loop.sleep(0.01)
+        dead = coroutine.running()
+        pool:acquire("k")
+      end)
+      loop.sleep(0.01)
+      if granted then
         held:release()                   -- granted to the waiter, which has not run
         assert(coroutine.close(dead))
-        if form == "checkout" then
-          local h
-          got, h = pool:checkout("k")
-          if got then pool:checkin(h) else code = h end
-        else
-          local l
-          l, code = pool[form](pool, "k")
-          got = l and l.client
-          if l then l:release() end
-        end
-      end)
-      loop.run()
+        take()
+      else
+        assert(coroutine.close(dead))
+        assert.equal(1, pool._nwaiters)  -- (not reaped yet: the queue is full)
+        loop.spawn(take)                 -- it waits, not "full"
+        loop.sleep(0.01)
+        held:release()
+      end
+    end)
+    loop.run()
+    return got, code, pool
+  end
+
+  for _, form in ipairs { "try_acquire", "acquire", "checkout" } do
+    it54(form .. " gets the client a dead waiter was granted and never took", function()
+      local got, code, pool = past_dead_waiter(form, true)
       assert.is_table(got, tostring(code))
       local s = H.check(pool)
       assert.equal(0, s.waiting)
@@ -479,36 +497,7 @@ describe("the C fast path with the queue at max_waiting", function()
 
   for _, form in ipairs { "acquire", "checkout" } do
     it54(form .. " reaps a dead waiter first: it waits, not 'full'", function()
-      local loop = require("clientpool.loop").new()
-      local pool = clientpool.new { max_live = 1, max_waiting = 1, create = function() return {} end,
-                                    scheduler = loop }
-      local got, code
-      loop.spawn(function()
-        local held = assert(pool:acquire("k"))
-        local dead
-        loop.spawn(function()
-          dead = coroutine.running()
-          pool:acquire("k")              -- queued; closed below, never resumed
-        end)
-        loop.sleep(0.01)
-        assert(coroutine.close(dead))
-        assert.equal(1, pool._nwaiters)  -- (not reaped yet: the queue is full)
-        loop.spawn(function()
-          if form == "acquire" then
-            local l
-            l, code = pool:acquire("k")   -- (no options: the fast path's call)
-            got = l and l.client
-            if l then l:release() end
-          else
-            local h
-            got, h = pool:checkout("k")
-            if got then pool:checkin(h) else code = h end
-          end
-        end)
-        loop.sleep(0.01)
-        held:release()
-      end)
-      loop.run()
+      local got, code, pool = past_dead_waiter(form, false)
       assert.is_table(got, tostring(code))
       local s = H.check(pool)
       assert.equal(0, s.waiting)
