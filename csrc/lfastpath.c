@@ -452,7 +452,8 @@ static int lcp_lease_release(lua_State *L) {
   lua_settop(L, 2);
   lua_pushvalue(L, FP(LUA_RELEASE));
   lua_insert(L, 1);
-  lua_call(L, 2, 0);
+  lua_pushboolean(L, 1);                 /* tried: not the fast path again */
+  lua_call(L, 3, 0);
   return 0;
 }
 

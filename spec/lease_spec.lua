@@ -239,6 +239,16 @@ describe("a lease's release on the C fast path", function()
     return clientpool.new(opts), f
   end
 
+  -- each case: { what, fn, words }: fn raises a clientpool error naming
+  -- the words, at a line of this file
+  local function errors_at_caller(cases)
+    for _, case in ipairs(cases) do
+      local err = H.errmsg(case[2])
+      assert_api_error(err, table.unpack and table.unpack(case[3]) or unpack(case[3]))
+      assert.truthy(err:find("lease_spec%.lua:%d+:"), case[1] .. ": no caller's line: " .. err)
+    end
+  end
+
   it_fast("is a C function, and a pair leaves the pool as it found it", function()
     local pool, f = counted()
     local l = assert(pool:acquire("k"))
@@ -256,16 +266,12 @@ describe("a lease's release on the C fast path", function()
   it("raises its argument errors at the caller's line", function()
     local pool = counted()
     local l = assert(pool:acquire("k"))
-    for _, case in ipairs {
+    errors_at_caller({
       { "release(5)", function() l:release(5) end, { "release", "#1", "boolean" } },
       { "release('x') of a released lease", function() l:release(); l:release("x") end, { "release", "#1" } },
       { "lease.release()", function() l.release() end, { "release", "colon" } },
       { "lease.release({})", function() l.release({}) end, { "release", "colon" } },
-    } do
-      local err = H.errmsg(case[2])
-      assert_api_error(err, table.unpack and table.unpack(case[3]) or unpack(case[3]))
-      assert.truthy(err:find("lease_spec%.lua:%d+:"), case[1] .. ": no caller's line: " .. err)
-    end
+    })
     assert.equal(0, H.check(pool).leases)
     pool:close()
   end)
@@ -276,7 +282,7 @@ describe("a lease's release on the C fast path", function()
       assert.equal("C", debug.getinfo(rawget(pool, "acquire"), "S").what)
       assert.equal("C", debug.getinfo(rawget(pool, "try_acquire"), "S").what)
     end
-    for _, case in ipairs {
+    errors_at_caller({
       { "acquire(5)", function() pool:acquire(5) end, { "acquire", "#1", "key" } },
       { "acquire('k', 5)", function() pool:acquire("k", 5) end, { "acquire", "#2" } },
       { "acquire('k', { timout = 1 })", function() pool:acquire("k", { timout = 1 }) end, { "timout" } },
@@ -285,11 +291,7 @@ describe("a lease's release on the C fast path", function()
       { "pool.acquire('k')", function() pool.acquire("k") end, { "acquire", "colon" } },
       { "try_acquire(5)", function() pool:try_acquire(5) end, { "try_acquire", "#1", "key" } },
       { "pool.try_acquire({})", function() pool.try_acquire({}) end, { "try_acquire", "colon" } },
-    } do
-      local err = H.errmsg(case[2])
-      assert_api_error(err, table.unpack and table.unpack(case[3]) or unpack(case[3]))
-      assert.truthy(err:find("lease_spec%.lua:%d+:"), case[1] .. ": no caller's line: " .. err)
-    end
+    })
     local s = H.check(pool)
     assert.equal(0, s.leases)
     assert.equal(0, s.waiting)

@@ -190,7 +190,10 @@ M.park_first = park_first
 -- never yields.
 -- (Its errors are raised at the caller's line counted past the fast
 -- path's C lease_release, which hands them here: outside_level.)
-function Lease.release(lease, reuse)
+-- (tried: from the C lease_release, which hands here what it declined: no
+-- second try of the fast path; a lease of another pool's then takes this
+-- Lua path, by the same rules.)
+function Lease.release(lease, reuse, tried)
   local self = pool_of(lease)
   if self == nil then not_a_lease(lease, "release", (outside_level() or 1) + 1) end
   if reuse ~= nil and reuse ~= true and reuse ~= false then
@@ -200,7 +203,7 @@ function Lease.release(lease, reuse)
   local s = lease[SENTINEL]
   if s == nil then return end                 -- idempotent
   local fast = self._frel                     -- the C fast path (install_fastpath)
-  if fast and fast(lease, reuse) then return end
+  if fast and not tried and fast(lease, reuse) then return end
   local l, g = self._e:guarded(s)
   local rec, name = self._lrec[l + 1], self._lkey[l + 1]
   local client = self._clients[rec]
