@@ -58,7 +58,7 @@ WARNFLAGS := -std=c11 -Wall -Wextra -Werror -pedantic -Wshadow \
 SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=all \
              -fno-omit-frame-pointer -g -O1
 # Flags every compile gets, whatever CFLAGS the caller passes.
-BASEFLAGS  = $(WARNFLAGS) -fPIC -Icsrc
+BASEFLAGS  = $(WARNFLAGS) -fPIC -fno-semantic-interposition -Icsrc
 LIBS      := -lm
 
 CORE_SRCS   := csrc/engine.c csrc/clock.c csrc/lclientpool.c csrc/lfastpath.c csrc/fleet.c csrc/lfleet.c
@@ -110,7 +110,7 @@ build/obj/$(1)/%.o: csrc/%.c
 
 build/$(1)/clientpool/core.so: $$(patsubst csrc/%.c,build/obj/$(1)/%.o,$$(CORE_SRCS))
 	@mkdir -p $$(@D)
-	$$(CC) $$(LIBFLAG) $$(LDFLAGS) -o $$@ $$^ $$(LIBS)
+	$$(CC) $$(LIBFLAG) -Wl,-Bsymbolic-functions $$(LDFLAGS) -o $$@ $$^ $$(LIBS)
 endef
 $(foreach i,$(INTERPS),$(eval $(call interp_rules,$(i))))
 

@@ -14,6 +14,14 @@
 
 #define NONE (-1)
 
+/* The fast path's helpers are inlined into it (issue 17: a call each was a
+ * third of the engine's pair); elsewhere the compiler decides. */
+#if defined(__GNUC__) || defined(__clang__)
+#define HOT static inline __attribute__((always_inline))
+#else
+#define HOT static inline
+#endif
+
 enum { R_FREE = 0, R_CREATING, R_IDLE, R_LEASED, R_CLOSING, R_CHECKING };
 enum { W_FREE = 0, W_QUEUED, W_DONE };
 enum { H_LIFETIME = 0, H_WAITER, H_LEASE, H_BACKOFF, H_KEEPALIVE };
@@ -194,8 +202,8 @@ struct clientpool {
 };
 
 static void finish(clientpool_t *p, double now);
-static int32_t closing_reason(const clientpool_t *p, const record_t *x, double now);
-static int over_cap(const clientpool_t *p, const key_t_ *key);
+HOT int32_t closing_reason(const clientpool_t *p, const record_t *x, double now);
+HOT int over_cap(const clientpool_t *p, const key_t_ *key);
 static void ka_pump(clientpool_t *p, double now);
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -302,7 +310,7 @@ static int fl_lease_take(clientpool_t *p, int32_t k) {
   return !p->fl || !p->fl_lease || fl_take(p, CLIENTPOOL_FLEET_LEASE, k);
 }
 
-static void fl_lease_give(clientpool_t *p, int32_t k) {
+HOT void fl_lease_give(clientpool_t *p, int32_t k) {
   if (p->fl && p->fl_lease) fl_give(p, CLIENTPOOL_FLEET_LEASE, k);
 }
 
@@ -405,15 +413,19 @@ static int hpush(clientpool_t *p, heap_t *h, double t, int32_t kind, int32_t idx
   return 0;
 }
 
-static void hremove(clientpool_t *p, heap_t *h, int32_t *pos) {
+static void hremove_at(clientpool_t *p, heap_t *h, int32_t *pos) {
   int32_t i = *pos;
-  if (i == NONE) return;
   *pos = NONE;
   h->len--;
   if (i == h->len) return;
   hset(p, h, i, h->a[h->len]);
   hup(p, h, i);
   hdown(p, h, *hpos_of(p, &h->a[i]));
+}
+
+/* Takes an entry (*pos) out of h, if it is in. */
+HOT void hremove(clientpool_t *p, heap_t *h, int32_t *pos) {
+  if (*pos != NONE) hremove_at(p, h, pos);
 }
 
 /* ---- ready keys ------------------------------------------------------
@@ -476,10 +488,10 @@ static int32_t key_held(const key_t_ *key) {
 
 /* A key's caps: its own (clientpool_key_caps), else the pool's per-key
  * ones; < 0 = none. */
-static int32_t key_cap_live(const clientpool_t *p, const key_t_ *key) {
+HOT int32_t key_cap_live(const clientpool_t *p, const key_t_ *key) {
   return key->cap_live >= 0 ? key->cap_live : p->cfg.key_max_live;
 }
-static int32_t key_cap_idle(const clientpool_t *p, const key_t_ *key) {
+HOT int32_t key_cap_idle(const clientpool_t *p, const key_t_ *key) {
   return key->cap_idle >= 0 ? key->cap_idle : p->cfg.key_max_idle;
 }
 
@@ -621,7 +633,7 @@ int32_t clientpool_key_open(clientpool_t *p) {
   return k;
 }
 
-static int key_ok(const clientpool_t *p, int32_t k) {
+HOT int key_ok(const clientpool_t *p, int32_t k) {
   return k >= 0 && k < p->nkeys && p->keys[k].used;
 }
 
@@ -697,7 +709,7 @@ static double idle_deadline(const record_t *x, double idle_timeout) {
 }
 
 /* Off its key's LIFO stack. */
-static inline void stack_unlink(clientpool_t *p, int32_t r) {
+HOT void stack_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
   if (x->kprev != NONE) p->rec[x->kprev].knext = x->knext; else key->idle_top = x->knext;
@@ -705,7 +717,7 @@ static inline void stack_unlink(clientpool_t *p, int32_t r) {
 }
 
 /* On top of its key's LIFO stack. */
-static inline void stack_push(clientpool_t *p, int32_t r) {
+HOT void stack_push(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   key_t_ *key = &p->keys[x->key];
   x->kprev = NONE;
@@ -715,7 +727,7 @@ static inline void stack_push(clientpool_t *p, int32_t r) {
 }
 
 /* Off the pool-wide idle list. */
-static inline void gl_unlink(clientpool_t *p, int32_t r) {
+HOT void gl_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   if (x->gprev != NONE) p->rec[x->gprev].gnext = x->gnext; else p->g_oldest = x->gnext;
   if (x->gnext != NONE) p->rec[x->gnext].gprev = x->gprev; else p->g_newest = x->gprev;
@@ -729,7 +741,7 @@ static void ka_arm(clientpool_t *p, int32_t r, double now) {
     p->rec[r].kpos = NONE;             /* out of memory: no keepalive for it */
 }
 
-static void idle_unlink(clientpool_t *p, int32_t r) {
+HOT void idle_unlink(clientpool_t *p, int32_t r) {
   record_t *x = &p->rec[r];
   stack_unlink(p, r);
   gl_unlink(p, r);
@@ -738,7 +750,7 @@ static void idle_unlink(clientpool_t *p, int32_t r) {
   if (x->fidle) { x->fidle = 0; fl_give(p, CLIENTPOOL_FLEET_IDLE, x->key); }
 }
 
-static void idle_push(clientpool_t *p, int32_t r, double now) {
+HOT void idle_push(clientpool_t *p, int32_t r, double now) {
   record_t *x = &p->rec[r];
   x->state = R_IDLE;
   x->fidle = 0;                        /* (its IDLE unit: fl_keep_idle) */
@@ -821,17 +833,20 @@ static void odown(clientpool_t *p, key_t_ *key, int32_t i) {
   oset(p, key, i, r);
 }
 
-static void oremove(clientpool_t *p, int32_t r) {
+static void oremove_at(clientpool_t *p, int32_t r) {
   key_t_ *key = &p->keys[p->rec[r].key];
-  int32_t i;
-  if (p->rec[r].state != R_LEASED) return;   /* (opos is another state's field) */
-  i = p->rec[r].opos;
-  if (i == NONE) return;
+  int32_t i = p->rec[r].opos;
   p->rec[r].opos = NONE;
   if (i == --key->olen) return;
   oset(p, key, i, key->oheap[key->olen]);
   oup(p, key, i);
   odown(p, key, p->rec[key->oheap[i]].opos);
+}
+
+/* A leased record out of its key's open heap, if it is in. */
+HOT void oremove(clientpool_t *p, int32_t r) {
+  /* (opos is another state's field) */
+  if (p->rec[r].state == R_LEASED && p->rec[r].opos != NONE) oremove_at(p, r);
 }
 
 /* Puts a leased record where it belongs: open while it can take a lease. */
@@ -875,9 +890,8 @@ static int32_t floor_deficit(clientpool_t *p, int32_t k) {
 /* Signals the driver (once until it asks) that a warm key fell short: k,
  * or, while max_idle had no room for one, any (an idle record of k just
  * went: there may be room now). */
-static void floor_check(clientpool_t *p, int32_t k) {
+static void floor_check_at(clientpool_t *p, int32_t k) {
   int32_t i, found;
-  if (!p->floor_on || p->refill_signalled || p->closed) return;
   /* (KM_FLOOR: the fleet's floor of the key is met: until a retry) */
   if (p->keys[k].pinned != 2 || (p->keys[k].fmark & KM_FLOOR) || floor_deficit(p, k) <= 0) {
     if (!p->floor_held) return;
@@ -894,6 +908,10 @@ static void floor_check(clientpool_t *p, int32_t k) {
   p->floor_held = 0;
   p->refill_signalled = 1;
   push_event(p, CLIENTPOOL_EV_REFILL, k, 0, 0, 0);
+}
+
+HOT void floor_check(clientpool_t *p, int32_t k) {
+  if (p->floor_on && !p->refill_signalled && !p->closed) floor_check_at(p, k);
 }
 
 /* Starts the destroy of a live record (idle, or leased with no lease
@@ -925,13 +943,13 @@ static void destroy(clientpool_t *p, int32_t r, int32_t reason) {
 }
 
 /* Whether a record's creation predates a retire_before of its key or pool. */
-static int retired_by_age(const clientpool_t *p, const record_t *x) {
+HOT int retired_by_age(const clientpool_t *p, const record_t *x) {
   return x->created < p->retire_before || x->created < p->keys[x->key].retire_before ||
          x->created <= p->retire_upto || x->created <= p->keys[x->key].retire_upto;
 }
 
 /* Whether a live record is past max_lifetime (or was found so by tick). */
-static int lifetime_over(const clientpool_t *p, const record_t *x, double now) {
+HOT int lifetime_over(const clientpool_t *p, const record_t *x, double now) {
   return (x->retire & LIFETIME_OVER) || (x->hpos != NONE && now >= p->dl.a[x->hpos].t);
 }
 
@@ -944,7 +962,7 @@ static int floor_keeps(const clientpool_t *p, const record_t *x) {
   return key->st.idle <= p->cfg.min_idle;
 }
 
-static int idle_expired(const clientpool_t *p, const record_t *x, double now, int32_t *why) {
+HOT int idle_expired(const clientpool_t *p, const record_t *x, double now, int32_t *why) {
   if ((x->retire & RETIRED) || retired_by_age(p, x)) { *why = CLIENTPOOL_BY_RETIRED; return 1; }
   if (lifetime_over(p, x, now)) { *why = CLIENTPOOL_BY_LIFETIME; return 1; }
   if (has(p->cfg.idle_timeout) && now >= idle_deadline(x, p->cfg.idle_timeout) && !floor_keeps(p, x)) {
@@ -976,24 +994,28 @@ static int evict_ok(const clientpool_t *p) {
 
 /* ---- leases ----------------------------------------------------------- */
 
+/* More lease slots, onto the free list: 1, or 0 out of memory. */
+static int lease_grow(clientpool_t *p) {
+  int32_t cap = p->nlea, i;
+  lease_t *q = grow(p->lea, &cap, sizeof *q, p->nlea + 1);
+  if (!q) return 0;
+  p->lea = q;
+  for (i = cap - 1; i >= p->nlea; i--) {
+    memset(&q[i], 0, sizeof q[i]);
+    q[i].record = NONE;
+    q[i].hpos = NONE;
+    q[i].next_free = p->lea_free;
+    p->lea_free = i;
+  }
+  p->nlea = cap;
+  return 1;
+}
+
 /* A lease of record r (the caller counts it in r's nleases). */
-static int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
+HOT int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
   int32_t l;
   lease_t *x;
-  if (p->lea_free == NONE) {
-    int32_t cap = p->nlea, i;
-    lease_t *q = grow(p->lea, &cap, sizeof *q, p->nlea + 1);
-    if (!q) return NONE;
-    p->lea = q;
-    for (i = cap - 1; i >= p->nlea; i--) {
-      memset(&q[i], 0, sizeof q[i]);
-      q[i].record = NONE;
-      q[i].hpos = NONE;
-      q[i].next_free = p->lea_free;
-      p->lea_free = i;
-    }
-    p->nlea = cap;
-  }
+  if (p->lea_free == NONE && !lease_grow(p)) return NONE;
   l = p->lea_free;
   x = &p->lea[l];
   p->lea_free = x->next_free;
@@ -1006,7 +1028,7 @@ static int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
   return l;
 }
 
-static void lease_free(clientpool_t *p, int32_t l) {
+HOT void lease_free(clientpool_t *p, int32_t l) {
   lease_t *x = &p->lea[l];
   record_t *r = &p->rec[x->record];
   hremove(p, &p->dl, &x->hpos);
@@ -1019,7 +1041,7 @@ static void lease_free(clientpool_t *p, int32_t l) {
   p->lea_free = l;
 }
 
-static lease_t *lease_get(clientpool_t *p, int32_t l, uint32_t gen) {
+HOT lease_t *lease_get(clientpool_t *p, int32_t l, uint32_t gen) {
   if (l < 0 || l >= p->nlea) return NULL;
   if (p->lea[l].record == NONE || p->lea[l].gen != gen) return NULL;
   return &p->lea[l];
@@ -1027,7 +1049,7 @@ static lease_t *lease_get(clientpool_t *p, int32_t l, uint32_t gen) {
 
 /* ---- grants ----------------------------------------------------------- */
 
-static void fill_idle(clientpool_t *p, int32_t r, int32_t l, double now, clientpool_grant_t *g) {
+HOT void fill_idle(clientpool_t *p, int32_t r, int32_t l, double now, clientpool_grant_t *g) {
   record_t *x = &p->rec[r];
   g->status = CLIENTPOOL_GRANT_IDLE;
   g->record = r;
@@ -1365,7 +1387,7 @@ static void dispatch(clientpool_t *p, double now) {
 
 /* ---- deadlines -------------------------------------------------------- */
 
-double clientpool_next_deadline(const clientpool_t *p) {
+HOT double next_deadline(const clientpool_t *p) {
   double d = -1;
   if (p->dl.len > 0) d = p->dl.a[0].t;
   if (has(p->cfg.idle_timeout) && p->g_oldest != NONE) {
@@ -1377,6 +1399,8 @@ double clientpool_next_deadline(const clientpool_t *p) {
     d = p->ka.a[0].t;
   return d;
 }
+
+double clientpool_next_deadline(const clientpool_t *p) { return next_deadline(p); }
 
 /* After dispatch: marks lapse once no waiter is left (a later acquisition
  * tries the fleet again); waiters held back by a mark are announced once
@@ -1406,8 +1430,8 @@ static void lim_update(clientpool_t *p) {
 /* Ends every public mutating call: serves waiters and tells the driver about
  * a deadline earlier than its timer. */
 /* Tells the driver about a deadline earlier than its timer (finish's end). */
-static void arm(clientpool_t *p) {
-  double d = clientpool_next_deadline(p);
+HOT void arm(clientpool_t *p) {
+  double d = next_deadline(p);
   if (d >= 0 && (p->armed < 0 || d < p->armed)) {
     p->armed = d;
     push_event(p, CLIENTPOOL_EV_TIMER, 0, 0, 0, d);
@@ -1421,7 +1445,7 @@ static void finish(clientpool_t *p, double now) {
   arm(p);
 }
 
-static double clamp(clientpool_t *p, double now) {
+HOT double clamp(clientpool_t *p, double now) {
   if (!(now >= p->now)) now = p->now;   /* also rejects NaN */
   p->now = now;
   return now;
@@ -1510,7 +1534,7 @@ static int backoff_refuses(const clientpool_t *p, int32_t k) {
 
 /* Whether the pool or key holds more than a cap lowered by configure or
  * key_caps (open or being created: the closing ones' room is on its way). */
-static int over_cap(const clientpool_t *p, const key_t_ *key) {
+HOT int over_cap(const clientpool_t *p, const key_t_ *key) {
   int32_t cap = key_cap_live(p, key);
   return p->st.live + p->st.creating > p->cfg.max_live ||
          (cap >= 0 && key->st.live + key->st.creating > cap);
@@ -1815,7 +1839,7 @@ int clientpool_key_caps(clientpool_t *p, int32_t k, int32_t max_live, int32_t ma
  * the fast path on for odd seeds, off for even ones, wb_fast_path). */
 
 /* Whether nothing in the pool is unusual for the fast path. */
-static int fast_ok(const clientpool_t *p, const key_t_ *key) {
+HOT int fast_ok(const clientpool_t *p, const key_t_ *key) {
   return p->kept == NONE && !p->closed && !p->fl && !p->fl_mark && !p->lim_any && p->cfg.capacity == 1 &&
          !has(p->cfg.leak_threshold) && p->rlen[RH_IDLE] == 0 && p->rlen[RH_CREATE] == 0 &&
          !(p->gate.paused | p->gate.fpaused | p->gate.probe) &&
@@ -1825,7 +1849,7 @@ static int fast_ok(const clientpool_t *p, const key_t_ *key) {
 
 /* clientpool_acquire's idle grant: 1 with *g filled (and the call done), or
  * 0 with nothing changed. */
-static int fast_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
+HOT int fast_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant_t *g) {
   key_t_ *key;
   record_t *x;
   int32_t r, l, why;
@@ -1852,7 +1876,7 @@ static int fast_acquire(clientpool_t *p, int32_t k, double now, clientpool_grant
 
 /* clientpool_release's release to idle (lease l valid, reason < 0): 1 when
  * done, or 0 with nothing changed. */
-static int fast_release(clientpool_t *p, int32_t l, double now) {
+HOT int fast_release(clientpool_t *p, int32_t l, double now) {
   int32_t r = p->lea[l].record, k, cap;
   record_t *x = &p->rec[r];
   key_t_ *key;
@@ -2077,7 +2101,7 @@ int clientpool_created(clientpool_t *p, int32_t r, int32_t ok, double now) {
 /* Why a record whose last lease ends for reuse is closed all the same (a
  * CLIENTPOOL_BY_* reason), or -1 when it is kept: release() and
  * clientpool_release_closes() decide alike. */
-static int32_t closing_reason(const clientpool_t *p, const record_t *x, double now) {
+HOT int32_t closing_reason(const clientpool_t *p, const record_t *x, double now) {
   if (x->doomed) return x->doomed - 1;
   if (p->closed) return CLIENTPOOL_BY_DRAIN;
   if (lifetime_over(p, x, now)) return CLIENTPOOL_BY_LIFETIME;
