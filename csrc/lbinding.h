@@ -14,6 +14,16 @@
 #include <lua.h>
 #include <lauxlib.h>
 
+/* lua_tointegerx, which Lua 5.1 lacks: one call for "an integer here?" */
+#if LUA_VERSION_NUM >= 502
+#define lcp_tointegerx lua_tointegerx
+#else
+static inline lua_Integer lcp_tointegerx(lua_State *L, int i, int *isnum) {
+  *isnum = lua_type(L, i) == LUA_TNUMBER;
+  return *isnum ? lua_tointeger(L, i) : 0;
+}
+#endif
+
 #if defined(__GNUC__)
 #define LCP_INTERNAL __attribute__((visibility("hidden")))
 #else

@@ -141,19 +141,21 @@ static clientpool_t *fp_engine(const fp_layout *lay) {
  * client, no validate, no event pending, no acquire listener), 0 when the
  * driver must go on from it (fp_push_grant).  (No client is ever parked
  * here: the driver installs the fast path only in pools without a park
- * hook, which configure cannot add.)  Its callers make room for FP_ROOM
- * values first. */
+ * hook, which configure cannot add.)  Its callers set the stack's top to
+ * nargs, and make room for FP_ROOM values first (the direct forms of 5.3+
+ * only for what follows a declined call: the fast one stays within the
+ * LUA_MINSTACK slots every C call has). */
 #define FP_ROOM 24                       /* 11 results over 8 slots, and push_sentinel's */
 static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_grant_t *g, int32_t *k,
                       clientpool_t **pp) {
   clientpool_t *p;
+  int known;
   if (!lua_rawequal(L, 1, FP(POOL))) return -1;
-  lua_settop(L, nargs);
   lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* nargs + 1: name */
   lua_pushvalue(L, -1);
   lua_rawget(L, FP(KIDS));                                /* nargs + 2: key id */
-  if (lua_isnil(L, -1) || (p = fp_engine(lay)) == NULL || clientpool_queue_full(p)) return -1;
-  *k = (int32_t)lua_tointeger(L, nargs + 2);
+  *k = (int32_t)lcp_tointegerx(L, nargs + 2, &known);     /* (an id is an integer; nil is not) */
+  if (!known || (p = fp_engine(lay)) == NULL || clientpool_queue_full(p)) return -1;
   *pp = p;
   /* no clock read where nothing needs the time (the engine says; a validate
    * hook reads the idle time, so with one the stamps are always taken) */
@@ -179,7 +181,8 @@ static int fast_checkout(lua_State *L) {
   int32_t k;
   const fp_layout *lay = fp_lay(L);
   int fast;
-#if LUA_VERSION_NUM < 503                /* (else lcp_direct_checkout made room) */
+#if LUA_VERSION_NUM < 503                /* (else lcp_direct_checkout did both) */
+  lua_settop(L, 2);
   luaL_checkstack(L, FP_ROOM, NULL);
 #endif
   fast = fp_acquire(L, 2, lay, &g, &k, &p);               /* 3: name */
@@ -196,9 +199,10 @@ static int fast_checkout(lua_State *L) {
   return fp_push_grant(L, k, &g, p, 0);
 }
 
-/* The release reason for a reuse argument at index i: false retires. */
-static int32_t fp_reason(lua_State *L, int i) {
-  return lua_type(L, i) == LUA_TBOOLEAN && !lua_toboolean(L, i) ? CLIENTPOOL_BY_ERROR : -1;
+/* The release reason for a reuse argument at index i, of type t: false
+ * retires. */
+static int32_t fp_reason(lua_State *L, int i, int t) {
+  return t == LUA_TBOOLEAN && !lua_toboolean(L, i) ? CLIENTPOOL_BY_ERROR : -1;
 }
 
 /* Argument 2 as a checkout handle (an integer in [0, 2^53)), or -1. */
@@ -224,22 +228,22 @@ static int fp_release(clientpool_t *p, const fp_layout *lay, int32_t l, uint32_t
 }
 
 /* checkin of handle h (valid: fp_handle), reuse at index 3 nil or a
- * boolean. */
-static int fp_checkin(lua_State *L, int64_t h) {
+ * boolean (of type reuse_type). */
+static int fp_checkin(lua_State *L, int64_t h, int reuse_type) {
   clientpool_t *p;
   const fp_layout *lay;
   int32_t l, rec, pending;
   uint32_t gen;
-  int rc;
+  int rc, held;
   if (!lua_rawequal(L, 1, FP(POOL))) return 0;
   lay = fp_lay(L);
   if ((lay->flags & (FP_ON_DRAIN | FP_ON_RELEASE)) || (p = fp_engine(lay)) == NULL) return 0;
   l = (int32_t)(h & (lay->hslots - 1));
   lua_rawgeti(L, FP(CO_REC), l + 1);
-  if (lua_isnil(L, -1)) { lua_pushboolean(L, 1); return 1; }   /* no checkout holds the slot */
-  rec = (int32_t)lua_tointeger(L, -1);
+  rec = (int32_t)lcp_tointegerx(L, -1, &held);
+  if (!held) { lua_pushboolean(L, 1); return 1; }          /* no checkout holds the slot */
   gen = (uint32_t)(h >> lay->hbits) - lay->hbase;
-  rc = fp_release(p, lay, l, gen, fp_reason(L, 3));
+  rc = fp_release(p, lay, l, gen, fp_reason(L, 3, reuse_type));
   if (rc != 0) { lua_pushboolean(L, 1); return 1; }          /* stale: not this holder's */
   lua_pushnil(L);
   lua_rawseti(L, FP(CO_REC), l + 1);
@@ -257,7 +261,7 @@ static int fast_checkin(lua_State *L) {
   int reuse_type = lua_type(L, 3);
   if ((h = fp_handle(L)) < 0) return 0;   /* Lua raises */
   if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
-  return fp_checkin(L, h);
+  return fp_checkin(L, h, reuse_type);
 }
 #endif
 
@@ -290,9 +294,11 @@ static int lcp_direct_checkout(lua_State *L) {
   if (t != LUA_TNIL && t != LUA_TSTRING && lua_rawequal(L, 1, FP(POOL)))
     return luaL_error(L, "clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got %s)",
                       lua_typename(L, t));
-  luaL_checkstack(L, 32, NULL);          /* (FP_ROOM, then a call's: more than LUA_MINSTACK) */
+  /* (the common case pushes fewer than LUA_MINSTACK values: room is made
+   * for what follows a declined one, FP_ROOM and then a call's) */
   n = fast_checkout(L);
   if (n == 2) return 2;
+  luaL_checkstack(L, 32, NULL);
   if (n == 0) return fp_lua(L, FP(LUA_CHECKOUT), 2);
   top = lua_gettop(L);
   /* acquired: checkout_from(pool, key, k, name, status .. pending), the
@@ -322,9 +328,9 @@ static int lcp_direct_checkin(lua_State *L) {
   if (t != LUA_TNIL && t != LUA_TBOOLEAN)
     return luaL_error(L, "clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got %s)",
                       lua_typename(L, t));
-  luaL_checkstack(L, 32, NULL);
-  n = fp_checkin(L, h);
+  n = fp_checkin(L, h, t);               /* (within LUA_MINSTACK, as checkout) */
   if (n == 1) return 0;
+  luaL_checkstack(L, 32, NULL);
   if (n == 0) return fp_lua(L, FP(LUA_CHECKIN), 3);
   top = lua_gettop(L);
   /* released, events pending: checkin_rest(pool, h, rec, client, reuse, pending, name) */
@@ -351,6 +357,7 @@ static int fast_acquire(lua_State *L) {
   int32_t k;
   int fast;
   if (!lua_isnoneornil(L, 3)) return 0;
+  lua_settop(L, 3);
   luaL_checkstack(L, FP_ROOM, NULL);
   fast = fp_acquire(L, 3, fp_lay(L), &g, &k, &p);        /* 3: opts (nil), 4: name */
   if (fast < 0) return 0;
@@ -382,7 +389,7 @@ static int fast_acquire(lua_State *L) {
  * boolean): 1 when done (also for a lease already released), 0 when
  * nothing was done (not a lease of this pool's, a drain or a release
  * listener, the engine closed, ...): the Lua Lease.release does it all. */
-static int fp_release_lease(lua_State *L) {
+static int fp_release_lease(lua_State *L, int reuse_type) {
   clientpool_t *p;
   const lcp_guard *s;
   int32_t l, rc;
@@ -407,7 +414,7 @@ static int fp_release_lease(lua_State *L) {
   }
   lua_pushnil(L);
   lua_rawseti(L, FP(L_REC), l + 1);
-  rc = fp_release(p, lay, l, gen, fp_reason(L, 2));
+  rc = fp_release(p, lay, l, gen, fp_reason(L, 2, reuse_type));
   /* as the driver's finish_lease: the lease lets go of its sentinel once
    * the engine has the release (the stack holds it until then) */
   fp_key(L, FP(L_SENTINEL));
@@ -434,7 +441,8 @@ static int fp_release_lease(lua_State *L) {
  * (Lease.release calls it after its own checks, for a lease of a pool
  * with the fast path: pool._frel). */
 static int lcp_fast_release(lua_State *L) {
-  lua_pushboolean(L, fp_release_lease(L));
+  int t = lua_type(L, 2);
+  lua_pushboolean(L, (t == LUA_TNONE || t == LUA_TNIL || t == LUA_TBOOLEAN) && fp_release_lease(L, t));
   return 1;
 }
 
@@ -448,7 +456,7 @@ static int lcp_lease_release(lua_State *L) {
   int t;
   lua_settop(L, 2);
   t = lua_type(L, 2);
-  if ((t == LUA_TNIL || t == LUA_TBOOLEAN) && fp_release_lease(L)) return 0;
+  if ((t == LUA_TNIL || t == LUA_TBOOLEAN) && fp_release_lease(L, t)) return 0;
   lua_settop(L, 2);
   lua_pushvalue(L, FP(LUA_RELEASE));
   lua_insert(L, 1);
