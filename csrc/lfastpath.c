@@ -199,6 +199,8 @@ static int fast_checkout(lua_State *L) {
   return fp_push_grant(L, k, &g, p, 0);
 }
 
+#define FP_DONE (-1)                     /* fp_checkin: done, nothing pushed */
+
 /* The release reason for a reuse argument at index i, of type t: false
  * retires. */
 static int32_t fp_reason(lua_State *L, int i, int t) {
@@ -228,7 +230,9 @@ static int fp_release(clientpool_t *p, const fp_layout *lay, int32_t l, uint32_t
 }
 
 /* checkin of handle h (valid: fp_handle), reuse at index 3 nil or a
- * boolean (of type reuse_type). */
+ * boolean (of type reuse_type): FP_DONE when done (or a no-op: nothing
+ * pushed), 0 when nothing was done, else 4 (false, record, pending, lease
+ * pushed: released, events pending). */
 static int fp_checkin(lua_State *L, int64_t h, int reuse_type) {
   clientpool_t *p;
   const fp_layout *lay;
@@ -241,13 +245,13 @@ static int fp_checkin(lua_State *L, int64_t h, int reuse_type) {
   l = (int32_t)(h & (lay->hslots - 1));
   lua_rawgeti(L, FP(CO_REC), l + 1);
   rec = (int32_t)lcp_tointegerx(L, -1, &held);
-  if (!held) { lua_pushboolean(L, 1); return 1; }          /* no checkout holds the slot */
+  if (!held) return FP_DONE;                              /* no checkout holds the slot */
   gen = (uint32_t)(h >> lay->hbits) - lay->hbase;
   rc = fp_release(p, lay, l, gen, fp_reason(L, 3, reuse_type));
-  if (rc != 0) { lua_pushboolean(L, 1); return 1; }          /* stale: not this holder's */
+  if (rc != 0) return FP_DONE;                            /* stale: not this holder's */
   lua_pushnil(L);
   lua_rawseti(L, FP(CO_REC), l + 1);
-  if ((pending = clientpool_pending(p)) == 0) { lua_pushboolean(L, 1); return 1; }
+  if ((pending = clientpool_pending(p)) == 0) return FP_DONE;
   lua_pushboolean(L, 0);
   lua_pushinteger(L, rec);
   lua_pushinteger(L, pending);
@@ -258,10 +262,13 @@ static int fp_checkin(lua_State *L, int64_t h, int reuse_type) {
 #if LUA_VERSION_NUM < 503   /* (5.3+: lcp_direct_checkin checks the arguments itself) */
 static int fast_checkin(lua_State *L) {
   int64_t h;
+  int n;
   int reuse_type = lua_type(L, 3);
   if ((h = fp_handle(L)) < 0) return 0;   /* Lua raises */
   if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
-  return fp_checkin(L, h, reuse_type);
+  if ((n = fp_checkin(L, h, reuse_type)) != FP_DONE) return n;
+  lua_pushboolean(L, 1);
+  return 1;
 }
 #endif
 
@@ -329,7 +336,7 @@ static int lcp_direct_checkin(lua_State *L) {
     return luaL_error(L, "clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got %s)",
                       lua_typename(L, t));
   n = fp_checkin(L, h, t);               /* (within LUA_MINSTACK, as checkout) */
-  if (n == 1) return 0;
+  if (n == FP_DONE) return 0;
   luaL_checkstack(L, 32, NULL);
   if (n == 0) return fp_lua(L, FP(LUA_CHECKIN), 3);
   top = lua_gettop(L);
