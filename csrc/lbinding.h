@@ -14,6 +14,19 @@
 #include <lua.h>
 #include <lauxlib.h>
 
+/* luaL_tolstring, which Lua 5.1 lacks: the global tostring's answer (what
+ * the Lua driver's messages show). */
+#if LUA_VERSION_NUM >= 502
+#define lcp_tolstring(L, i) luaL_tolstring(L, i, NULL)
+#else
+static inline const char *lcp_tolstring(lua_State *L, int i) {
+  lua_getfield(L, LUA_GLOBALSINDEX, "tostring");
+  lua_pushvalue(L, i);
+  lua_call(L, 1, 1);
+  return lua_tostring(L, -1);
+}
+#endif
+
 /* lua_tointegerx, which Lua 5.1 lacks: one call for "an integer here?" */
 #if LUA_VERSION_NUM >= 502
 #define lcp_tointegerx lua_tointegerx

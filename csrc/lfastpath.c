@@ -33,20 +33,21 @@
  *              name or an array index): its client, and its leak sentinel,
  *              which holds the lease's slot and generation
  *
- * These two C closures do what Pool:checkout and Pool:checkin do when
+ * These C closures do what Pool:checkout and Pool:checkin do when
  * nothing unusual happens, reading the driver's tables (their upvalues),
- * and give the rest back to it:
+ * and give the rest back to it (checkin is the whole method on every Lua,
+ * below; checkout on Lua 5.1 and LuaJIT answers the driver's wrapper so):
  *   checkout(pool, key) -> client, h               an idle client, done
  *                        | nil, false, k, status, record, lease, gen,
  *                          validate, idle, pending acquired: the driver goes
  *                                                  on from this grant
  *                        | (nothing)               nothing done: the driver
  *                                                  does it all
- *   checkin(pool, h, reuse) -> true                done (or a no-op)
- *                            | false, record, pending, lease
- *                                                  released: the driver
- *                                                  drains the events
- *                            | (nothing)           nothing done
+ *   checkin(pool, h, reuse)  the method itself: its argument errors, the
+ *                            common case, and the rest handed to the Lua
+ *                            Pool.checkin or checkin_rest with a plain call
+ *                            (checkin never yields, so it needs no
+ *                            continuation on Lua 5.1 either)
  *
  * acquire and release follow the same pattern for the lease form (below);
  * on Lua 5.1 and LuaJIT the driver wraps acquire in Lua, on 5.3+ it
@@ -56,13 +57,13 @@
  * method table holds it): it does release's common case and hands
  * anything else to the Lua Lease.release.
  *
- * On Lua 5.3 and 5.4 fastpath returns checkout and checkin closures that
- * finish the job themselves: they raise their argument errors (at the
- * caller's line, as the Lua code does) and call the Lua functions they are
- * given for the rest, with a continuation, so a checkout may still wait.
- * The pool installs those as its own checkout and checkin (a Lua wrapper
- * is one call more per method).  On Lua 5.1 and LuaJIT (no continuations)
- * it returns the two above, for the driver to wrap.
+ * On Lua 5.3 and 5.4 fastpath returns a checkout closure that finishes
+ * the job itself: it raises its argument errors (at the caller's line, as
+ * the Lua code does) and calls the Lua functions it is given for the rest,
+ * with a continuation, so a checkout may still wait.  The pool installs it
+ * and checkin as its own methods (a Lua wrapper is one call more per
+ * method).  On Lua 5.1 and LuaJIT (no continuations) checkout is the one
+ * above, for the driver to wrap.
  *
  * The driver installs them only for pools that read the real clock and
  * have capacity 1, no probe and no park hook; what they check each call
@@ -259,18 +260,6 @@ static int fp_checkin(lua_State *L, int64_t h, int reuse_type) {
   return 4;
 }
 
-#if LUA_VERSION_NUM < 503   /* (5.3+: lcp_direct_checkin checks the arguments itself) */
-static int fast_checkin(lua_State *L) {
-  int64_t h;
-  int n;
-  int reuse_type = lua_type(L, 3);
-  if ((h = fp_handle(L)) < 0) return 0;   /* Lua raises */
-  if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
-  if ((n = fp_checkin(L, h, reuse_type)) != FP_DONE) return n;
-  lua_pushboolean(L, 1);
-  return 1;
-}
-#endif
 
 #if LUA_VERSION_NUM >= 503
 static int fp_return(lua_State *L, int status, lua_KContext base) {
@@ -284,6 +273,14 @@ static int fp_call(lua_State *L, int base, int n) {
   lua_callk(L, n, LUA_MULTRET, (lua_KContext)base, fp_return);
   return fp_return(L, LUA_OK, (lua_KContext)base);
 }
+#else
+/* Lua 5.1 and LuaJIT have no continuations: a plain call, for checkin
+ * alone, which never yields (docs/api.md; its listeners must not either). */
+static int fp_call(lua_State *L, int base, int n) {
+  lua_call(L, n, LUA_MULTRET);
+  return lua_gettop(L) - base;
+}
+#endif
 
 /* Nothing was done: the Lua method (upvalue fn) does it all, with the
  * nargs arguments this call got. */
@@ -293,6 +290,8 @@ static int fp_lua(lua_State *L, int fn, int nargs) {
   for (i = 1; i <= nargs; i++) lua_pushvalue(L, i);
   return fp_call(L, base, nargs);
 }
+
+#if LUA_VERSION_NUM >= 503
 
 static int lcp_direct_checkout(lua_State *L) {
   int n, top, base, t;
@@ -324,13 +323,16 @@ static int lcp_direct_checkout(lua_State *L) {
   return fp_call(L, base, 11);
 }
 
+#endif
+
+/* checkin itself, on every Lua (it never yields: no continuation needed). */
 static int lcp_direct_checkin(lua_State *L) {
   int n, top, t;
   int64_t h;
   lua_settop(L, 3);
   if ((h = fp_handle(L)) < 0)
     return luaL_error(L, "clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got %s)",
-                      luaL_tolstring(L, 2, NULL));
+                      lcp_tolstring(L, 2));
   t = lua_type(L, 3);
   if (t != LUA_TNIL && t != LUA_TBOOLEAN)
     return luaL_error(L, "clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got %s)",
@@ -351,7 +353,6 @@ static int lcp_direct_checkin(lua_State *L) {
   lua_rawgeti(L, FP(CO_KEY), lua_tointeger(L, top) + 1);
   return fp_call(L, top, 7);
 }
-#endif
 
 /* acquire(pool, key, opts): the lease form's common case, as checkout's:
  * -> lease | nil, false, k, status, record, lease, gen, validate, idle,
@@ -562,11 +563,12 @@ int lcp_fastpath(lua_State *L) {
   {
     static const struct { const char *name; lua_CFunction fn; } made[] = {
 #if LUA_VERSION_NUM >= 503
-      {"checkout", lcp_direct_checkout}, {"checkin", lcp_direct_checkin},
+      {"checkout", lcp_direct_checkout},
       {"acquire_direct", lcp_direct_acquire}, {"try_direct", lcp_direct_try},
 #else
-      {"checkout", fast_checkout}, {"checkin", fast_checkin},
+      {"checkout", fast_checkout},
 #endif
+      {"checkin", lcp_direct_checkin},
       {"acquire", fast_acquire}, {"release", lcp_fast_release}, {"lease_release", lcp_lease_release},
       {"set_flags", fp_set_flags}, {NULL, NULL}
     };

@@ -432,11 +432,14 @@ function M.install_fastpath(self, mod)
   self._fpsync = fastpath_sync
   fastpath_sync(self)
   M.fastpath_leases(self)
-  if fp.direct then   -- Lua 5.3+: the C closures finish the job themselves
-    self.checkout, self.checkin = fp.checkout, fp.checkin
+  -- checkin is the C closure on every Lua (it never yields: it needs no
+  -- continuation); checkout too on Lua 5.3+
+  self.checkin = fp.checkin
+  if fp.direct then
+    self.checkout = fp.checkout
     return
   end
-  local co, ci = fp.checkout, fp.checkin
+  local co = fp.checkout
   self.checkout = function(s, key)
     local client, h, k, st, rec, l, g, validate, idle, pending = co(s, key)
     if h then return client, h end
@@ -445,15 +448,6 @@ function M.install_fastpath(self, mod)
       return checkout(s, key)
     end
     return checkout_from(s, key, k, key == nil and DEFAULT or key, st, rec, l, g, validate, idle, pending)
-  end
-  self.checkin = function(s, h, reuse)
-    local done, rec, pending, l = ci(s, h, reuse)
-    if done then return end
-    if done == nil then
-      check_checkin_args(h, reuse)
-      return checkin(s, h, reuse)
-    end
-    checkin_rest(s, h, rec, s._clients[rec], reuse, pending, s._co_key[l + 1])
   end
 end
 
