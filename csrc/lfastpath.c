@@ -131,8 +131,9 @@ static clientpool_t *fp_engine(const fp_layout *lay) {
   return *lay->eng ? (*lay->eng)->p : NULL;
 }
 
-/* What checkout and acquire share.  The name of the key in argument 2 goes
- * to index top + 1 (arguments above 2 are kept), its id to top + 2; then,
+/* What checkout and acquire share.  The name of the key in argument 2 is
+ * at index *name (2, or the default name's upvalue); its id is looked up;
+ * then,
  * unless a waiter may need reaping (the engine's queue is at max_waiting:
  * the driver's reap_if_full reaps dead waiters before the engine could
  * refuse the call as full), the engine's acquire: also with waiters queued
@@ -140,7 +141,8 @@ static clientpool_t *fp_engine(const fp_layout *lay) {
  * checks twice, before it queued).  Returns -1 when nothing was done (the
  * driver does it all), else 1 when the grant is the common case (an idle
  * client, no validate, no event pending, no acquire listener), 0 when the
- * driver must go on from it (fp_push_grant).  (No client is ever parked
+ * driver must go on from it (fp_push_grant), with the name at index
+ * nargs + 1 and the key's id at nargs + 2 for it.  (No client is ever parked
  * here: the driver installs the fast path only in pools without a park
  * hook, which configure cannot add.)  Its callers set the stack's top to
  * nargs, and make room for FP_ROOM values first (the direct forms of 5.3+
@@ -148,14 +150,14 @@ static clientpool_t *fp_engine(const fp_layout *lay) {
  * LUA_MINSTACK slots every C call has). */
 #define FP_ROOM 24                       /* 11 results over 8 slots, and push_sentinel's */
 static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_grant_t *g, int32_t *k,
-                      clientpool_t **pp) {
+                      clientpool_t **pp, int *name) {
   clientpool_t *p;
   int known;
   if (!lua_rawequal(L, 1, FP(POOL))) return -1;
-  lua_pushvalue(L, lua_isnil(L, 2) ? FP(DEFAULT) : 2);   /* nargs + 1: name */
-  lua_pushvalue(L, -1);
-  lua_rawget(L, FP(KIDS));                                /* nargs + 2: key id */
-  *k = (int32_t)lcp_tointegerx(L, nargs + 2, &known);     /* (an id is an integer; nil is not) */
+  *name = lua_isnil(L, 2) ? FP(DEFAULT) : 2;
+  lua_pushvalue(L, *name);
+  lua_rawget(L, FP(KIDS));                                /* nargs + 1: key id */
+  *k = (int32_t)lcp_tointegerx(L, nargs + 1, &known);     /* (an id is an integer; nil is not) */
   if (!known || (p = fp_engine(lay)) == NULL || clientpool_queue_full(p)) return -1;
   *pp = p;
   /* no clock read where nothing needs the time (the engine says; a validate
@@ -163,8 +165,11 @@ static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_
   if (lay->validate || clientpool_acquire_untimed(p, *k, g) != CLIENTPOOL_GRANT_IDLE)
     clientpool_acquire(p, *k, clientpool_monotime(), g);
   if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= lay->hslots ||
-      (g->validate && lay->validate) || (lay->flags & FP_ON_ACQUIRE))
+      (g->validate && lay->validate) || (lay->flags & FP_ON_ACQUIRE)) {
+    lua_pushvalue(L, *name);             /* (the driver's layout: name, then id) */
+    lua_insert(L, nargs + 1);
     return 0;
+  }
   return 1;
 }
 
@@ -181,17 +186,17 @@ static int fast_checkout(lua_State *L) {
   clientpool_t *p;
   int32_t k;
   const fp_layout *lay = fp_lay(L);
-  int fast;
+  int fast, name;
 #if LUA_VERSION_NUM < 503                /* (else lcp_direct_checkout did both) */
   lua_settop(L, 2);
   luaL_checkstack(L, FP_ROOM, NULL);
 #endif
-  fast = fp_acquire(L, 2, lay, &g, &k, &p);               /* 3: name */
+  fast = fp_acquire(L, 2, lay, &g, &k, &p, &name);
   if (fast < 0) return 0;
   if (fast) {
     lua_pushinteger(L, g.record);
     lua_rawseti(L, FP(CO_REC), g.lease + 1);
-    lua_pushvalue(L, 3);
+    lua_pushvalue(L, name);
     lua_rawseti(L, FP(CO_KEY), g.lease + 1);
     lua_rawgeti(L, FP(CLIENTS), g.record);
     lua_pushinteger(L, (lua_Integer)(((int64_t)(uint32_t)(g.lease_gen + lay->hbase) << lay->hbits) + g.lease));
@@ -363,11 +368,11 @@ static int fast_acquire(lua_State *L) {
   clientpool_grant_t g;
   clientpool_t *p;
   int32_t k;
-  int fast;
+  int fast, name;
   if (!lua_isnoneornil(L, 3)) return 0;
   lua_settop(L, 3);
   luaL_checkstack(L, FP_ROOM, NULL);
-  fast = fp_acquire(L, 3, fp_lay(L), &g, &k, &p);        /* 3: opts (nil), 4: name */
+  fast = fp_acquire(L, 3, fp_lay(L), &g, &k, &p, &name);   /* 3: opts (nil) */
   if (fast < 0) return 0;
   if (fast) {                            /* as the driver's new_lease */
     int t;
@@ -384,7 +389,7 @@ static int fast_acquire(lua_State *L) {
     lua_setmetatable(L, t);
     lua_pushinteger(L, g.record);
     lua_rawseti(L, FP(L_REC), g.lease + 1);
-    lua_pushvalue(L, 4);
+    lua_pushvalue(L, name);
     lua_rawseti(L, FP(L_KEY), g.lease + 1);
     lua_pushvalue(L, t);
     lua_rawseti(L, FP(HELD), g.lease);
