@@ -144,20 +144,22 @@ static clientpool_t *fp_engine(const fp_layout *lay) {
  * driver must go on from it (fp_push_grant), with the name at index
  * nargs + 1 and the key's id at nargs + 2 for it.  (No client is ever parked
  * here: the driver installs the fast path only in pools without a park
- * hook, which configure cannot add.)  Its callers set the stack's top to
- * nargs, and make room for FP_ROOM values first (the direct forms of 5.3+
- * only for what follows a declined call: the fast one stays within the
- * LUA_MINSTACK slots every C call has). */
+ * hook, which configure cannot add.)  Its callers pass their arguments as
+ * given (an absent key is none: no lua_settop in the common case, about
+ * 50 instructions on Lua 5.4) and put them right (fp_args) before handing
+ * a declined call on; they make room for FP_ROOM values first (the direct
+ * forms of 5.3+ only for what follows a declined call: the fast one stays
+ * within the LUA_MINSTACK slots every C call has). */
 #define FP_ROOM 24                       /* 11 results over 8 slots, and push_sentinel's */
 static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_grant_t *g, int32_t *k,
                       clientpool_t **pp, int *name) {
   clientpool_t *p;
   int known;
   if (!lua_rawequal(L, 1, FP(POOL))) return -1;
-  *name = lua_isnil(L, 2) ? FP(DEFAULT) : 2;
+  *name = lua_isnoneornil(L, 2) ? FP(DEFAULT) : 2;
   lua_pushvalue(L, *name);
-  lua_rawget(L, FP(KIDS));                                /* nargs + 1: key id */
-  *k = (int32_t)lcp_tointegerx(L, nargs + 1, &known);     /* (an id is an integer; nil is not) */
+  lua_rawget(L, FP(KIDS));                                /* the key's id */
+  *k = (int32_t)lcp_tointegerx(L, -1, &known);            /* (an id is an integer; nil is not) */
   if (!known || (p = fp_engine(lay)) == NULL || clientpool_queue_full(p)) return -1;
   *pp = p;
   /* no clock read where nothing needs the time (the engine says; a validate
@@ -166,8 +168,11 @@ static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_
     clientpool_acquire(p, *k, clientpool_monotime(), g);
   if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= lay->hslots ||
       (g->validate && lay->validate) || (lay->flags & FP_ON_ACQUIRE)) {
-    lua_pushvalue(L, *name);             /* (the driver's layout: name, then id) */
-    lua_insert(L, nargs + 1);
+    /* the driver's layout: the nargs arguments, the name, the id */
+    lua_pop(L, 1);
+    lua_settop(L, nargs);
+    lua_pushvalue(L, *name);
+    lua_pushinteger(L, *k);
     return 0;
   }
   return 1;
@@ -289,6 +294,13 @@ static int fp_call(lua_State *L, int base, int n) {
 
 /* Nothing was done: the Lua method (upvalue fn) does it all, with the
  * nargs arguments this call got. */
+/* The arguments of a call given `given` of them, as `want` (dropping what
+ * the call pushed above them): for the paths off the common case. */
+static void fp_args(lua_State *L, int given, int want) {
+  lua_settop(L, given < want ? given : want);
+  lua_settop(L, want);
+}
+
 static int fp_lua(lua_State *L, int fn, int nargs) {
   int base = lua_gettop(L), i;
   lua_pushvalue(L, fn);
@@ -299,10 +311,9 @@ static int fp_lua(lua_State *L, int fn, int nargs) {
 #if LUA_VERSION_NUM >= 503
 
 static int lcp_direct_checkout(lua_State *L) {
-  int n, top, base, t;
-  lua_settop(L, 2);
+  int n, top, base, t, given = lua_gettop(L);
   t = lua_type(L, 2);
-  if (t != LUA_TNIL && t != LUA_TSTRING && lua_rawequal(L, 1, FP(POOL)))
+  if (t != LUA_TNONE && t != LUA_TNIL && t != LUA_TSTRING && lua_rawequal(L, 1, FP(POOL)))
     return luaL_error(L, "clientpool: bad argument #1 to 'checkout' (key must be a string or nil, got %s)",
                       lua_typename(L, t));
   /* (the common case pushes fewer than LUA_MINSTACK values: room is made
@@ -310,7 +321,10 @@ static int lcp_direct_checkout(lua_State *L) {
   n = fast_checkout(L);
   if (n == 2) return 2;
   luaL_checkstack(L, 32, NULL);
-  if (n == 0) return fp_lua(L, FP(LUA_CHECKOUT), 2);
+  if (n == 0) {
+    fp_args(L, given, 2);
+    return fp_lua(L, FP(LUA_CHECKOUT), 2);
+  }
   top = lua_gettop(L);
   /* acquired: checkout_from(pool, key, k, name, status .. pending), the
    * call moved down over the results it copied: a waiter's Lua frames sit
@@ -332,20 +346,24 @@ static int lcp_direct_checkout(lua_State *L) {
 
 /* checkin itself, on every Lua (it never yields: no continuation needed). */
 static int lcp_direct_checkin(lua_State *L) {
-  int n, top, t;
+  int n, top, t, given = lua_gettop(L);
   int64_t h;
-  lua_settop(L, 3);
-  if ((h = fp_handle(L)) < 0)
+  if ((h = fp_handle(L)) < 0) {
+    fp_args(L, given, 3);                /* (an absent handle shows as nil) */
     return luaL_error(L, "clientpool: bad argument #1 to 'checkin' (a handle from checkout expected, got %s)",
                       lcp_tolstring(L, 2));
-  t = lua_type(L, 3);
-  if (t != LUA_TNIL && t != LUA_TBOOLEAN)
+  }
+  t = lua_type(L, 3);                    /* (none: absent, as nil) */
+  if (t != LUA_TNONE && t != LUA_TNIL && t != LUA_TBOOLEAN)
     return luaL_error(L, "clientpool: bad argument #2 to 'checkin' (boolean or nil expected, got %s)",
                       lua_typename(L, t));
   n = fp_checkin(L, h, t);               /* (within LUA_MINSTACK, as checkout) */
   if (n == FP_DONE) return 0;
   luaL_checkstack(L, 32, NULL);
-  if (n == 0) return fp_lua(L, FP(LUA_CHECKIN), 3);
+  if (n == 0) {
+    fp_args(L, given, 3);
+    return fp_lua(L, FP(LUA_CHECKIN), 3);
+  }
   top = lua_gettop(L);
   /* released, events pending: checkin_rest(pool, h, rec, client, reuse, pending, name) */
   lua_pushvalue(L, FP(CHECKIN_REST));
@@ -353,7 +371,7 @@ static int lcp_direct_checkin(lua_State *L) {
   lua_pushvalue(L, 2);
   lua_pushvalue(L, top - 2);
   lua_rawgeti(L, FP(CLIENTS), lua_tointeger(L, top - 2));
-  lua_pushvalue(L, 3);
+  if (t == LUA_TNONE) lua_pushnil(L); else lua_pushvalue(L, 3);
   lua_pushvalue(L, top - 1);
   lua_rawgeti(L, FP(CO_KEY), lua_tointeger(L, top) + 1);
   return fp_call(L, top, 7);
