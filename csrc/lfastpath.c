@@ -133,10 +133,10 @@ static clientpool_t *fp_engine(const fp_layout *lay) {
 
 /* What checkout and acquire share.  The name of the key in argument 2 is
  * at index *name (2, or the default name's upvalue); its id is looked up;
- * then,
- * unless a waiter may need reaping (the engine's queue is at max_waiting:
- * the driver's reap_if_full reaps dead waiters before the engine could
- * refuse the call as full), the engine's acquire: also with waiters queued
+ * then the engine's untimed grant of an idle client, else, unless a waiter
+ * may need reaping (the engine's queue is at max_waiting: the driver's
+ * reap_if_full reaps dead waiters before the engine could refuse the call
+ * as full), the engine's acquire: also with waiters queued
  * (issue 17: a contended handoff took the whole Lua path, its argument
  * checks twice, before it queued).  Returns -1 when nothing was done (the
  * driver does it all), else 1 when the grant is the common case (an idle
@@ -160,12 +160,17 @@ static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_
   lua_pushvalue(L, *name);
   lua_rawget(L, FP(KIDS));                                /* the key's id */
   *k = (int32_t)lcp_tointegerx(L, -1, &known);            /* (an id is an integer; nil is not) */
-  if (!known || (p = fp_engine(lay)) == NULL || clientpool_queue_full(p)) return -1;
+  if (!known || (p = fp_engine(lay)) == NULL) return -1;
   *pp = p;
   /* no clock read where nothing needs the time (the engine says; a validate
-   * hook reads the idle time, so with one the stamps are always taken) */
-  if (lay->validate || clientpool_acquire_untimed(p, *k, g) != CLIENTPOOL_GRANT_IDLE)
+   * hook reads the idle time, so with one the stamps are always taken).
+   * The queue is looked at only when the untimed grant declined: an idle
+   * client granted at once never waits, so a full queue does not matter
+   * to it (the dead waiters are reaped by the next call that could wait). */
+  if (lay->validate || clientpool_acquire_untimed(p, *k, g) != CLIENTPOOL_GRANT_IDLE) {
+    if (clientpool_queue_full(p)) return -1;
     clientpool_acquire(p, *k, clientpool_monotime(), g);
+  }
   if (g->status != CLIENTPOOL_GRANT_IDLE || clientpool_pending(p) != 0 || g->lease >= lay->hslots ||
       (g->validate && lay->validate) || (lay->flags & FP_ON_ACQUIRE)) {
     /* the driver's layout: the nargs arguments, the name, the id */
