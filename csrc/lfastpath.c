@@ -102,6 +102,8 @@ typedef struct fp_layout {
   uint32_t hbase;      /* the pool's handle base (parts.hbase) */
   int validate;        /* the pool has a validate hook (parts.validate) */
   int flags;           /* FP_ON_*: what the driver tells it (set_flags) */
+  int sentinel_at;     /* the lease's sentinel field as an array index (lease_fields.sentinel
+                        * a number: lua_rawgeti/rawseti, one call fewer than a key), or 0 */
   /* the engine handle's box pointer (FP_ENGINE's userdata block): Lua never
    * moves a userdata's block, and each closure holds the handle as an
    * upvalue, so this stays valid as long as the closure */
@@ -399,15 +401,21 @@ static int fast_acquire(lua_State *L) {
   if (fast < 0) return 0;
   if (fast) {                            /* as the driver's new_lease */
     int t;
-    if (lua_type(L, FP(L_SENTINEL)) == LUA_TNUMBER) lua_createtable(L, 1, 1);   /* (its array slot) */
+    const fp_layout *lay = fp_lay(L);
+    if (lay->sentinel_at) lua_createtable(L, 1, 1);    /* (its array slot) */
     else lua_createtable(L, 0, 2);
     t = lua_gettop(L);
     fp_key(L, FP(L_CLIENT));
     lua_rawgeti(L, FP(CLIENTS), g.record);
     lua_rawset(L, t);
-    fp_key(L, FP(L_SENTINEL));
-    lcp_push_sentinel_in(L, FP(ENGINE), FP(GUARDS), FP(SPARE), g.lease, g.lease_gen);
-    lua_rawset(L, t);
+    if (lay->sentinel_at) {
+      lcp_push_sentinel_in(L, FP(ENGINE), FP(GUARDS), FP(SPARE), g.lease, g.lease_gen);
+      lua_rawseti(L, t, lay->sentinel_at);
+    } else {
+      fp_key(L, FP(L_SENTINEL));
+      lcp_push_sentinel_in(L, FP(ENGINE), FP(GUARDS), FP(SPARE), g.lease, g.lease_gen);
+      lua_rawset(L, t);
+    }
     lua_pushvalue(L, FP(LEASE_MT));
     lua_setmetatable(L, t);
     lua_pushinteger(L, g.record);
@@ -432,11 +440,11 @@ static int fp_release_lease(lua_State *L, int reuse_type) {
   uint32_t gen;
   const fp_layout *lay = fp_lay(L);
   lcp_box *b = *lay->eng;
-  lua_settop(L, 2);
+  /* (its callers set the top to 2) */
   if (!lua_getmetatable(L, 1)) return 0;                 /* 3: the lease's metatable */
   if (!lua_rawequal(L, 3, FP(LEASE_MT))) return 0;
-  fp_key(L, FP(L_SENTINEL));
-  lua_rawget(L, 1);                                       /* 4: the sentinel (held here) */
+  if (lay->sentinel_at) lua_rawgeti(L, 1, lay->sentinel_at);
+  else { fp_key(L, FP(L_SENTINEL)); lua_rawget(L, 1); }   /* 4: the sentinel (held here) */
   if (lua_isnil(L, 4)) return 1;                          /* released: idempotent */
   if ((lay->flags & (FP_ON_DRAIN | FP_ON_RELEASE)) || b == NULL || (p = b->p) == NULL ||
       (s = lcp_guard_at(L, 4, b, FP(SENTINEL_MT))) == NULL)
@@ -453,9 +461,14 @@ static int fp_release_lease(lua_State *L, int reuse_type) {
   rc = fp_release(p, lay, l, gen, fp_reason(L, 2, reuse_type));
   /* as the driver's finish_lease: the lease lets go of its sentinel once
    * the engine has the release (the stack holds it until then) */
-  fp_key(L, FP(L_SENTINEL));
-  lua_pushnil(L);
-  lua_rawset(L, 1);
+  if (lay->sentinel_at) {
+    lua_pushnil(L);
+    lua_rawseti(L, 1, lay->sentinel_at);
+  } else {
+    fp_key(L, FP(L_SENTINEL));
+    lua_pushnil(L);
+    lua_rawset(L, 1);
+  }
   if (rc == 0) lcp_recycle_sentinel_in(L, FP(GUARDS), FP(SPARE), l, gen);
   if (clientpool_pending(p) > 0) {       /* release never yields: plain calls */
     lua_pushvalue(L, FP(PUMP));
@@ -477,8 +490,10 @@ static int fp_release_lease(lua_State *L, int reuse_type) {
  * (Lease.release calls it after its own checks, for a lease of a pool
  * with the fast path: pool._frel). */
 static int lcp_fast_release(lua_State *L) {
-  int t = lua_type(L, 2);
-  lua_pushboolean(L, (t == LUA_TNONE || t == LUA_TNIL || t == LUA_TBOOLEAN) && fp_release_lease(L, t));
+  int t;
+  lua_settop(L, 2);
+  t = lua_type(L, 2);
+  lua_pushboolean(L, (t == LUA_TNIL || t == LUA_TBOOLEAN) && fp_release_lease(L, t));
   return 1;
 }
 
@@ -575,6 +590,7 @@ int lcp_fastpath(lua_State *L) {
     lay->hbase = (uint32_t)lua_tointeger(L, FP_LAYOUT + 1);
     lay->validate = lua_toboolean(L, FP_VALIDATE + 1);
     lay->flags = 0;
+    lay->sentinel_at = 0;                /* (lease_fields is read below) */
     lay->eng = (lcp_box *const *)lua_touserdata(L, 1);
     lua_replace(L, FP_LAYOUT + 1);       /* in parts.hbase's place */
   }
@@ -584,6 +600,11 @@ int lcp_fastpath(lua_State *L) {
   parts = lua_gettop(L);
   for (i = 0; fp_lease_fields[i]; i++) fp_name(L, parts, "lease_fields", fp_lease_fields[i]);
   lua_remove(L, parts);
+  if (lua_type(L, -1) == LUA_TNUMBER) {   /* the sentinel's field (last of fp_lease_fields) */
+    lua_Number at = lua_tonumber(L, -1);
+    if (at >= 1 && at <= 255 && at == (int)at)
+      ((fp_layout *)lua_touserdata(L, FP_LAYOUT + 1))->sentinel_at = (int)at;
+  }
   lua_remove(L, 3);                      /* 1 engine, 2 pool, 3.. the parts, then the names */
   luaL_getmetatable(L, LCP_SENTINEL_MT);
   lcp_push_sentinel_tables(L, 1);
