@@ -516,6 +516,65 @@ describe("checkout/checkin, acquire/release and try_acquire: the C fast path agr
     assert(short >= 50, "acquisitions with a short queue: " .. short)
   end)
 
+  -- (eighth session: the C checkout and checkin take their arguments as
+  -- given, without a lua_settop, and put them right for the paths off the
+  -- common case; checkin is the C closure on every Lua)
+  it("takes fewer or more arguments than it reads on every path", function()
+    local loop = require("clientpool.loop").new()
+    local made, destroyed = 0, 0
+    local pool = clientpool.new {
+      backend = "core", max_live = 1, scheduler = loop,
+      create = function() made = made + 1; return { id = made } end,
+      destroy = function() destroyed = destroyed + 1 end,
+    }
+    assert.is_function(rawget(pool, "checkin"))   -- the C closure, 5.1 too
+    local c, h = pool:checkout(nil, "extra")
+    assert.is_table(c)
+    assert.is_nil(pool:checkin(h, nil, "extra"))
+    c, h = pool:checkout()
+    pool:checkin(h)                               -- reuse absent: kept
+    assert.are.equal(0, destroyed)
+    -- a waiter queued: checkin's events go to Lua (checkin_rest) with the
+    -- reuse argument absent, nil or false, and extra arguments
+    local function handoff(...)
+      local got
+      local _, held = pool:checkout()
+      loop.spawn(function()
+        local wc, wh = pool:checkout()
+        got = wc
+        pool:checkin(wh)
+      end)
+      loop.sleep(0)                                 -- the waiter queues
+      pool:checkin(held, ...)
+      loop.sleep(0)
+      return got
+    end
+    loop.spawn(function()
+      assert.is_table(handoff())
+      assert.is_table(handoff(nil, "extra"))
+      assert.are.equal(0, destroyed)
+      local got = handoff(false)                    -- retired: the waiter gets a new client
+      assert.is_table(got)
+      assert.are.equal(1, destroyed)
+      assert.are.equal(2, made)
+      -- a release listener: the whole call goes to the Lua checkin
+      local seen = {}
+      pool:on("release", function(_, _, reuse) seen[#seen + 1] = reuse end)
+      local _, h2 = pool:checkout()
+      pool:checkin(h2)
+      _, h2 = pool:checkout("k")
+      pool:checkin(h2, false, "extra")
+      assert.are.same({ true, false }, seen)
+    end)
+    loop.run()
+    local ok, err = pcall(pool.checkin, pool)
+    assert.is_false(ok)
+    assert.truthy(err:find("bad argument #1 to 'checkin' (a handle from checkout expected, got nil)", 1, true), err)
+    ok, err = pcall(function() pool:checkin() end)
+    assert.truthy(not ok and err:find("checkout_spec.lua:%d+: clientpool: bad argument #1 to 'checkin'"), err)
+    pool:close()
+  end)
+
   it("is installed only where its common case needs no Lua", function()
     local function fast(o, field)
       o.create = function() return {} end
