@@ -278,6 +278,23 @@ static int fp_checkin(lua_State *L, int64_t h, int reuse_type) {
 }
 
 
+#if LUA_VERSION_NUM < 503
+/* checkin's parts for a Lua wrapper (Lua 5.1 and LuaJIT inside OpenResty,
+ * where the rest may yield: a destroy's coroutine.resume yields the caller
+ * there, and LuaJIT cannot yield across lua_call): true when done, false,
+ * record, pending, lease when released with events pending, nothing when
+ * nothing was done. */
+static int fast_checkin(lua_State *L) {
+  int64_t h;
+  int n, reuse_type = lua_type(L, 3);
+  if ((h = fp_handle(L)) < 0) return 0;   /* Lua raises */
+  if (reuse_type != LUA_TNONE && reuse_type != LUA_TNIL && reuse_type != LUA_TBOOLEAN) return 0;
+  if ((n = fp_checkin(L, h, reuse_type)) != FP_DONE) return n;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+#endif
+
 #if LUA_VERSION_NUM >= 503
 static int fp_return(lua_State *L, int status, lua_KContext base) {
   (void)status;
@@ -292,7 +309,8 @@ static int fp_call(lua_State *L, int base, int n) {
 }
 #else
 /* Lua 5.1 and LuaJIT have no continuations: a plain call, for checkin
- * alone, which never yields (docs/api.md; its listeners must not either). */
+ * alone, which never yields outside OpenResty (docs/api.md; its listeners
+ * must not either); inside it the driver wraps fast_checkin instead. */
 static int fp_call(lua_State *L, int base, int n) {
   lua_call(L, n, LUA_MULTRET);
   return lua_gettop(L) - base;
@@ -615,7 +633,7 @@ int lcp_fastpath(lua_State *L) {
       {"checkout", lcp_direct_checkout},
       {"acquire_direct", lcp_direct_acquire}, {"try_direct", lcp_direct_try},
 #else
-      {"checkout", fast_checkout},
+      {"checkout", fast_checkout}, {"checkin_parts", fast_checkin},
 #endif
       {"checkin", lcp_direct_checkin},
       {"acquire", fast_acquire}, {"release", lcp_fast_release}, {"lease_release", lcp_lease_release},

@@ -433,8 +433,25 @@ function M.install_fastpath(self, mod)
   fastpath_sync(self)
   M.fastpath_leases(self)
   -- checkin is the C closure on every Lua (it never yields: it needs no
-  -- continuation); checkout too on Lua 5.3+
-  self.checkin = fp.checkin
+  -- continuation), but on Lua 5.1 and LuaJIT inside OpenResty: there a
+  -- destroy's coroutine.resume yields the caller, which LuaJIT cannot do
+  -- across a C call, so a Lua wrapper calls what the C part hands back;
+  -- checkout is the C closure on Lua 5.3+
+  local ngx = rawget(_G, "ngx")
+  if fp.direct or not (type(ngx) == "table" and type(ngx.get_phase) == "function") then
+    self.checkin = fp.checkin
+  else
+    local ci = fp.checkin_parts
+    self.checkin = function(s, h, reuse)
+      local done, rec, pending, l = ci(s, h, reuse)
+      if done then return end
+      if done == nil then
+        check_checkin_args(h, reuse)
+        return checkin(s, h, reuse)
+      end
+      checkin_rest(s, h, rec, s._clients[rec], reuse, pending, s._co_key[l + 1])
+    end
+  end
   if fp.direct then
     self.checkout = fp.checkout
     return
