@@ -170,6 +170,9 @@ static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_
    * client granted at once never waits, so a full queue does not matter
    * to it (the dead waiters are reaped by the next call that could wait). */
   if (lay->validate || clientpool_acquire_untimed(p, *k, g) != CLIENTPOOL_GRANT_IDLE) {
+    /* room for what follows a grant not finished here, made before the
+     * engine acts (an overflow raised after it would lose the grant) */
+    luaL_checkstack(L, 32, NULL);
     if (clientpool_queue_full(p)) return -1;
     clientpool_acquire(p, *k, clientpool_monotime(), g);
   }
