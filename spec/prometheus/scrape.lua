@@ -115,8 +115,13 @@ end
 -- GET http://127.0.0.1:port/path on a cqueues socket: status, body.
 local function http_get(port, path)
   local con = socket.connect { host = "127.0.0.1", port = port }
-  local ok = con:connect(5)
-  if not ok then return nil, "connect failed" end
+  -- (cqueues raises "Connection refused" while prometheus is still
+  -- starting: that is a failed try of the caller's loop, not the end)
+  local called, ok = pcall(con.connect, con, 5)
+  if not (called and ok) then
+    pcall(con.close, con)
+    return nil, "connect failed"
+  end
   con:setmode("b", "b")
   con:write("GET " .. path .. " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
   con:flush()
