@@ -469,6 +469,10 @@ double clientpool_record_created(const clientpool_t *p, int32_t record);
 /* Seconds since a lease was granted, or -1 for a stale handle. */
 double clientpool_lease_age(const clientpool_t *p, int32_t lease, uint32_t gen, double now);
 
+/* The record a lease holds, and its key in *key (if key is not NULL), or -1
+ * for a stale handle (*key untouched): the driver keeps neither per lease. */
+int32_t clientpool_lease_record(const clientpool_t *p, int32_t lease, uint32_t gen, int32_t *key);
+
 /* Whether the pool is closed (1) or not (0). */
 int clientpool_is_closed(const clientpool_t *p);
 

@@ -2597,6 +2597,13 @@ double clientpool_lease_age(const clientpool_t *p, int32_t l, uint32_t gen, doub
   return now - p->lea[l].since;
 }
 
+int32_t clientpool_lease_record(const clientpool_t *p, int32_t l, uint32_t gen, int32_t *key) {
+  int32_t r;
+  if (l < 0 || l >= p->nlea || (r = p->lea[l].record) == NONE || p->lea[l].gen != gen) return NONE;
+  if (key) *key = p->rec[r].key;
+  return r;
+}
+
 int clientpool_is_closed(const clientpool_t *p) { return p->closed; }
 
 /* ---- the fleet, public ------------------------------------------------ */

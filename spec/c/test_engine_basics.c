@@ -115,10 +115,21 @@ static void t_create_first_acquire_reserves(void) {
   CHECK(s.live == 1 && s.opened == 1 && s.active == 1);
   CHECK_NEAR(clientpool_lease_age(p, g.lease, g.lease_gen, 1.0), 1.0);   /* held since the grant at 0 */
   CHECK_STATUS(CREATED(p, g.record, 1, 1), CLIENTPOOL_STALE);            /* not creating any more */
+  /* the record and key of a held lease are the engine's (the driver keeps neither) */
+  int32_t lk = -7;
+  CHECK_EQ(clientpool_lease_record(p, g.lease, g.lease_gen, &lk), g.record);
+  CHECK_EQ(lk, k);
+  CHECK_EQ(clientpool_lease_record(p, g.lease, g.lease_gen, NULL), g.record);
+  CHECK_EQ(clientpool_lease_record(p, g.lease, g.lease_gen + 1, &lk), -1);   /* another generation */
+  CHECK_EQ(clientpool_lease_record(p, -1, g.lease_gen, &lk), -1);
+  CHECK_EQ(clientpool_lease_record(p, 1 << 30, g.lease_gen, &lk), -1);
 
   RELEASE(p, hold_of(&g), 1);
   s = pstats(p);
   CHECK(s.live == 1 && s.idle == 1 && s.active == 0 && s.leases == 0);
+  lk = -7;
+  CHECK_EQ(clientpool_lease_record(p, g.lease, g.lease_gen, &lk), -1);   /* released: stale */
+  CHECK_EQ(lk, -7);
 }
 
 static void t_create_failure_forfeits(void) {
