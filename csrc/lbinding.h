@@ -62,28 +62,29 @@ typedef struct lcp_box {
  * lease's slot and generation from it (E:guarded, lfastpath.c). */
 typedef struct lcp_guard {
   lcp_box *box;
-  int32_t lease;
+  int32_t lease;       /* LCP_DISARMED once released: it guards nothing */
   uint32_t gen;
 } lcp_guard;
+#define LCP_DISARMED (-1)
 
 /* The sentinel at stack index i if it is one of the engine box's, else
  * NULL.  mt: the stack index of the sentinel metatable, or 0 (the
  * registry's is looked up). */
-LCP_INTERNAL const lcp_guard *lcp_guard_at(lua_State *L, int i, const lcp_box *box, int mt);
+LCP_INTERNAL lcp_guard *lcp_guard_at(lua_State *L, int i, const lcp_box *box, int mt);
 /* Pushes a leak sentinel for (lease, gen) of the engine at stack index e
  * (absolute or an upvalue's, as every index here). */
 LCP_INTERNAL void lcp_push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen);
-/* The lease (lease, gen) of the engine at index e ended: its sentinel, if
- * the driver dropped it, is kept for reuse. */
+/* The lease (lease, gen) of the engine at index e ended: its sentinel is
+ * disarmed in place, kept (weakly) for the slot's next lease. */
 LCP_INTERNAL void lcp_recycle_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen);
-/* Pushes the two tables of the engine at index e that hold its sentinels:
- * guards (the armed ones by lease slot + 1, weak) and spare (released
- * ones).  They last as long as the engine: the fast path keeps them as
- * upvalues and calls the two below, two table lookups fewer per call. */
-LCP_INTERNAL void lcp_push_sentinel_tables(lua_State *L, int e);
-/* lcp_push_sentinel and lcp_recycle_sentinel, given those tables' indices. */
-LCP_INTERNAL void lcp_push_sentinel_in(lua_State *L, int e, int guards, int spare, int32_t lease, uint32_t gen);
-LCP_INTERNAL void lcp_recycle_sentinel_in(lua_State *L, int guards, int spare, int32_t lease, uint32_t gen);
+/* Pushes the table of the engine at index e that holds its sentinels by
+ * lease slot + 1 (weak).  It lasts as long as the engine: the fast path
+ * keeps it as an upvalue and calls the two below, two table lookups fewer
+ * per call. */
+LCP_INTERNAL void lcp_push_guards(lua_State *L, int e);
+/* lcp_push_sentinel and lcp_recycle_sentinel, given that table's index. */
+LCP_INTERNAL void lcp_push_sentinel_in(lua_State *L, int e, int guards, int32_t lease, uint32_t gen);
+LCP_INTERNAL void lcp_recycle_sentinel_in(lua_State *L, int guards, int32_t lease, uint32_t gen);
 /* Pushes a grant: status, record, lease, gen, validate, idle, pending
  * [, waited] [, sentinel]; returns how many values. */
 LCP_INTERNAL int lcp_push_grant(lua_State *L, const clientpool_grant_t *g, clientpool_t *p, int waited,

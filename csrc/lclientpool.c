@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { UV_GUARDS = 1, UV_SPARE = 2 };   /* the pool's private table's arrays */
+enum { UV_GUARDS = 1 };   /* the pool's private table's array of sentinels */
 
 
 static void box_unref(lcp_box *b) {
@@ -122,8 +122,8 @@ static int lcp_new(lua_State *L) {
   lua_setmetatable(L, -2);
   /* the pool's private table: holds the driver's notify function, and is
    * shared by its sentinels so a collected lease can call it; [UV_GUARDS]
-   * the armed sentinels by lease slot + 1 (weak: a dropped lease's sentinel
-   * must be collectable), [UV_SPARE] released ones, kept for reuse */
+   * the sentinels by lease slot + 1, armed or disarmed (weak: a dropped
+   * lease's sentinel must be collectable) */
   lua_newtable(L);
   lua_newtable(L);
   lua_newtable(L);
@@ -131,8 +131,6 @@ static int lcp_new(lua_State *L) {
   lua_setfield(L, -2, "__mode");
   lua_setmetatable(L, -2);
   lua_rawseti(L, -2, UV_GUARDS);
-  lua_newtable(L);
-  lua_rawseti(L, -2, UV_SPARE);
   lcp_setuservalue(L, -2);
   return 1;
 }
@@ -184,21 +182,21 @@ static int lcp_pool__tostring(lua_State *L) {
   return 1;
 }
 
-/* Pushes a leak sentinel for (lease, gen) of the pool at index 1: a lease
+/* Pushes a leak sentinel for (lease, gen) of the pool at index e: a lease
  * table holds one, so a lease collected while held is reported to the
- * engine.  A released lease's sentinel is nobody's any more and is armed
- * again for a later lease (lcp_recycle_sentinel): no finalizer runs per lease,
- * and a lease table needs no __gc of its own. */
-void lcp_push_sentinel_in(lua_State *L, int e, int guards, int spare, int32_t lease, uint32_t gen) {
+ * engine.  One sentinel per lease slot: a released lease's is disarmed in
+ * place (lcp_recycle_sentinel_in) and armed again for the slot's next
+ * lease, so no finalizer runs per lease and a lease table needs no __gc of
+ * its own; the lookup that finds it is the one that stores it.  A slot's
+ * sentinel still armed (a lease ended as leaked by the driver, E:leak, its
+ * sentinel not yet collected) is never shared: that lease gets a new one. */
+void lcp_push_sentinel_in(lua_State *L, int e, int guards, int32_t lease, uint32_t gen) {
   lcp_guard *s;
-  int n = lcp_rawlen(L, spare);
-  if (n > 0) {
-    lua_rawgeti(L, spare, n);                  /* s */
-    lua_pushnil(L);
-    lua_rawseti(L, spare, n);
-    s = (lcp_guard *)lua_touserdata(L, -1);
-  } else {
+  lua_rawgeti(L, guards, lease + 1);           /* s|nil */
+  s = (lcp_guard *)lua_touserdata(L, -1);
+  if (s == NULL || s->box == NULL || s->lease != LCP_DISARMED) {
     lcp_box **u = (lcp_box **)lua_touserdata(L, e);
+    lua_pop(L, 1);
     s = (lcp_guard *)lua_newuserdata(L, sizeof *s);
     s->box = *u;
     s->box->refs++;
@@ -206,45 +204,38 @@ void lcp_push_sentinel_in(lua_State *L, int e, int guards, int spare, int32_t le
     lua_setmetatable(L, -2);
     lcp_getuservalue(L, e);                    /* (the private table: its notify) */
     lcp_setuservalue(L, -2);
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, guards, lease + 1);
   }
   s->lease = lease;
   s->gen = gen;
-  lua_pushvalue(L, -1);
-  lua_rawseti(L, guards, lease + 1);
 }
 
-void lcp_push_sentinel_tables(lua_State *L, int e) {
+void lcp_push_guards(lua_State *L, int e) {
   lcp_getuservalue(L, e);
   lua_rawgeti(L, -1, UV_GUARDS);
-  lua_rawgeti(L, -2, UV_SPARE);
-  lua_remove(L, -3);
+  lua_remove(L, -2);
 }
 
 void lcp_push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
   int top = lua_gettop(L);
-  lcp_push_sentinel_tables(L, e);              /* guards spare */
-  lcp_push_sentinel_in(L, e, top + 1, top + 2, lease, gen);
-  lua_replace(L, top + 1);
-  lua_settop(L, top + 1);
+  lcp_push_guards(L, e);
+  lcp_push_sentinel_in(L, e, top + 1, lease, gen);
+  lua_remove(L, top + 1);
 }
 
-void lcp_recycle_sentinel_in(lua_State *L, int guards, int spare, int32_t lease, uint32_t gen) {
+void lcp_recycle_sentinel_in(lua_State *L, int guards, int32_t lease, uint32_t gen) {
   lcp_guard *s;
   lua_rawgeti(L, guards, lease + 1);           /* s|nil */
   s = (lcp_guard *)lua_touserdata(L, -1);
-  if (s && s->box && s->lease == lease && s->gen == gen) {
-    lua_pushnil(L);
-    lua_rawseti(L, guards, lease + 1);
-    lua_rawseti(L, spare, lcp_rawlen(L, spare) + 1);
-  } else {
-    lua_pop(L, 1);
-  }
+  if (s && s->box && s->lease == lease && s->gen == gen) s->lease = LCP_DISARMED;
+  lua_pop(L, 1);
 }
 
 void lcp_recycle_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen) {
   int top = lua_gettop(L);
-  lcp_push_sentinel_tables(L, e);
-  lcp_recycle_sentinel_in(L, top + 1, top + 2, lease, gen);
+  lcp_push_guards(L, e);
+  lcp_recycle_sentinel_in(L, top + 1, lease, gen);
   lua_settop(L, top);
 }
 
@@ -255,8 +246,8 @@ static int lcp_sentinel(lua_State *L) {
   return 1;
 }
 
-const lcp_guard *lcp_guard_at(lua_State *L, int i, const lcp_box *box, int mt) {
-  const lcp_guard *s = (const lcp_guard *)lua_touserdata(L, i);
+lcp_guard *lcp_guard_at(lua_State *L, int i, const lcp_box *box, int mt) {
+  lcp_guard *s = (lcp_guard *)lua_touserdata(L, i);
   int same;
   if (s == NULL || lua_type(L, i) != LUA_TUSERDATA || !lua_getmetatable(L, i)) return NULL;
   if (mt) same = lua_rawequal(L, -1, mt);
@@ -269,16 +260,22 @@ const lcp_guard *lcp_guard_at(lua_State *L, int i, const lcp_box *box, int mt) {
   return same && s->box == box ? s : NULL;
 }
 
-/* E:guarded(sentinel) -> lease, gen of a sentinel of this engine's, or
- * nothing (a lease table keeps its slot and generation in its sentinel) */
+/* E:guarded(sentinel) -> lease, gen, record, key of the lease a sentinel of
+ * this engine's guards (record and key only while the engine holds the
+ * lease: a lease table keeps its slot and generation in its sentinel, the
+ * rest is the engine's), or nothing (not one, or disarmed: released) */
 static int lcp_guarded(lua_State *L) {
   const lcp_guard *s;
-  lcp_self(L);
+  clientpool_t *p = lcp_self(L);
+  int32_t rec, key;
   s = lcp_guard_at(L, 2, *(lcp_box **)lua_touserdata(L, 1), 0);
-  if (s == NULL) return 0;
+  if (s == NULL || s->lease == LCP_DISARMED) return 0;
   lua_pushinteger(L, s->lease);
   lua_pushinteger(L, (lua_Integer)s->gen);
-  return 2;
+  if ((rec = clientpool_lease_record(p, s->lease, s->gen, &key)) < 0) return 2;
+  lua_pushinteger(L, rec);
+  lua_pushinteger(L, key);
+  return 4;
 }
 
 /* E:disarm(lease, gen): the lease's sentinel guards it no more (checkout
@@ -729,7 +726,10 @@ static int lcp_stats(lua_State *L) {
 
 static int lcp_lease__gc(lua_State *L) {
   lcp_guard *s = (lcp_guard *)luaL_checkudata(L, 1, LCP_SENTINEL_MT);
-  if (s->box) {
+  if (s->box && s->lease == LCP_DISARMED) {   /* released: nothing to report */
+    box_unref(s->box);
+    s->box = NULL;
+  } else if (s->box) {
     int reported = 0;
     /* at the driver's time (a grant this report makes is dated then; the
      * engine's latest time was the driver's last call); a released lease

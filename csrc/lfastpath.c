@@ -27,8 +27,6 @@
  *              Lease.release that lease_release hands back to; the
  *              others: what acquire_direct and try_direct hand back)
  *   lease_mt   the pool's Lease metatable (one per pool: it names the pool)
- *   lease_rec, lease_key  the pool's tables: lease slot + 1 -> record, key
- *              name (a lease table holds neither)
  *   lease_fields { client =, sentinel = }: the lease table's fields (a
  *              name or an array index): its client, and its leak sentinel,
  *              which holds the lease's slot and generation
@@ -77,17 +75,17 @@
 /* The closures' upvalues: the engine, the pool, the parts table's fields
  * named in fp_parts (same order), the field names of lease_fields
  * (fp_lease_fields: same order), then the sentinel metatable and the
- * engine's two sentinel tables (lcp_push_sentinel_tables). */
+ * engine's table of sentinels (lcp_push_guards). */
 enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_CO_REC, FP_CO_KEY,
        FP_DEFAULT, FP_LAYOUT, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
-       FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE, FP_L_REC, FP_L_KEY,
+       FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE,
        FP_LUA_RELEASE, FP_ACQUIRE_FROM, FP_TRY_FROM, FP_ACQUIRE_REST, FP_TRY_REST,
        FP_L_CLIENT, FP_L_SENTINEL,
-       FP_SENTINEL_MT, FP_GUARDS, FP_SPARE, FP_N };
+       FP_SENTINEL_MT, FP_GUARDS, FP_N };
 static const char *const fp_parts[] = {
   "kids", "clients", "co_rec", "co_key", "default", "hbase", "hslots", "validate",
   "checkout", "checkin", "checkout_from", "checkin_rest", "held",
-  "lease_mt", "pump", "drain_wake", "lease_rec", "lease_key", "release",
+  "lease_mt", "pump", "drain_wake", "release",
   "acquire_from", "try_from", "acquire_rest", "try_rest", NULL
 };
 static const char *const fp_lease_fields[] = { "client", "sentinel", NULL };
@@ -410,14 +408,13 @@ static int lcp_direct_checkin(lua_State *L) {
  * pending, sentinel (acquired: the driver's acquire_from goes on) | nothing.
  * Only without opts (the driver checks them) and never for a pool with
  * leak_threshold (each lease records a traceback there). */
-static int fast_acquire(lua_State *L) {
+/* fast_acquire's work, once its caller set the top to 3 (opts nil) and
+ * made room for FP_ROOM values. */
+static int fp_lease(lua_State *L) {
   clientpool_grant_t g;
   clientpool_t *p;
   int32_t k;
   int fast, name;
-  if (!lua_isnoneornil(L, 3)) return 0;
-  lua_settop(L, 3);
-  luaL_checkstack(L, FP_ROOM, NULL);
   fast = fp_acquire(L, 3, fp_lay(L), &g, &k, &p, &name);   /* 3: opts (nil) */
   if (fast < 0) return 0;
   if (fast) {                            /* as the driver's new_lease */
@@ -430,24 +427,27 @@ static int fast_acquire(lua_State *L) {
     lua_rawgeti(L, FP(CLIENTS), g.record);
     lua_rawset(L, t);
     if (lay->sentinel_at) {
-      lcp_push_sentinel_in(L, FP(ENGINE), FP(GUARDS), FP(SPARE), g.lease, g.lease_gen);
+      lcp_push_sentinel_in(L, FP(ENGINE), FP(GUARDS), g.lease, g.lease_gen);
       lua_rawseti(L, t, lay->sentinel_at);
     } else {
       fp_key(L, FP(L_SENTINEL));
-      lcp_push_sentinel_in(L, FP(ENGINE), FP(GUARDS), FP(SPARE), g.lease, g.lease_gen);
+      lcp_push_sentinel_in(L, FP(ENGINE), FP(GUARDS), g.lease, g.lease_gen);
       lua_rawset(L, t);
     }
     lua_pushvalue(L, FP(LEASE_MT));
     lua_setmetatable(L, t);
-    lua_pushinteger(L, g.record);
-    lua_rawseti(L, FP(L_REC), g.lease + 1);
-    lua_pushvalue(L, name);
-    lua_rawseti(L, FP(L_KEY), g.lease + 1);
     lua_pushvalue(L, t);
     lua_rawseti(L, FP(HELD), g.lease);
     return 1;
   }
   return fp_push_grant(L, k, &g, p, FP(ENGINE));   /* (a sentinel for a grant) */
+}
+
+static int fast_acquire(lua_State *L) {
+  if (!lua_isnoneornil(L, 3)) return 0;
+  lua_settop(L, 3);
+  luaL_checkstack(L, FP_ROOM, NULL);
+  return fp_lease(L);
 }
 
 /* The common case of a lease's release (lease at 1, reuse at 2: nil or a
@@ -456,9 +456,8 @@ static int fast_acquire(lua_State *L) {
  * listener, the engine closed, ...): the Lua Lease.release does it all. */
 static int fp_release_lease(lua_State *L, int reuse_type) {
   clientpool_t *p;
-  const lcp_guard *s;
-  int32_t l, rc;
-  uint32_t gen;
+  lcp_guard *s;
+  int32_t rc;
   const fp_layout *lay = fp_lay(L);
   lcp_box *b = *lay->eng;
   /* (its callers set the top to 2) */
@@ -470,18 +469,15 @@ static int fp_release_lease(lua_State *L, int reuse_type) {
   if ((lay->flags & (FP_ON_DRAIN | FP_ON_RELEASE)) || b == NULL || (p = b->p) == NULL ||
       (s = lcp_guard_at(L, 4, b, FP(SENTINEL_MT))) == NULL)
     return 0;
-  l = s->lease;
-  gen = s->gen;
-  lua_rawgeti(L, FP(HELD), l);
-  if (lua_rawequal(L, -1, 1)) {
-    lua_pushnil(L);
-    lua_rawseti(L, FP(HELD), l);
-  }
-  lua_pushnil(L);
-  lua_rawseti(L, FP(L_REC), l + 1);
-  rc = fp_release(p, lay, l, gen, fp_reason(L, 2, reuse_type));
-  /* as the driver's finish_lease: the lease lets go of its sentinel once
-   * the engine has the release (the stack holds it until then) */
+  if (s->lease == LCP_DISARMED) return 1;                 /* released (its field not yet cleared) */
+  /* _held's entry for the slot stays: it is weak, every reader checks the
+   * lease is still held, and the slot's next lease overwrites it (a lookup
+   * and a store fewer per release) */
+  rc = fp_release(p, lay, s->lease, s->gen, fp_reason(L, 2, reuse_type));
+  /* as the driver's finish_lease: the sentinel is disarmed, and the lease
+   * lets go of it, once the engine has the release (the stack holds it
+   * until then) */
+  if (rc == 0) s->lease = LCP_DISARMED;
   if (lay->sentinel_at) {
     lua_pushnil(L);
     lua_rawseti(L, 1, lay->sentinel_at);
@@ -490,7 +486,6 @@ static int fp_release_lease(lua_State *L, int reuse_type) {
     lua_pushnil(L);
     lua_rawset(L, 1);
   }
-  if (rc == 0) lcp_recycle_sentinel_in(L, FP(GUARDS), FP(SPARE), l, gen);
   if (clientpool_pending(p) > 0) {       /* release never yields: plain calls */
     lua_pushvalue(L, FP(PUMP));
     lua_pushvalue(L, FP(POOL));
@@ -546,9 +541,14 @@ static int lcp_lease_release(lua_State *L) {
  * caller's line and does it all. */
 static int fp_direct_lease(lua_State *L, int nargs, int from, int rest) {
   int n, top, first, i, pushed;
-  lua_settop(L, nargs);
+  if (nargs == 2) lua_settop(L, 2);      /* (try_acquire: a third argument is not opts) */
+  else if (!lua_isnoneornil(L, 3)) {     /* opts: the driver reads them */
+    lua_settop(L, 3);
+    return fp_lua(L, rest, 3);
+  }
+  if (lua_gettop(L) != 3) lua_settop(L, 3);
   luaL_checkstack(L, 40, NULL);          /* (FP_ROOM, then the call's 15 values) */
-  n = fast_acquire(L);
+  n = fp_lease(L);
   if (n == 1) return 1;
   if (n == 0) return fp_lua(L, rest, nargs);
   top = lua_gettop(L);
@@ -628,7 +628,7 @@ int lcp_fastpath(lua_State *L) {
   }
   lua_remove(L, 3);                      /* 1 engine, 2 pool, 3.. the parts, then the names */
   luaL_getmetatable(L, LCP_SENTINEL_MT);
-  lcp_push_sentinel_tables(L, 1);
+  lcp_push_guards(L, 1);
   lua_createtable(L, 0, 9);
   {
     static const struct { const char *name; lua_CFunction fn; } made[] = {

@@ -174,3 +174,91 @@ for _, B in ipairs(backends) do
     end)
   end)
 end
+
+-- One leak sentinel per lease slot (C API binding): a released lease's is
+-- disarmed in place and armed again for the slot's next lease (issue 17: no
+-- sentinel built per lease); one still armed is never shared.
+describe("leak sentinels (core)", function()
+  local core = require "clientpool.core"
+  local function grant(e, k, now)
+    local st, rec, l, g, _, _, _, s = e:acquire(k, now, true)
+    assert.is_true(st == core.GRANT_CREATE or st == core.GRANT_IDLE)
+    if st == core.GRANT_CREATE then assert.is_true((e:created(rec, true, now))) end
+    return rec, l, g, s
+  end
+  local function pool()
+    local e = core.new(cfg { max_live = 1, max_idle = 1 })
+    local k = e:key_open()
+    e:key_pin(k, true)
+    return e, k
+  end
+
+  it("a released lease's sentinel is disarmed, then guards the slot's next lease", function()
+    local e, k = pool()
+    local rec, l, g, s = grant(e, k, 1)
+    assert.equal("userdata", type(s))
+    assert.same({ l, g, rec, k }, { e:guarded(s) })
+    assert.is_true((e:release(l, g, -1, 2)))
+    assert.equal(0, select("#", e:guarded(s)))   -- released: nothing
+    local rec2, l2, g2, s2 = grant(e, k, 3)
+    assert.equal(l, l2)
+    assert.are_not.equal(g, g2)
+    assert.is_true(rawequal(s, s2))               -- the same sentinel, armed again
+    assert.same({ l2, g2, rec2, k }, { e:guarded(s2) })
+    e:release(l2, g2, -1, 4)
+    e:free()
+  end)
+
+  it("a lease dropped after its sentinel was reused is reported leaked", function()
+    local e, k = pool()
+    local _, l, g = grant(e, k, 1)
+    e:release(l, g, -1, 2)
+    local _, l2, g2, s2 = grant(e, k, 3)
+    assert.is_true(e:lease_age(l2, g2, 3) >= 0)
+    s2 = nil   -- luacheck: ignore s2
+    collectgarbage()
+    collectgarbage()
+    assert.equal(1, e:stats(-1, {}).leaked)
+    assert.is_nil(e:lease_age(l2, g2, 4))         -- the engine took it back
+    e:free()
+  end)
+
+  it("a sentinel still armed (the lease ended as leaked) is never shared", function()
+    local e, k = pool()
+    local _, l, g, s = grant(e, k, 1)
+    e:leak(l, g, 2)
+    for _, ev in ipairs(drain(e)) do if ev[1] == core.EV_DESTROY then e:destroyed(ev[2], 2) end end
+    local rec2, l2, g2, s2 = grant(e, k, 3)
+    assert.equal(l, l2)
+    assert.is_false(rawequal(s, s2))
+    assert.same({ l, g }, { e:guarded(s) })       -- its own lease's slot, nothing held
+    assert.same({ l2, g2, rec2, k }, { e:guarded(s2) })
+    local before = e:stats(-1, {}).leaked
+    s = nil   -- luacheck: ignore s
+    collectgarbage()
+    collectgarbage()
+    assert.equal(before, e:stats(-1, {}).leaked)  -- the stale one reports nothing
+    assert.is_true(e:lease_age(l2, g2, 4) >= 0)   -- and the new lease is still held
+    e:release(l2, g2, -1, 5)
+    e:free()
+  end)
+
+  it("a disarmed or released sentinel collected reports nothing", function()
+    local e, k = pool()
+    local _, l, g, s = grant(e, k, 1)
+    e:disarm(l, g)
+    assert.equal(0, select("#", e:guarded(s)))
+    s = nil   -- luacheck: ignore s
+    collectgarbage()
+    collectgarbage()
+    assert.equal(0, e:stats(-1, {}).leaked)
+    assert.is_true((e:release(l, g, -1, 2)))
+    local _, l2, g2, s2 = grant(e, k, 3)
+    e:release(l2, g2, -1, 4)
+    s2 = nil   -- luacheck: ignore s2
+    collectgarbage()
+    collectgarbage()
+    assert.equal(0, e:stats(-1, {}).leaked)
+    e:free()
+  end)
+end)

@@ -199,13 +199,13 @@ local function on_grant(self, name, gr, drain)
       end
       return nil   -- nothing granted (out of memory): the caller acquires anew
     end
-    local lease = new_lease(self, name, gr.rec, gr.l, gr.g, client, gr.sentinel, drain)
+    local lease = new_lease(self, gr.rec, gr.l, gr.g, client, gr.sentinel, drain)
     if self._on.acquire then acquired(self, name, gr, client) end
     return lease
   end
   -- the lease exists before create runs: if the creating coroutine is killed
   -- and collected, the lease's collection forfeits the reservation
-  local lease = new_lease(self, name, gr.rec, gr.l, gr.g, nil, gr.sentinel, drain)
+  local lease = new_lease(self, gr.rec, gr.l, gr.g, nil, gr.sentinel, drain)
   local client, code, err = create_client(self, name, gr.rec, lease)
   if client == nil then return nil, code, err end
   if self._on.acquire then acquired(self, name, gr, lease.client) end
@@ -562,7 +562,7 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
   if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) and
      not (self._lost and self._lost[rec]) then   -- (lost_share, inline: the hot path)
     -- the common case: an idle client usable as it is
-    local lease = new_lease(self, name, rec, l, g, self._clients[rec], sentinel, drain)
+    local lease = new_lease(self, rec, l, g, self._clients[rec], sentinel, drain)
     if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, waited) end
     return lease
   end
@@ -584,7 +584,6 @@ local function take_late(self, name, gr, lease)
   end
   local l = gr.l
   if self._held[l] == lease then self._held[l] = nil end
-  self._lrec[l + 1] = nil
   local rl = self._rec_leases
   if rl and rl[gr.rec] then rl[gr.rec][lease] = nil end
   lease.client = nil
@@ -670,7 +669,7 @@ function try_from(self, key, k, name, st, rec, l, g, validate, idle, pending, se
   end
   if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) and
      not (self._lost and self._lost[rec]) then   -- (lost_share, inline: the hot path)
-    local lease = new_lease(self, name, rec, l, g, self._clients[rec], sentinel, nil)
+    local lease = new_lease(self, rec, l, g, self._clients[rec], sentinel, nil)
     if self._on.acquire then emit(self, "acquire", hook_key(name), lease.client, 0) end
     return lease
   end

@@ -8,7 +8,7 @@
 -- continue).
 
 local base = require "clientpool.base"
-local slot_of = base.slot_of
+local slot_of, lease_key = base.slot_of, base.lease_key
 local events = require "clientpool.events"
 local keys = require "clientpool.keys"
 base.own_source()
@@ -139,7 +139,7 @@ function Pool:_apply(d, lease)
     if d.retire ~= "client" and d.retire ~= "key" then
       error("clientpool: policy directive 'retire' must be \"client\" or \"key\", got " .. tostring(d.retire), 3)
     end
-    local rec = self._lrec[slot_of(self, lease) + 1]
+    local _, _, rec = slot_of(self, lease)
     -- "key": this client and every client of its key created before it,
     -- by creation order (clients made at the same clock reading included)
     if d.retire == "key" then e:retire_upto(rec, now_of(self)) end
@@ -164,7 +164,7 @@ function Pool:_apply(d, lease)
     -- DEFAULT_KEY: resume(DEFAULT_KEY) lifts it); else the pool. (The
     -- default key's pause was the pool's: other keys were paused with it,
     -- issue 18.)
-    local key = d.scope == "key" and self._lkey[slot_of(self, lease) + 1] or nil
+    local key = d.scope == "key" and lease_key(self, lease) or nil
     if d.scope == "fleet" then
       -- every member of the fleet (fleetlink: the fleet's gate, its deadline)
       self._fleet.pause_fleet(self, d.pause, ra)
@@ -173,8 +173,8 @@ function Pool:_apply(d, lease)
     end
   else
     -- an outcome that continues: a probe lease opens its gate
-    local l, g = slot_of(self, lease)
-    probe_passed(self, l, g, self._lkey[l + 1])
+    local l, g, _, k = slot_of(self, lease)
+    probe_passed(self, l, g, self._knames[k])
   end
   pump(self)
   return d

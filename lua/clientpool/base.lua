@@ -72,7 +72,8 @@ function B.pool_of(lease)
   return nil
 end
 
--- The lease's slot and generation in pool self, or nil once it ended.
+-- The lease's slot, generation, record and key id in pool self (the
+-- engine's: E:guarded), or nil once it ended.
 function B.slot_of(self, lease)
   local s = lease[SENTINEL]
   if s == nil then return nil end
@@ -81,9 +82,9 @@ end
 
 -- The name of the held lease's key in pool self (nil once it ended).
 function B.lease_key(self, lease)
-  local l = B.slot_of(self, lease)
+  local l, _, _, k = B.slot_of(self, lease)
   if l == nil then return nil end
-  return self._lkey[l + 1]
+  return self._knames[k]
 end
 
 -- Whether the lease is held (not ended).

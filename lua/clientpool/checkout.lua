@@ -385,7 +385,7 @@ function M.install_fastpath(self, mod)
     co_key = self._co_key, default = DEFAULT, hbase = self._hbase, hslots = HSLOTS,
     validate = self._validate and true or false, checkout = checkout, checkin = checkin,
     checkout_from = checkout_from, checkin_rest = checkin_rest,
-    held = self._held, lease_mt = self._lmt, lease_rec = self._lrec, lease_key = self._lkey, pump = pump,
+    held = self._held, lease_mt = self._lmt, pump = pump,
     drain_wake = wake_drainers,
     lease_fields = lease_m.FIELDS, release = Lease.release,
     acquire_from = acquire_from, try_from = try_from, acquire_rest = acquire_rest, try_rest = try_rest,

@@ -213,10 +213,20 @@ function Engine:sentinel(lease, gen)
   return new_sentinel(self, lease, gen)
 end
 
---- E:guarded(sentinel) -> lease, gen of a leak sentinel, or nothing (a
--- lease table keeps its slot and generation in its sentinel)
-function Engine:guarded(s) -- luacheck: ignore self
-  if ffi_istype(sentinel_t, s) then return s.lease, s.gen end
+-- (E:guarded's out-argument: read right after the call, which never yields)
+local key_out = i32_1()
+
+--- E:guarded(sentinel) -> lease, gen, record, key of the lease a leak
+-- sentinel guards (record and key only while the engine holds the lease: a
+-- lease table keeps its slot and generation in its sentinel, the rest is the
+-- engine's), or nothing (not a sentinel)
+function Engine:guarded(s)
+  if ffi_istype(sentinel_t, s) then
+    local l, g = s.lease, s.gen
+    local rec = C.clientpool_lease_record(self.p, l, g, key_out)
+    if rec < 0 then return l, g end
+    return l, g, rec, key_out[0]
+  end
 end
 
 -- status, record, lease, gen, validate, idle, pending [, sentinel]

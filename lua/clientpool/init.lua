@@ -102,7 +102,6 @@ function _M.new(opts)
     _opts_seen = setmetatable({}, WEAK_KEYS),   -- acquire: option tables checked once
     _on = {}, _closed = false,              -- listeners (base.emit); drain
     _held = setmetatable({}, { __mode = "v" }),   -- lease: slot -> lease (weak)
-    _lrec = {}, _lkey = {},                 -- lease: lease slot + 1 -> record, key name
     _lor = {}, _loc = {},                   -- lease, owners: lease slot + 1 -> its owner (ref, ctx)
     _paused = false, _kpaused = {}, _pause_gen = 0,   -- admission
     _strikes = 0, _spent = false, _refilling = 0,     -- floor (and _spends, _retry_at, _retry_due)

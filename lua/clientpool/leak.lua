@@ -22,10 +22,10 @@ local M = {}
 -- leak_threshold, if a lease or a checkout holds it; false if none does.
 local function report_held(self, l, g, since)
   local lease = self._held[l]
-  local _, lg
-  if lease then _, lg = slot_of(self, lease) end
+  local _, lg, k
+  if lease then _, lg, _, k = slot_of(self, lease) end
   if lease and lg == g then
-    local name = self._lkey[l + 1]
+    local name = self._knames[k]
     -- (no traceback for a lease taken before configure() set leak_threshold)
     local info = { leaked = false, held = clock(self) - since, lease = lease,
                    where = lease._where or "acquired before leak_threshold was set" }
@@ -36,8 +36,9 @@ local function report_held(self, l, g, since)
         name, info.held, tostring(lease._where)))
     end
     return true
-  elseif lease == nil and self._co_rec[l + 1] ~= nil then
-    -- a checkout (no lease object, no traceback)
+  elseif self._co_rec[l + 1] ~= nil then
+    -- a checkout (no lease object, no traceback; _held may still name the
+    -- slot's last lease, released: the C fast release leaves its entry)
     local name = self._co_key[l + 1]
     local info = { leaked = false, held = clock(self) - since, where = "checkout" }
     if self._on.leak then

@@ -9,8 +9,9 @@
 --
 -- A lease table holds two values: its client and its leak sentinel (which
 -- holds the lease's slot and generation: E:guarded); its pool is named by
--- its metatable (one per pool, M.metatable), its record, key and owner are
--- the pool's (_lrec, _lkey, _lor, _loc by lease slot + 1), so the table
+-- its metatable (one per pool, M.metatable), its record and key are the
+-- engine's (E:guarded answers them with the slot), its owner the pool's
+-- (_lor, _loc by lease slot + 1), so the table
 -- stays small (bench B4.alloc_lease: 96-120 B; as 8 fields it was 248-384
 -- B; on Lua 5.1 the table header alone is 64 B, and a hash node 40 B).
 -- What only some leases have (on_drain, leak_threshold's traceback, a
@@ -41,7 +42,7 @@ local SENTINEL = base.SENTINEL
 assert(SENTINEL == 1 or SENTINEL == "_s", "new_lease's constructors name the sentinel's place")
 M.FIELDS = { client = "client", sentinel = SENTINEL }
 M.SENTINEL = SENTINEL
-local pool_of, slot_of = base.pool_of, base.slot_of
+local pool_of, lease_key = base.pool_of, base.lease_key
 
 -- A lease's cancellation: fired at drain (on_drain = { cancel = grace }),
 -- by cancel_active(), or when a shared client is lost by a co-holder.
@@ -97,7 +98,7 @@ M.hold = hold
 -- so no finalizer runs per lease (a __gc on the lease table itself, possible
 -- from Lua 5.2 on, ran one for every lease);
 -- drain: the acquisition's on_drain ("preserve" = nil, or a grace in seconds)
-local function new_lease(self, name, rec, l, g, client, sentinel, drain)
+local function new_lease(self, rec, l, g, client, sentinel, drain)
   local lease
   local own = self._owner
   -- (every lease has a sentinel: it is the lease's slot and generation)
@@ -114,7 +115,6 @@ local function new_lease(self, name, rec, l, g, client, sentinel, drain)
     lease = setmetatable({ _s = sentinel, client = client }, self._lmt)
   end
   if drain then lease._drain = drain end
-  self._lrec[l + 1], self._lkey[l + 1] = rec, name
   self._held[l] = lease   -- weak: for cancel_active, drain and leak reports
   if self._c.leak_threshold then
     -- the traceback starts at the caller's frame (else, in a coroutine of
@@ -139,7 +139,6 @@ M.new_lease = new_lease
 -- (l, g, rec: the lease's slot, generation and record.)
 local function finish_lease(self, lease, l, g, rec, reason)
   if self._held[l] == lease then self._held[l] = nil end
-  self._lrec[l + 1] = nil
   if self._owner then self._loc[l + 1] = nil end   -- (the request's ngx.ctx: not kept past the lease)
   local rl = self._rec_leases
   if rl and rl[rec] then rl[rec][lease] = nil end
@@ -204,8 +203,9 @@ function Lease.release(lease, reuse, tried)
   if s == nil then return end                 -- idempotent
   local fast = self._frel                     -- the C fast path (install_fastpath)
   if fast and not tried and fast(lease, reuse) then return end
-  local l, g = self._e:guarded(s)
-  local rec, name = self._lrec[l + 1], self._lkey[l + 1]
+  local l, g, rec, k = self._e:guarded(s)
+  if l == nil then return end                 -- (released: its sentinel disarmed)
+  local name = self._knames[k]
   local client = self._clients[rec]
   if reuse == false then
     finish_lease(self, lease, l, g, rec, BY.error)
@@ -263,9 +263,9 @@ end
 
 Lease.__tostring = function(lease)
   local p = pool_of(lease)
-  local l = p and slot_of(p, lease)
-  if l == nil then return "clientpool.Lease (released)" end
-  return string_format("clientpool.Lease: key '%s'", p._lkey[l + 1])
+  local name = p and lease_key(p, lease)
+  if name == nil then return "clientpool.Lease (released)" end
+  return string_format("clientpool.Lease: key '%s'", name)
 end
 
 -- The pool's Lease metatable: the methods (Lease), and the pool it names

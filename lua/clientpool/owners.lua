@@ -52,11 +52,10 @@ end
 
 -- Ends lease as leaked (its owner is gone, its client with it).
 local function give_back(self, lease)
-  local l, g = slot_of(self, lease)
+  local l, g, rec = slot_of(self, lease)
   if l == nil then return end
   if self._held[l] == lease then self._held[l] = nil end
-  local rec = self._lrec[l + 1]
-  self._lrec[l + 1], self._loc[l + 1] = nil, nil
+  self._loc[l + 1] = nil
   local rl = self._rec_leases
   if rl and rl[rec] then rl[rec][lease] = nil end
   local _, pending = self._e:leak(l, g, now_of(self))
