@@ -215,6 +215,7 @@ describe("leak sentinels (core)", function()
     e:release(l, g, -1, 2)
     local _, l2, g2, s2 = grant(e, k, 3)
     assert.is_true(e:lease_age(l2, g2, 3) >= 0)
+    assert.equal(l2, (e:guarded(s2)))              -- (held until here)
     s2 = nil   -- luacheck: ignore s2
     collectgarbage()
     collectgarbage()
@@ -255,6 +256,7 @@ describe("leak sentinels (core)", function()
     assert.is_true((e:release(l, g, -1, 2)))
     local _, l2, g2, s2 = grant(e, k, 3)
     e:release(l2, g2, -1, 4)
+    assert.equal(0, select("#", e:guarded(s2)))  -- released: disarmed
     s2 = nil   -- luacheck: ignore s2
     collectgarbage()
     collectgarbage()
