@@ -106,6 +106,12 @@ typedef struct fp_layout {
    * moves a userdata's block, and each closure holds the handle as an
    * upvalue, so this stays valid as long as the closure */
   lcp_box *const *eng;
+  /* the identities of the pool table, the leases' metatable and the
+   * sentinels' (the upvalues FP_POOL, FP_LEASE_MT, FP_SENTINEL_MT): a
+   * pointer compare per check, where lua_rawequal against an upvalue was
+   * about 75 instructions on Lua 5.4.  Each closure holds the three as
+   * upvalues, so no other object can have the address while it lives. */
+  const void *pool, *lease_mt, *sentinel_mt;
 } fp_layout;
 
 /* What makes the common case not the common case, kept here by the driver
@@ -126,6 +132,11 @@ static const fp_layout *fp_lay(lua_State *L) {
  * with lua_rawset (the lease tables have no __newindex: a raw set is what
  * an assignment does), t[key] with lua_rawget. */
 #define fp_key(L, name) lua_pushvalue(L, name)
+
+/* Whether argument 1 is the pool (lay->pool: a table's identity) */
+static int fp_is_pool(lua_State *L, const fp_layout *lay) {
+  return lua_type(L, 1) == LUA_TTABLE && lua_topointer(L, 1) == lay->pool;
+}
 
 static clientpool_t *fp_engine(const fp_layout *lay) {
   return *lay->eng ? (*lay->eng)->p : NULL;
@@ -155,7 +166,7 @@ static int fp_acquire(lua_State *L, int nargs, const fp_layout *lay, clientpool_
                       clientpool_t **pp, int *name) {
   clientpool_t *p;
   int known;
-  if (!lua_rawequal(L, 1, FP(POOL))) return -1;
+  if (!fp_is_pool(L, lay)) return -1;
   *name = lua_isnoneornil(L, 2) ? FP(DEFAULT) : 2;
   lua_pushvalue(L, *name);
   lua_rawget(L, FP(KIDS));                                /* the key's id */
@@ -258,8 +269,8 @@ static int fp_checkin(lua_State *L, int64_t h, int reuse_type) {
   int32_t l, rec, pending;
   uint32_t gen;
   int rc, held;
-  if (!lua_rawequal(L, 1, FP(POOL))) return 0;
   lay = fp_lay(L);
+  if (!fp_is_pool(L, lay)) return 0;
   if ((lay->flags & (FP_ON_DRAIN | FP_ON_RELEASE)) || (p = fp_engine(lay)) == NULL) return 0;
   l = (int32_t)(h & (lay->hslots - 1));
   lua_rawgeti(L, FP(CO_REC), l + 1);
@@ -415,11 +426,11 @@ static int fp_lease(lua_State *L) {
   clientpool_t *p;
   int32_t k;
   int fast, name;
-  fast = fp_acquire(L, 3, fp_lay(L), &g, &k, &p, &name);   /* 3: opts (nil) */
+  const fp_layout *lay = fp_lay(L);
+  fast = fp_acquire(L, 3, lay, &g, &k, &p, &name);   /* 3: opts (nil) */
   if (fast < 0) return 0;
   if (fast) {                            /* as the driver's new_lease */
     int t;
-    const fp_layout *lay = fp_lay(L);
     if (lay->sentinel_at) lua_createtable(L, 1, 1);    /* (its array slot) */
     else lua_createtable(L, 0, 2);
     t = lua_gettop(L);
@@ -450,6 +461,18 @@ static int fast_acquire(lua_State *L) {
   return fp_lease(L);
 }
 
+/* The sentinel at index 4 (the lease's), if one of the engine's in box b,
+ * else NULL.  As lcp_guard_at, its metatable compared by identity and left
+ * at index 5 (the caller's pushes use no relative index below it; a pop is
+ * about 20 instructions on Lua 5.4). */
+static lcp_guard *fp_guard(lua_State *L, const fp_layout *lay, const lcp_box *b) {
+  lcp_guard *s;
+  if (lua_type(L, 4) != LUA_TUSERDATA || !lua_getmetatable(L, 4) || lua_topointer(L, 5) != lay->sentinel_mt)
+    return NULL;
+  s = (lcp_guard *)lua_touserdata(L, 4);
+  return s->box == b ? s : NULL;
+}
+
 /* The common case of a lease's release (lease at 1, reuse at 2: nil or a
  * boolean): 1 when done (also for a lease already released), 0 when
  * nothing was done (not a lease of this pool's, a drain or a release
@@ -462,12 +485,12 @@ static int fp_release_lease(lua_State *L, int reuse_type) {
   lcp_box *b = *lay->eng;
   /* (its callers set the top to 2) */
   if (!lua_getmetatable(L, 1)) return 0;                 /* 3: the lease's metatable */
-  if (!lua_rawequal(L, 3, FP(LEASE_MT))) return 0;
+  if (lua_topointer(L, 3) != lay->lease_mt) return 0;
   if (lay->sentinel_at) lua_rawgeti(L, 1, lay->sentinel_at);
   else { fp_key(L, FP(L_SENTINEL)); lua_rawget(L, 1); }   /* 4: the sentinel (held here) */
   if (lua_isnil(L, 4)) return 1;                          /* released: idempotent */
   if ((lay->flags & (FP_ON_DRAIN | FP_ON_RELEASE)) || b == NULL || (p = b->p) == NULL ||
-      (s = lcp_guard_at(L, 4, b, FP(SENTINEL_MT))) == NULL)
+      (s = fp_guard(L, lay, b)) == NULL)
     return 0;
   if (s->lease == LCP_DISARMED) return 1;                 /* released (its field not yet cleared) */
   /* _held's entry for the slot stays: it is weak, every reader checks the
@@ -521,7 +544,9 @@ static int lcp_fast_release(lua_State *L) {
  * the levels past this C frame). */
 static int lcp_lease_release(lua_State *L) {
   int t;
-  lua_settop(L, 2);
+  /* (lease:release() has one argument: a push, where lua_settop is about
+   * 50 instructions on Lua 5.4) */
+  if (lua_gettop(L) == 1) lua_pushnil(L); else lua_settop(L, 2);
   t = lua_type(L, 2);
   if ((t == LUA_TNIL || t == LUA_TBOOLEAN) && fp_release_lease(L, t)) return 0;
   lua_settop(L, 2);
@@ -541,12 +566,18 @@ static int lcp_lease_release(lua_State *L) {
  * caller's line and does it all. */
 static int fp_direct_lease(lua_State *L, int nargs, int from, int rest) {
   int n, top, first, i, pushed;
-  if (nargs == 2) lua_settop(L, 2);      /* (try_acquire: a third argument is not opts) */
-  else if (!lua_isnoneornil(L, 3)) {     /* opts: the driver reads them */
+  /* the top set to 3 (opts nil) by pushes where the call has fewer
+   * arguments (pool:acquire(): lua_settop is about 50 instructions on Lua
+   * 5.4, a push 10) */
+  top = lua_gettop(L);
+  if (nargs == 2) {                      /* (try_acquire: a third argument is not opts) */
+    if (top > 2) lua_settop(L, top = 2);
+  } else if (top >= 3 && !lua_isnil(L, 3)) {   /* opts: the driver reads them */
     lua_settop(L, 3);
     return fp_lua(L, rest, 3);
   }
-  if (lua_gettop(L) != 3) lua_settop(L, 3);
+  if (top > 3) lua_settop(L, 3);
+  else for (; top < 3; top++) lua_pushnil(L);
   luaL_checkstack(L, 40, NULL);          /* (FP_ROOM, then the call's 15 values) */
   n = fp_lease(L);
   if (n == 1) return 1;
@@ -613,6 +644,8 @@ int lcp_fastpath(lua_State *L) {
     lay->flags = 0;
     lay->sentinel_at = 0;                /* (lease_fields is read below) */
     lay->eng = (lcp_box *const *)lua_touserdata(L, 1);
+    lay->pool = lua_topointer(L, FP_POOL);
+    lay->lease_mt = lua_istable(L, FP_LEASE_MT + 1) ? lua_topointer(L, FP_LEASE_MT + 1) : NULL;
     lua_replace(L, FP_LAYOUT + 1);       /* in parts.hbase's place */
   }
   lua_getfield(L, 3, "lease_fields");
@@ -629,6 +662,7 @@ int lcp_fastpath(lua_State *L) {
   lua_remove(L, 3);                      /* 1 engine, 2 pool, 3.. the parts, then the names */
   luaL_getmetatable(L, LCP_SENTINEL_MT);
   lcp_push_guards(L, 1);
+  ((fp_layout *)lua_touserdata(L, FP_LAYOUT))->sentinel_mt = lua_topointer(L, FP_SENTINEL_MT);
   lua_createtable(L, 0, 9);
   {
     static const struct { const char *name; lua_CFunction fn; } made[] = {

@@ -330,6 +330,39 @@ describe("a lease's release on the C fast path", function()
     b:close()
   end)
 
+  -- lfastpath.c knows the pool, the leases' metatable and the sentinels'
+  -- by identity (pointers): a table that only looks like them is not ended
+  -- by the fast path, and reaches the Lua path, which ends nothing of it
+  it_fast("of a forged or tampered lease ends nothing, and the real lease still ends", function()
+    local S = require("clientpool.lease").SENTINEL   -- (the sentinel's field: 1, or "_s" on LuaJIT)
+    local pool, f = counted()
+    local l = assert(pool:acquire("k"))
+    local mt = getmetatable(l)
+    assert.equal("table", type(mt))
+    assert.truthy(pcall(function() setmetatable({}, mt):release() end))
+    assert.truthy(pcall(function() setmetatable({ [S] = io.stdout, client = {} }, mt):release() end))
+    local saved = l[S]
+    l[S] = io.stdout                     -- another userdata where the sentinel was
+    assert.truthy(pcall(function() l:release() end))
+    local other = counted()
+    local lo = assert(other:acquire("k"))
+    l[S] = lo[S]                         -- another pool's sentinel
+    assert.truthy(pcall(function() l:release() end))
+    assert.equal(1, H.check(pool).leases)
+    assert.equal(1, H.check(other).leases)
+    lo:release()
+    other:close()
+    l[S] = saved
+    l:release()
+    local s = H.check(pool)
+    assert.equal(0, s.leases)
+    assert.equal(1, s.idle)
+    assert.equal(0, f.destroyed)
+    assert.is_false(pcall(pool.acquire, setmetatable({}, getmetatable(pool))))   -- not the pool
+    assert.equal(0, H.check(pool).leases)
+    pool:close()
+  end)
+
   it("release(false) and destroy retire the client, and repeat as no-ops", function()
     local pool, f = counted()
     local l = assert(pool:acquire())
