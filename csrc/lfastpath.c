@@ -484,7 +484,9 @@ static int fp_release_lease(lua_State *L, int reuse_type) {
   const fp_layout *lay = fp_lay(L);
   lcp_box *b = *lay->eng;
   /* (its callers set the top to 2) */
-  if (!lua_getmetatable(L, 1)) return 0;                 /* 3: the lease's metatable */
+  /* (a table: debug.setmetatable can give any value the leases' metatable,
+   * and the lease is indexed raw below) */
+  if (lua_type(L, 1) != LUA_TTABLE || !lua_getmetatable(L, 1)) return 0;   /* 3: the lease's metatable */
   if (lua_topointer(L, 3) != lay->lease_mt) return 0;
   if (lay->sentinel_at) lua_rawgeti(L, 1, lay->sentinel_at);
   else { fp_key(L, FP(L_SENTINEL)); lua_rawget(L, 1); }   /* 4: the sentinel (held here) */

@@ -358,6 +358,16 @@ describe("a lease's release on the C fast path", function()
     assert.equal(0, s.leases)
     assert.equal(1, s.idle)
     assert.equal(0, f.destroyed)
+    -- any value can be given the leases' metatable by the debug library:
+    -- a number or a file handle as the lease (it crashed the C release,
+    -- which indexed it as a table)
+    for _, v in ipairs({ 5, io.stdout }) do
+      local was = debug.getmetatable(v)
+      debug.setmetatable(v, mt)
+      local ok = pcall(mt.release or l.release, v)
+      debug.setmetatable(v, was)
+      assert.is_boolean(ok)
+    end
     assert.is_false(pcall(pool.acquire, setmetatable({}, getmetatable(pool))))   -- not the pool
     assert.equal(0, H.check(pool).leases)
     pool:close()
