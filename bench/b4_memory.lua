@@ -92,4 +92,18 @@ return function(U)
   U.row("B4.alloc_try", "Lua bytes allocated per try_acquire/release pair", per_pair(try_pairs), "B")
   U.row("B4.alloc_checkout", "Lua bytes allocated per checkout/checkin pair", per_pair(checkout_pairs), "B")
   p:close()
+
+  -- (reference) the same pairs on a pool that parks its idle clients, as
+  -- clientpool.ngx's do: each checkout unparks (issue 17, bench B5). A
+  -- grant record per unpark before (256 B under LuaJIT, 248 B on Lua 5.4);
+  -- on PUC Lua 5.1 a hook runs in a coroutine of its own (base.ycall).
+  local stored = {}
+  local pp = clientpool.new { max_live = 4, create = function() return {} end,
+                              park = function(c) stored.c = c; return stored end,
+                              unpark = function(st) return st.c end }
+  U.row("B4.alloc_parked_lease", "(reference) Lua bytes per acquire/release pair, park/unpark hooks",
+        per_pair(U.loop("pool", "local lease = pool:acquire(); lease:release()", pp)), "B")
+  U.row("B4.alloc_parked_checkout", "(reference) Lua bytes per checkout/checkin pair, park/unpark hooks",
+        per_pair(U.loop("pool", "local _, h = pool:checkout(); pool:checkin(h)", pp)), "B")
+  pp:close()
 end

@@ -168,7 +168,9 @@ describe("clientpool waiting on " .. S.name, function()
     -- checkout has no lease object: it holds a leak sentinel while its hooks
     -- run (PUC Lua 5.1: see it_puc51 below, the same limit)
     local it_not_puc51 = (_VERSION == "Lua 5.1" and not rawget(_G, "jit")) and pending or it
-    for _, hook in ipairs { "create", "validate" } do
+    -- (unpark: the parked idle client's path without a grant record,
+    -- checkout.lua's checkout_unpark, issue 17)
+    for _, hook in ipairs { "create", "validate", "unpark" } do
       it_not_puc51("a checkout whose coroutine dies inside " .. hook .. " gives its " ..
          (hook == "create" and "reservation" or "client") .. " back once collected", function()
         run(S, function(sched)
@@ -177,8 +179,10 @@ describe("clientpool waiting on " .. S.name, function()
           local pool = new_pool(sched, f, {
             create = hook == "create" and function(key) sched.sleep(T(10)); return f.create(key) end or nil,
             validate = hook == "validate" and slow or nil,
+            park = hook == "unpark" and function(c) return { parked = c } end or nil,
+            unpark = hook == "unpark" and function(st) sched.sleep(T(10)); return st.parked end or nil,
           })
-          if hook == "validate" then assert(pool:acquire("k")):release() end   -- an idle client to validate
+          if hook ~= "create" then assert(pool:acquire("k")):release() end   -- an idle client to validate/unpark
           local leaks = 0
           pool:on("leak", function(_, info) if info.leaked then leaks = leaks + 1 end end)
           local w = {}

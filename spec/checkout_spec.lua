@@ -255,6 +255,79 @@ for _, backend in ipairs { "core", "ffi" } do
         end)
       end)
 
+      -- a parked idle client is unparked on checkout's own path, with no
+      -- grant record (issue 17, bench B5): what the hook gives back, its
+      -- failures and a waiter's place behave as on the general path
+      for _, how in ipairs { "returns nil", "raises" } do
+        bit("unpark that " .. how .. " retires the parked record, and checkout gets a new client", function()
+          run(function(sched)
+            local logged, unparks = {}, 0
+            local pool, f = mkpool(sched, {
+              max_live = 1,
+              scheduler = setmetatable({ log = function(m) logged[#logged + 1] = m end }, { __index = sched }),
+              park = function(c) return { parked = c } end,
+              unpark = function(st)
+                unparks = unparks + 1
+                if unparks == 1 then
+                  if how == "raises" then error("reconnect refused") end
+                  return nil
+                end
+                return st.parked
+              end,
+            })
+            local c1, h1 = pool:checkout("k")
+            pool:checkin(h1)
+            local c2, h2 = pool:checkout("k")     -- unpark fails: retired, a new client in its place
+            assert.is_table(c2, h2)
+            assert.are_not.equal(c1, c2)
+            assert.equal(2, f.created)
+            local s = H.check(pool)
+            assert.equal(1, s.closed_by.invalid)
+            assert.equal(1, s.live)
+            assert.equal(1, s.leases)
+            pool:checkin(h2)
+            local c3, h3 = pool:checkout("k")     -- this unpark succeeds
+            assert.equal(c2, c3)
+            pool:checkin(h3)
+            settle(sched)
+            assert.equal(1, f.destroyed)
+            assert.equal(how == "raises" and 1 or 0, #logged, table.concat(logged, "; "))
+            s = H.check(pool)
+            assert.equal(0, s.leases)
+            assert.equal(1, s.idle)
+          end)
+        end)
+      end
+
+      -- (PUC Lua 5.1: pcall cannot yield there, so every hook runs in a
+      -- coroutine of its own, base.ycall: that coroutine is allocated)
+      local IS_PUC51 = _VERSION == "Lua 5.1" and not IS_JIT
+      bit("a parked client is unparked with the key, and its checkout allocates nothing" ..
+          (IS_PUC51 and " (PUC Lua 5.1: but its hook's coroutine)" or ""), function()
+        run(function(sched)
+          local keys = {}
+          local stored = {}
+          local pool = mkpool(sched, {
+            park = function(c) stored.c = c; return stored end,
+            unpark = function(st, key) keys[#keys + 1] = key; return st.c end,
+          })
+          local c, h = pool:checkout("k")
+          pool:checkin(h)
+          local c2, h2 = pool:checkout("k")
+          assert.equal(c, c2)
+          pool:checkin(h2)
+          assert.same({ "k" }, keys)
+          local function pairs_n(n)
+            for _ = 1, n do
+              local _, hh = pool:checkout("k")
+              pool:checkin(hh)
+            end
+          end
+          if not IS_PUC51 then assert.equal(0, H.bytes_per(pairs_n)) end
+          assert.equal(1, H.check(pool).live)
+        end)
+      end)
+
       bit("capacity > 1: a shared client is parked only when its last holder checks in", function()
         run(function(sched)
           local parks = 0

@@ -16,8 +16,11 @@
 --       under jit.profile: the share of samples per VM state (compiled,
 --       interpreted, C code, GC) and per function, in DIR/jitp-<form>.txt;
 --       then, in DIR/diag.txt, ns per op of a plain pool's checkout and
---       lease pairs (the accounting alone) and of the bare cycle with
---       getreusedtimes().
+--       lease pairs (the accounting alone), of the same pairs on a pool
+--       whose park/unpark hooks do nothing (the accounting of parking), of
+--       the bare cycle with getreusedtimes() and of the manager's hooks
+--       alone (unpark + park, no pool); then the Lua bytes each of these
+--       and each measured form allocates per operation.
 --   /b2?n=N&rounds=R
 --       B2 in nginx: contended handoff between TASKS light threads
 --       (ngx.thread.spawn) of one request sharing one client (max_live = 1):
@@ -74,12 +77,13 @@ end
 
 -- Pools made at the first /b5 of this worker: the same options as a handler
 -- would give (no timeouts, as the bare cycle sets none).
-local b5pool, b5mgr
+local b5pool, b5mgr, b5opts
 local function b5_pool()
   if not b5pool then
     local opts
     opts, b5mgr = cpngx.tcp { host = HOST, port = PORT, max_live = 10 }
     b5pool = clientpool.new(opts)
+    b5opts = opts
   end
   return b5pool
 end
@@ -142,7 +146,32 @@ function diag.bare_reused(n)
     if not ok then error("bare setkeepalive: " .. tostring(err)) end
   end
 end
-local DIAG = { "bare_reused", "plain_checkout", "plain_lease" }
+-- the manager's hooks alone (unpark, park), no pool
+function diag.hooks(n)
+  local o = b5opts
+  for _ = 1, n do o.park(o.unpark(cpngx.PARKED, nil), nil) end
+end
+-- the accounting of a pool that parks (park/unpark hooks that do nothing)
+local parking
+function diag.park_checkout(n)
+  for _ = 1, n do local _, h = parking:checkout(); parking:checkin(h) end
+end
+function diag.park_lease(n)
+  for _ = 1, n do local l = parking:acquire(); l:release() end
+end
+local DIAG = { "bare_reused", "plain_checkout", "plain_lease", "park_checkout", "park_lease", "hooks" }
+
+-- Lua bytes fn(n) allocates per operation, the collector stopped.
+local function bytes_per(fn)
+  fn(1000)
+  collectgarbage("collect")
+  collectgarbage("stop")
+  local c0 = collectgarbage("count")
+  fn(1000)
+  local c1 = collectgarbage("count")
+  collectgarbage("restart")
+  return (c1 - c0) * 1024 / 1000
+end
 
 local function median(t)
   local s = {}
@@ -220,6 +249,9 @@ function M.b5()
     for _, f in ipairs(ORDER) do M.jit_profile(f, forms[f], do_ping, profile .. "/jitp-" .. f .. ".txt") end
     -- after the measured forms, so their traces formed without these
     plain = clientpool.new { create = function() return {} end, destroy = function() end, max_live = 10 }
+    local stored = {}
+    parking = clientpool.new { create = function() return {} end, destroy = function() end, max_live = 10,
+                               park = function() return stored end, unpark = function() return stored end }
     local out = assert(io.open(profile .. "/diag.txt", "w"))
     for _, f in ipairs(DIAG) do
       diag[f](n)
@@ -227,6 +259,8 @@ function M.b5()
       for r = 1, 7 do t[r] = time(diag[f], n) end
       out:write(string.format("%-15s %7.1f ns/op (median of 7 x %d)\n", f, median(t), n))
     end
+    for _, f in ipairs(DIAG) do out:write(string.format("%-15s %7.1f B/op\n", f, bytes_per(diag[f]))) end
+    for _, f in ipairs(ORDER) do out:write(string.format("%-15s %7.1f B/op\n", f, bytes_per(forms[f]))) end
     out:close()
   end
   local s, m = b5pool:stats(), b5mgr.stats

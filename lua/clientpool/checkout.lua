@@ -36,6 +36,7 @@ local report_early = require("clientpool.leak").report_early
 local acquire = require "clientpool.acquire"
 local grant, wait_for, ready_idle, create_client = acquire.grant, acquire.wait_for, acquire.ready_idle,
                                                    acquire.create_client
+local unpark, unusable = acquire.unpark, acquire.unusable
 local acquire_from, acquire_opts, try_from = acquire.acquire_from, acquire.acquire_opts, acquire.try_from
 local retry_opts = acquire.retry_opts
 local bound_of, bounded, hand_over = acquire.bound_of, acquire.bounded, acquire.hand_over
@@ -53,7 +54,7 @@ local HSLOTS = 2097152
 local GENS = 4294967296
 local BY_ERROR = BY.error
 
-local checkout_body, checkout_grant, checkout_taken
+local checkout_body, checkout_grant, checkout_taken, checkout_unpark
 
 -- checkout's slow path: anything but an idle client usable as it is (no
 -- key id yet: k nil; a refusal, a create, unpark or validate: the grant gr).
@@ -175,6 +176,33 @@ local function check_checkout_key(key)
   end
 end
 
+-- checkout_from's idle record rec, parked: the client unparked, and its
+-- record, lease and generation; when unpark failed, the record is retired
+-- and the caller looks again in its place, as checkout_grant does (its wait
+-- reported by checkout_from, not twice): what it got instead and the time
+-- a new wait took, or nil, code, detail.
+function checkout_unpark(self, key, k, name, st, rec, l, g, validate, idle, deadline)
+  local e = self._e
+  local sentinel = e:sentinel(l, g) -- luacheck: ignore sentinel (kept alive by this frame)
+  local client = unpark(self, name, rec)
+  if client ~= nil then
+    e:disarm(l, g)
+    return client, rec, l, g
+  end
+  local gr = grant(st, rec, l, g, validate, idle)
+  gr.deadline = deadline
+  unusable(self, gr, false)
+  local code, w
+  st = gr.st
+  if st == GRANT_IDLE or st == GRANT_CREATE or st == CLOSED then
+    client, code, rec, l, g, w = checkout_grant(self, key, k, name, gr, nil, nil)
+  else
+    client, code, rec, l, g, w = checkout_grant(self, key, nil, name, nil, deadline, nil)
+  end
+  if client == nil then return nil, code, rec end
+  return client, rec, l, g, w
+end
+
 -- checkout from the engine's answer to acquire (st nil: no key id yet, or
 -- waiters to reap first). Shared by Pool:checkout and the C fast path's
 -- wrapper (fastpath below), which hands over whatever it does not finish.
@@ -194,9 +222,17 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
     stale_key(self, k, name)
     st, k = nil, nil
   end
-  if st == GRANT_IDLE and not self._parked[rec] and not (validate and self._validate) and
+  if st == GRANT_IDLE and not (validate and self._validate) and
      not (self._lost and self._lost[rec]) then   -- (acquire's lost_share, inline: the hot path)
     client = self._clients[rec]
+    if self._parked[rec] then
+      -- unparked here, with no grant record (OpenResty's common case: bench
+      -- B5), under a leak sentinel while the hook runs, as checkout_grant's
+      local w
+      client, rec, l, g, w = checkout_unpark(self, key, k, name, st, rec, l, g, validate, idle, deadline)
+      if client == nil then return nil, rec, l end   -- (code, detail)
+      waited = waited or w
+    end
   elseif k ~= nil and REFUSED[st] then
     return refused(self, st, name)
   else

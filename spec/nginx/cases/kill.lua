@@ -142,6 +142,42 @@ describe("a light thread killed while it waits", function()
   end)
 end)
 
+-- The parked idle client's path (issue 17: unparked by acquire and
+-- checkout without a grant record): a light thread killed while its unpark
+-- hook yields holds a leak sentinel, whose collection gives the lease back.
+describe("a light thread killed inside unpark", function()
+  for _, form in ipairs { "acquire", "checkout" } do
+    it("(" .. form .. ") gives its client back once collected", function()
+      local leaks = 0
+      local pool = app.plain_pool("kill_unpark_" .. form, {
+        max_live = 1,
+        park = function(c) return { parked = c } end,
+        unpark = function(st) ngx.sleep(5); return st.parked end,
+      })
+      pool:on("leak", function() leaks = leaks + 1 end)
+      assert(pool:acquire()):release()          -- one parked idle client
+      local t = ngx.thread.spawn(function()
+        if form == "acquire" then pool:acquire() else pool:checkout() end
+      end)
+      ngx.sleep(0.01)                           -- inside unpark's sleep
+      assert.are.equal(1, pool:stats().leases)
+      assert.truthy(ngx.thread.kill(t))
+      t = nil -- luacheck: ignore t
+      assert.truthy(H.wait_until(function()
+        collectgarbage("collect")
+        return pool:stats().leases == 0
+      end, 2))
+      assert.are.equal(1, leaks)
+      local s = pool:stats()
+      assert.are.equal(0, s.waiting)
+      -- the capacity is back: the next acquisition gets a client at once
+      local l = assert(pool:try_acquire())
+      l:release()
+      pool:close()
+    end)
+  end
+end)
+
 describe("a request aborted by its client while it waits", function()
   it("does not take the client (lua_check_client_abort on)", function()
     local pool = app.plain_pool("abort", { max_live = 1 })

@@ -78,6 +78,7 @@ local SKIP = {
   ["a granted waiter that dies inside create gives the slot back once collected"] = KILL,
   ["a checkout whose coroutine dies inside create gives its reservation back once collected"] = KILL,
   ["a checkout whose coroutine dies inside validate gives its client back once collected"] = KILL,
+  ["a checkout whose coroutine dies inside unpark gives its client back once collected"] = KILL,
   ["a spurious resume of a waiter does not end its wait"] = KILL,
   ["a dead waiter with a deadline leaves the queue at its deadline"] = KILL,
   ["a dead waiter with a pending cancel token leaves the token working"] = KILL,
