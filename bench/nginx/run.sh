@@ -107,10 +107,12 @@ echo "== clientpool bench in nginx${rev:+ ($rev)}: $("$nginx_bin" -v 2>&1 | sed 
 # ---------------------------------------------------------------- B5
 nginx_start "$port"
 prof_dir=$run/profile
+if [ "${B5_PROFILE:-0}" = 1 ]; then
+  mkdir -p "$prof_dir" && chmod 0777 "$prof_dir"   # nginx workers may run as nobody
+fi
 b5() {
   local out prof=
   if [ "${B5_PROFILE:-0}" = 1 ] && [ -z "${3:-}" ]; then
-    mkdir -p "$prof_dir" && chmod 0777 "$prof_dir"   # nginx workers may run as nobody
     prof="&profile=$prof_dir"
   fi
   out=$(curl -fs -m 300 "http://127.0.0.1:$port/b5?n=$1&rounds=$2${3:+&ping=1}$prof") ||
