@@ -67,10 +67,6 @@ typedef struct lcp_guard {
 } lcp_guard;
 #define LCP_DISARMED (-1)
 
-/* The sentinel at stack index i if it is one of the engine box's, else
- * NULL.  mt: the stack index of the sentinel metatable, or 0 (the
- * registry's is looked up). */
-LCP_INTERNAL lcp_guard *lcp_guard_at(lua_State *L, int i, const lcp_box *box, int mt);
 /* Pushes a leak sentinel for (lease, gen) of the engine at stack index e
  * (absolute or an upvalue's, as every index here). */
 LCP_INTERNAL void lcp_push_sentinel(lua_State *L, int e, int32_t lease, uint32_t gen);

@@ -246,17 +246,16 @@ static int lcp_sentinel(lua_State *L) {
   return 1;
 }
 
-lcp_guard *lcp_guard_at(lua_State *L, int i, const lcp_box *box, int mt) {
+/* The sentinel at stack index i if it is one of the engine box's, else
+ * NULL (its metatable the registry's; lfastpath.c's fp_guard is the hot
+ * path's own, comparing the metatable's address). */
+static lcp_guard *guard_at(lua_State *L, int i, const lcp_box *box) {
   lcp_guard *s = (lcp_guard *)lua_touserdata(L, i);
   int same;
   if (s == NULL || lua_type(L, i) != LUA_TUSERDATA || !lua_getmetatable(L, i)) return NULL;
-  if (mt) same = lua_rawequal(L, -1, mt);
-  else {
-    luaL_getmetatable(L, LCP_SENTINEL_MT);
-    same = lua_rawequal(L, -1, -2);
-    lua_pop(L, 1);
-  }
-  lua_pop(L, 1);
+  luaL_getmetatable(L, LCP_SENTINEL_MT);
+  same = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
   return same && s->box == box ? s : NULL;
 }
 
@@ -268,7 +267,7 @@ static int lcp_guarded(lua_State *L) {
   const lcp_guard *s;
   clientpool_t *p = lcp_self(L);
   int32_t rec, key;
-  s = lcp_guard_at(L, 2, *(lcp_box **)lua_touserdata(L, 1), 0);
+  s = guard_at(L, 2, *(lcp_box **)lua_touserdata(L, 1));
   if (s == NULL || s->lease == LCP_DISARMED) return 0;
   lua_pushinteger(L, s->lease);
   lua_pushinteger(L, (lua_Integer)s->gen);

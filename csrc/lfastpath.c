@@ -462,9 +462,9 @@ static int fast_acquire(lua_State *L) {
 }
 
 /* The sentinel at index 4 (the lease's), if one of the engine's in box b,
- * else NULL.  As lcp_guard_at, its metatable compared by identity and left
- * at index 5 (the caller's pushes use no relative index below it; a pop is
- * about 20 instructions on Lua 5.4). */
+ * else NULL: lclientpool.c's guard_at for the hot path, its metatable
+ * compared by address and left at index 5 (the caller's pushes use no
+ * relative index below it; a pop is about 20 instructions on Lua 5.4). */
 static lcp_guard *fp_guard(lua_State *L, const fp_layout *lay, const lcp_box *b) {
   lcp_guard *s;
   if (lua_type(L, 4) != LUA_TUSERDATA || !lua_getmetatable(L, 4) || lua_topointer(L, 5) != lay->sentinel_mt)
