@@ -169,7 +169,7 @@ local function ready_idle(self, name, gr, want)
   end
   return client
 end
-M.ready_idle, M.unpark, M.unusable = ready_idle, unpark, unusable
+M.ready_idle, M.unpark = ready_idle, unpark
 
 -- Runs create for reservation rec. Returns the client, or nil, "create",
 -- err. A lease given (acquire; checkout has none) is disarmed on failure and
@@ -558,6 +558,17 @@ local function or_again(self, key, opts, deadline, lease, code, err)
   return self:acquire(key, opts)
 end
 
+-- acquire_from's parked idle record failed unpark: it is retired and the
+-- caller granted again in its place, as on_grant does. gr holds the
+-- lease's sentinel until the regrant takes it back (nothing else does: a
+-- sentinel held past it could be another lease's by then, whose leak its
+-- collection would report). The caller's own acquisition, never an
+-- orphaned grant body: regrant, not unusable.
+local function unparked_not(self, key, opts, drain, name, gr, deadline)
+  regrant(self, gr, gr.sentinel ~= nil)
+  return or_again(self, key, opts, deadline, on_regrant(self, name, gr, drain))
+end
+
 function Pool:acquire(key, opts)
   if getmetatable(self) ~= Pool then not_a_pool(self, "acquire") end
   local token, drain = acquire_opts(self, opts)
@@ -597,10 +608,9 @@ function acquire_from(self, key, opts, drain, k, name, st, rec, l, g, validate, 
     local client = self._clients[rec]
     if self._parked[rec] then
       client = unpark(self, name, rec)
-      if client == nil then
-        local gr = grant(st, rec, l, g, validate, idle, waited, sentinel)
-        unusable(self, gr, sentinel ~= nil)
-        return or_again(self, key, opts, deadline, on_regrant(self, name, gr, drain))
+      if client == nil then   -- (a tail call: this frame's sentinel is gr's alone)
+        return unparked_not(self, key, opts, drain, name, grant(st, rec, l, g, validate, idle, waited, sentinel),
+                            deadline)
       end
     end
     local lease = new_lease(self, rec, l, g, client, sentinel, drain)

@@ -36,7 +36,7 @@ local report_early = require("clientpool.leak").report_early
 local acquire = require "clientpool.acquire"
 local grant, wait_for, ready_idle, create_client = acquire.grant, acquire.wait_for, acquire.ready_idle,
                                                    acquire.create_client
-local unpark, unusable = acquire.unpark, acquire.unusable
+local unpark = acquire.unpark
 local acquire_from, acquire_opts, try_from = acquire.acquire_from, acquire.acquire_opts, acquire.try_from
 local retry_opts = acquire.retry_opts
 local bound_of, bounded, hand_over = acquire.bound_of, acquire.bounded, acquire.hand_over
@@ -54,7 +54,7 @@ local HSLOTS = 2097152
 local GENS = 4294967296
 local BY_ERROR = BY.error
 
-local checkout_body, checkout_grant, checkout_taken, checkout_unpark
+local checkout_body, checkout_grant, checkout_taken, checkout_unpark, checkout_regranted
 
 -- checkout's slow path: anything but an idle client usable as it is (no
 -- key id yet: k nil; a refusal, a create, unpark or validate: the grant gr).
@@ -113,9 +113,13 @@ function checkout_grant(self, key, k, name, gr, deadline, inb)
     self._e:disarm(l, g)
     return client, nil, gr.rec, l, g, gr.waited
   end
-  -- the idle record failed validate/unpark and is retired: this caller was
-  -- granted again in its place, gr (or, out of memory, looks again from
-  -- scratch); the wait is not reported twice
+  return checkout_regranted(self, key, k, name, gr, inb)
+end
+
+-- The idle record of grant gr failed validate/unpark and is retired: this
+-- caller was granted again in its place, gr (or, out of memory, looks again
+-- from scratch); the wait is not reported twice.
+function checkout_regranted(self, key, k, name, gr, inb)
   local st = gr.st
   if st == GRANT_IDLE or st == GRANT_CREATE or st == CLOSED then
     gr.waited = nil
@@ -176,31 +180,28 @@ local function check_checkout_key(key)
   end
 end
 
--- checkout_from's idle record rec, parked: the client unparked, and its
--- record, lease and generation; when unpark failed, the record is retired
--- and the caller looks again in its place, as checkout_grant does (its wait
--- reported by checkout_from, not twice): what it got instead and the time
--- a new wait took, or nil, code, detail.
-function checkout_unpark(self, key, k, name, st, rec, l, g, validate, idle, deadline)
+-- checkout_from's idle record rec, parked: the client unparked, under a
+-- leak sentinel while the hook runs (it may yield), as checkout_grant's;
+-- or nil and the grant the caller was given in its place (regrant) when
+-- unpark failed and the record is retired. The caller's looking again
+-- (checkout_regranted) runs after this frame is gone: the sentinel, taken
+-- back by the regrant and then another lease's, must not stay reachable
+-- from a checkout that waits (review: a lease dropped by its holder on
+-- that slot was never reported as leaked, and the waiter starved).
+function checkout_unpark(self, name, st, rec, l, g, validate, idle, deadline)
   local e = self._e
-  local sentinel = e:sentinel(l, g) -- luacheck: ignore sentinel (kept alive by this frame)
+  local sentinel = e:sentinel(l, g)
   local client = unpark(self, name, rec)
   if client ~= nil then
     e:disarm(l, g)
-    return client, rec, l, g
+    return client
   end
-  local gr = grant(st, rec, l, g, validate, idle)
+  local gr = grant(st, rec, l, g, validate, idle, nil, sentinel)
   gr.deadline = deadline
-  unusable(self, gr, false)
-  local code, w
-  st = gr.st
-  if st == GRANT_IDLE or st == GRANT_CREATE or st == CLOSED then
-    client, code, rec, l, g, w = checkout_grant(self, key, k, name, gr, nil, nil)
-  else
-    client, code, rec, l, g, w = checkout_grant(self, key, nil, name, nil, deadline, nil)
-  end
-  if client == nil then return nil, code, rec end
-  return client, rec, l, g, w
+  -- (the caller's own acquisition, never an orphaned grant body: regrant,
+  -- not acquire.lua's unusable; gr.sentinel is the new grant's: none)
+  regrant(self, gr, false)
+  return nil, gr
 end
 
 -- checkout from the engine's answer to acquire (st nil: no key id yet, or
@@ -228,10 +229,14 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
     if self._parked[rec] then
       -- unparked here, with no grant record (OpenResty's common case: bench
       -- B5), under a leak sentinel while the hook runs, as checkout_grant's
-      local w
-      client, rec, l, g, w = checkout_unpark(self, key, k, name, st, rec, l, g, validate, idle, deadline)
-      if client == nil then return nil, rec, l end   -- (code, detail)
-      waited = waited or w
+      local gr
+      client, gr = checkout_unpark(self, name, st, rec, l, g, validate, idle, deadline)
+      if client == nil then
+        local code, w
+        client, code, rec, l, g, w = checkout_regranted(self, key, k, name, gr, nil)
+        if client == nil then return nil, code, rec end
+        waited = waited or w
+      end
     end
   elseif k ~= nil and REFUSED[st] then
     return refused(self, st, name)
@@ -321,7 +326,7 @@ function Pool:checkin(h, reuse)
   local ok, pending = self._e:release(l, g, reason, now)
   if not ok then return end                     -- stale: another holder's lease or none
   cr[l + 1] = nil
-  if pending > 0 or self._rec_leases or self._drain_hs or self._park or self._on.release then
+  if pending > 0 or self._rec_leases or self._drain_hs or self._on.release then
     checkin_rest(self, h, rec, client, reuse, pending, self._co_key[l + 1])
   end
 end
