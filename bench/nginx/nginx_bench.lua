@@ -128,14 +128,22 @@ local ORDER = { "bare", "lease", "checkout" }
 -- Diagnostics for B5_PROFILE: the pool's accounting alone (a plain pool: no
 -- hooks, no I/O) and the bare cycle with the getreusedtimes() call the
 -- manager makes.
-local plain
+-- (the pools: made after the measured forms, see b5)
+local dpool = {}
+local function checkout_pairs(name)
+  return function(n)
+    local p = dpool[name]
+    for _ = 1, n do local _, h = p:checkout(); p:checkin(h) end
+  end
+end
+local function lease_pairs(name)
+  return function(n)
+    local p = dpool[name]
+    for _ = 1, n do local l = p:acquire(); l:release() end
+  end
+end
 local diag = {}
-function diag.plain_checkout(n)
-  for _ = 1, n do local _, h = plain:checkout(); plain:checkin(h) end
-end
-function diag.plain_lease(n)
-  for _ = 1, n do local l = plain:acquire(); l:release() end
-end
+diag.plain_checkout, diag.plain_lease = checkout_pairs("plain"), lease_pairs("plain")
 function diag.bare_reused(n)
   for _ = 1, n do
     local sock = tcp()
@@ -152,13 +160,7 @@ function diag.hooks(n)
   for _ = 1, n do o.park(o.unpark(cpngx.PARKED, nil), nil) end
 end
 -- the accounting of a pool that parks (park/unpark hooks that do nothing)
-local parking
-function diag.park_checkout(n)
-  for _ = 1, n do local _, h = parking:checkout(); parking:checkin(h) end
-end
-function diag.park_lease(n)
-  for _ = 1, n do local l = parking:acquire(); l:release() end
-end
+diag.park_checkout, diag.park_lease = checkout_pairs("parking"), lease_pairs("parking")
 local DIAG = { "bare_reused", "plain_checkout", "plain_lease", "park_checkout", "park_lease", "hooks" }
 
 -- Lua bytes fn(n) allocates per operation, the collector stopped.
@@ -248,10 +250,10 @@ function M.b5()
     require("jit.v").off()
     for _, f in ipairs(ORDER) do M.jit_profile(f, forms[f], do_ping, profile .. "/jitp-" .. f .. ".txt") end
     -- after the measured forms, so their traces formed without these
-    plain = clientpool.new { create = function() return {} end, destroy = function() end, max_live = 10 }
+    dpool.plain = clientpool.new { create = function() return {} end, destroy = function() end, max_live = 10 }
     local stored = {}
-    parking = clientpool.new { create = function() return {} end, destroy = function() end, max_live = 10,
-                               park = function() return stored end, unpark = function() return stored end }
+    dpool.parking = clientpool.new { create = function() return {} end, destroy = function() end, max_live = 10,
+                                     park = function() return stored end, unpark = function() return stored end }
     local out = assert(io.open(profile .. "/diag.txt", "w"))
     for _, f in ipairs(DIAG) do
       diag[f](n)
