@@ -54,7 +54,7 @@ local HSLOTS = 2097152
 local GENS = 4294967296
 local BY_ERROR = BY.error
 
-local checkout_body, checkout_grant, checkout_taken, checkout_unpark, checkout_regranted
+local checkout_body, checkout_grant, checkout_taken, checkout_regranted
 
 -- checkout's slow path: anything but an idle client usable as it is (no
 -- key id yet: k nil; a refusal, a create, unpark or validate: the grant gr).
@@ -188,7 +188,7 @@ end
 -- back by the regrant and then another lease's, must not stay reachable
 -- from a checkout that waits (review: a lease dropped by its holder on
 -- that slot was never reported as leaked, and the waiter starved).
-function checkout_unpark(self, name, st, rec, l, g, validate, idle, deadline)
+local function checkout_unpark(self, name, st, rec, l, g, validate, idle, deadline)
   local e = self._e
   local sentinel = e:sentinel(l, g)
   local client = unpark(self, name, rec)
