@@ -309,6 +309,66 @@ for _, backend in ipairs { "core", "ffi" } do
         end)
       end
 
+      -- what the upstream sees through the unparked-without-record path,
+      -- with hooks that take time: a slow unpark (it yields), one that
+      -- fails once, a slow destroy; connections counted where they are
+      -- opened and closed, never above max_live, and in the end what the
+      -- pool counts live
+      bit("slow and failing unparks and a slow destroy: the upstream never sees more than max_live", function()
+        run(function(sched)
+          local conns, open, most, n, unparks = {}, 0, 0, 0, 0
+          local pool = mkpool(sched, {
+            max_live = 2,
+            scheduler = setmetatable({ log = function() end }, { __index = sched }),
+            create = function()
+              n = n + 1
+              local c = { id = n }
+              conns[c], open = true, open + 1
+              most = math.max(most, open)
+              return c
+            end,
+            destroy = function(x)                 -- a parked record's stored value, or the client
+              sched.sleep(0.5)
+              local c = x.conn or x
+              assert(conns[c], "a connection closed twice, or never opened")
+              conns[c], open = nil, open - 1
+            end,
+            park = function(c) return { conn = c } end,
+            unpark = function(st)
+              unparks = unparks + 1
+              local nth = unparks                 -- (the two tasks' unparks overlap)
+              sched.sleep(0.5)
+              if nth == 3 then return nil end     -- one fails: retired, its caller served again
+              return st.conn
+            end,
+          })
+          local done = 0
+          for _ = 1, 2 do
+            sched.spawn(function()
+              for _ = 1, 4 do
+                local c, h = pool:checkout("k")
+                assert.is_table(c, h)
+                sched.sleep(0.1)
+                pool:checkin(h)
+              end
+              done = done + 1
+            end)
+          end
+          for _ = 1, 200 do
+            if done == 2 then break end
+            sched.sleep(0.1)
+          end
+          sched.sleep(1)                          -- the slow destroy ends
+          assert.equal(2, done)
+          assert.is_true(most <= 2, "the upstream saw " .. most .. " connections")
+          local st = H.check(pool)
+          assert.equal(open, st.live)
+          assert.equal(1, st.closed_by.invalid, "unparks " .. unparks .. ", created " .. n)
+          assert.equal(0, st.leases)
+          assert.is_true(unparks >= 4, tostring(unparks))
+        end)
+      end)
+
       -- (review of issue 17's change: the sentinel held while unpark ran
       -- stayed on the stack while the checkout waited again; taken back by
       -- the regrant, it was another lease's by then, whose leak was never
