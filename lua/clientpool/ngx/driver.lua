@@ -82,7 +82,7 @@ local function driver_adapter(o, ctx)
   local new_args, setup, make_args = preset.new_args, preset.setup, preset.args
   local timeouts -- how this driver's objects take timeouts (found on the first object)
 
-  local ad = {}
+  local ad = { quit = preset.quit }
 
   function ad.prepare(e)
     local p = e.p
@@ -258,9 +258,10 @@ end
 -- (how to connect; default obj:connect(host, port, copts)); connect_options
 -- (the driver's own options, copied into every connect); keepalive, close
 -- (method names; a number as keepalive is the pool's option); reused(obj) (default obj:get_reused_times()); tcp{}'s
--- identity options (user, database, password log in through a preset) and
--- timeouts; on_connect(obj, key), once per new connection, after the
--- driver's own handshake. Everything else is clientpool.new's.
+-- identity options (user, database, password log in through a preset),
+-- timeouts and quit/quit_timeout (the redis preset quits by default);
+-- on_connect(obj, key), once per new connection, after the driver's own
+-- handshake. Everything else is clientpool.new's.
 function _M.driver(o)
   -- `keepalive`: a method name (a string) is the driver's set_keepalive; a
   -- number is the pool's keepalive (seconds), passed on

@@ -15,6 +15,9 @@
 --   check(c)       refuses identities the driver cannot serve: nil, err
 --   reused(obj)    getreusedtimes (default obj:get_reused_times())
 --   keepalive, close   method names (default set_keepalive, close)
+--   quit           the default of the option quit: the bytes that make the
+--                  server close its end (so that a destroy returns once the
+--                  server no longer counts the connection)
 -- where c holds the key's identity (host, port, ssl, server_name,
 -- ssl_verify, user, database, password) and copts the connect options
 -- (connect_options, then pool = <name>, pool_size).
@@ -75,8 +78,10 @@ end
 -- the preset's, not the driver's connect options), set_keepalive, close.
 -- set_keepalive refuses a connection left subscribed ("subscribed state")
 -- or in MULTI ("in transaction", 0.30+): the pool closes and retires it.
+-- A close sends QUIT and waits for redis to close its end (quit = false
+-- turns that off).
 function M.redis(o, fail, what)
-  local p = {}
+  local p = { quit = "QUIT\r\n" }
   local mod
   if o.new == nil then
     -- Debian's lua-nginx-redis installs the driver as nginx/redis.lua

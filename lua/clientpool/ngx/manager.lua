@@ -62,6 +62,8 @@ _M.STANDIN = STANDIN
 --   ad.keepalive(obj, ms, n)   parks it in nginx's pool: 1 (or true) when
 --                              parked; anything else means it was not
 --   ad.close(obj)
+--   ad.raw                     true when obj is the cosocket itself (tcp{})
+--   ad.quit                    the default of option quit (a driver preset's)
 --   ad.prepare(e)              optional: completes a new entry (a driver's
 --                              connect parameters); nil, err refuses the key
 --   ad.adopt(obj), ad.state(obj), ad.done(obj)   optional (drivers): guard
@@ -75,7 +77,8 @@ local IDENTITY = {
   client_cert = true, client_priv_key = true, client_cert_id = true,
   user = true, database = true, password = true, parts = true,
 }
-local COMMON = { connect_timeout = true, send_timeout = true, read_timeout = true, on_connect = true }
+local COMMON = { connect_timeout = true, send_timeout = true, read_timeout = true, on_connect = true,
+                 quit = true, quit_timeout = true }
 local HOOKS = { "create", "destroy", "park", "unpark", "keepalive_check" }
 
 local managers = setmetatable({}, { __mode = "k" }) -- options table -> manager
@@ -161,11 +164,34 @@ local function new_manager(o, what, own, make_adapter)
     handshakes = 0,     -- TLS handshakes (tcp{}; a driver does its own)
     connect_failed = 0,
     keepalive_lost = 0, -- keepalive checks that found an idle record's connection gone from nginx's pool
+    quit = 0,           -- closes the peer confirmed (option quit: it closed its end first)
+    quit_unconfirmed = 0, -- ... that it did not confirm within the bound (closed anyway)
   }
   local mgr = { stats = stats, prefix = prefix }
   local ad = make_adapter(o, { what = what, ct = ct, st = st, rt = rt, idle_ms = idle_ms,
                                pool_size = pool_size, stats = stats })
   local ad_state, ad_done, ad_adopt = ad.state, ad.done, ad.adopt
+
+  -- Option quit: what to send the peer before a close, so that destroy
+  -- returns once the peer has closed its end (docs/decisions.md, "The
+  -- upstream's count"): until then the upstream still counts the
+  -- connection, and so does the pool. A driver preset may set a default
+  -- (redis: QUIT); false turns it off.
+  local quit = o.quit
+  if quit == nil then quit = ad.quit end
+  if quit == false then
+    quit = nil
+  elseif quit ~= nil and (type(quit) ~= "string" or quit == "") then
+    fail("%s: 'quit' must be the bytes to send before a close (a non-empty string) or false, got %s",
+         what, type(quit) == "string" and "an empty string" or type(quit))
+  end
+  -- how long a close waits for the peer's. Short by default: in a request
+  -- the caller of release(false) waits too, often because the peer was
+  -- slow already; past it the close goes on (counted quit_unconfirmed)
+  local quit_ms = check_timeout(o, "quit_timeout", what) or 100
+  if o.quit_timeout ~= nil and not quit then
+    fail("%s: 'quit_timeout' without 'quit' (the bytes that make the peer close)", what)
+  end
 
   -- key -> { p = params, name, copts = connect options, take = { pool = name } },
   -- reset when it grows large
@@ -230,6 +256,32 @@ local function new_manager(o, what, own, make_adapter)
     return obj, reused
   end
 
+  -- Creates of a key may hold its parked connections aside at once (one
+  -- per request or timer): e.asides counts them, e.aside_until is the
+  -- latest of their deadlines (the connect timeout, and a little). While
+  -- any holds some, an unpark or a take-back of the key waits (aside_wait)
+  -- rather than find nginx's pool short of the connections the pool
+  -- counts; never past that deadline, so a create killed meanwhile
+  -- (ngx.exit, a kill) cannot hold them up for good.
+  local function aside_begin(e)
+    local t = ngx.now() + (ct or 1000) / 1000 + 0.1
+    e.asides = (e.asides or 0) + 1
+    if not e.aside_until or t > e.aside_until then e.aside_until = t end
+  end
+  local function aside_end(e)
+    e.asides = e.asides - 1
+    if e.asides <= 0 then e.asides, e.aside_until = nil, nil end
+  end
+  local function aside_held(e)
+    return e.aside_until ~= nil and ngx.now() < e.aside_until
+  end
+  local function aside_wait(e)
+    while aside_held(e) do
+      ngx.sleep(0.001)
+      ngx.update_time()
+    end
+  end
+
   -- Parks a connection of no record again (set aside by create, below).
   local function repark(obj)
     local pok, ok = pcall(ad.keepalive, obj, idle_ms, pool_size)
@@ -250,15 +302,11 @@ local function new_manager(o, what, own, make_adapter)
     end
     local e, err = entry(key)
     if not e then return nil, err end
-    if not fresh and e.aside_until then
+    if not fresh then
       -- an unpark while a create of this key holds parked connections aside
       -- (below): wait for them rather than open one more connection than
-      -- the pool counts; never past the create's own deadline, so a create
-      -- killed meanwhile (ngx.exit, a kill) cannot hold unparks up for good
-      while e.aside_until and ngx.now() < e.aside_until do
-        ngx.sleep(0.001)
-        ngx.update_time()
-      end
+      -- the pool counts
+      aside_wait(e)
     end
     local obj, reused = open(e)
     if not obj then return nil, reused end
@@ -267,14 +315,14 @@ local function new_manager(o, what, own, make_adapter)
       -- they are set aside (the fresh connect below yields), an unpark of
       -- this key waits for them (e.aside_until) instead of opening one more.
       local aside, n = {}, 0
-      e.aside_until = ngx.now() + (ct or 1000) / 1000 + 0.1   -- see the unpark wait above
+      aside_begin(e)
       repeat
         n = n + 1
         aside[n] = obj
         obj, reused = open(e)
       until not obj or reused == 0 or n > pool_size
       for i = 1, n do repark(aside[i]) end
-      e.aside_until = nil
+      aside_end(e)
       stats.set_aside = stats.set_aside + n
       if not obj then return nil, reused end
     end
@@ -332,9 +380,12 @@ local function new_manager(o, what, own, make_adapter)
       end
     end
     if worker_exiting() then
+      stats.closed_exiting = stats.closed_exiting + 1
+      -- a cosocket with quit is left to the destroy that retires the
+      -- record (park must not yield): it closes it the quit way
+      if quit and ad.raw then error("clientpool.ngx: worker exiting: connection closed instead of parked", 0) end
       pcall(ad.close, obj)
       if ad_done then ad_done(obj) end
-      stats.closed_exiting = stats.closed_exiting + 1
       error("clientpool.ngx: worker exiting: connection closed instead of parked", 0)
     end
     local e, err = entry(key)
@@ -360,18 +411,48 @@ local function new_manager(o, what, own, make_adapter)
     return PARKED
   end
 
+  -- Closes a cosocket; with quit, sends it first and reads (discarding
+  -- late replies) until the peer closes, within quit_ms. Where nothing can
+  -- yield (no cosockets) it just closes.
+  local function close_sock(sock)
+    if quit and COSOCKET[get_phase()] then
+      sock:settimeouts(quit_ms, quit_ms, quit_ms)
+      local confirmed = false
+      if sock:send(quit) then
+        ngx.update_time()
+        local deadline = ngx.now() + quit_ms / 1000
+        repeat
+          local data, err = sock:receiveany(65536)
+          if not data then confirmed = err ~= "timeout"; break end   -- closed or reset: the peer let go
+          ngx.update_time()
+          local left = deadline - ngx.now()
+          if left <= 0 then break end
+          sock:settimeouts(quit_ms, quit_ms, math_floor(left * 1000) + 1)
+        until false
+      end
+      if confirmed then stats.quit = stats.quit + 1 else stats.quit_unconfirmed = stats.quit_unconfirmed + 1 end
+    end
+    return sock:close()
+  end
+
   -- Takes one parked connection of key back from nginx's pool and closes
   -- it: a connect to "unix:" with pool = name returns a pooled connection if
   -- there is one and fails at once, without any I/O, if there is none.
-  local function take_back(key)
+  -- `live`: the connection was a leased one, parked here only to be closed
+  -- the quit way (counted closed, not closed_parked).
+  local function take_back(key, live)
     if not COSOCKET[get_phase()] then return end
     local e = entry(key)
     if not e then return end
+    -- a create of this key holds parked connections aside: wait for them.
+    -- Finding none, this destroy would free the room while the one it
+    -- stands for is parked again later, open and counted nowhere
+    aside_wait(e)
     local sock = ngx_tcp()
     local ok = sock:connect("unix:", e.take)
     if ok then
-      sock:close()
-      stats.closed_parked = stats.closed_parked + 1
+      close_sock(sock)
+      if live then stats.closed = stats.closed + 1 else stats.closed_parked = stats.closed_parked + 1 end
     end
   end
 
@@ -383,6 +464,21 @@ local function new_manager(o, what, own, make_adapter)
       ad_done(client)
       if state == "parked" then return take_back(key) end   -- its set_keepalive() parked it
       if state == "closed" or state == "done" then return end
+    end
+    if quit and COSOCKET[get_phase()] then
+      if ad.raw then
+        local ok = pcall(close_sock, client)
+        if ok then stats.closed = stats.closed + 1 end
+        return
+      end
+      -- a driver object: parked and taken back at once (no I/O, no yield
+      -- between), its socket is ours to quit. A driver that refuses to park
+      -- it (unread data, a transaction), or an exiting worker (whose
+      -- setkeepalive closes), gets a plain close below.
+      if not worker_exiting() then
+        local pok, parked = pcall(ad.keepalive, client, idle_ms, pool_size)
+        if pok and (parked == 1 or parked == true) then return take_back(key, true) end
+      end
     end
     -- another handler's socket raises "bad request": nginx closes it when
     -- that handler ends
@@ -407,7 +503,7 @@ local function new_manager(o, what, own, make_adapter)
     if stored ~= PARKED or not COSOCKET[get_phase()] then return true end
     local e = entry(key)
     -- a create holds parked connections aside meanwhile (connect): the count would be short
-    if not e or e.aside_until then return true end
+    if not e or aside_held(e) then return true end
     local socks, n = {}, 0
     while n <= idle do
       local sock = ngx_tcp()

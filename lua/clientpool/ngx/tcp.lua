@@ -19,7 +19,7 @@ local function tcp_adapter(o, ctx)
     end
   end
   local ct, st, rt, stats = ctx.ct, ctx.st, ctx.rt, ctx.stats
-  local ad = {}
+  local ad = { raw = true }
   function ad.open(e)
     local p = e.p
     local sock = ngx_tcp()
@@ -76,7 +76,9 @@ end
 -- cpngx.key{...} only), connect_timeout, send_timeout, read_timeout
 -- (seconds) and on_connect(sock, key) (runs on each new connection, after
 -- the TLS handshake: AUTH, SELECT; return a false value and an error to
--- fail the connection). Every other option is clientpool.new's;
+-- fail the connection), quit (bytes sent before a close, which then waits
+-- for the peer's, at most quit_timeout: docs/managers.md). Every other
+-- option is clientpool.new's;
 -- idle_timeout also sets setkeepalive's timeout, and max_live (or
 -- per_key.max_live) nginx's pool size.
 function _M.tcp(o)

@@ -20,7 +20,15 @@ it("closes a connection released after the reload instead of parking it", functi
     on_connect = function(sock) return H.command(sock, "CLIENT", "SETNAME", "cp-exiting") end,
   }
   local pool = clientpool.new(opts)
+  -- the same with quit: the destroy that retires the record quits it
+  local qopts, qmgr = cpngx.tcp {
+    host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 1, max_live = 1, scheduler = "ngx",
+    quit = "QUIT\r\n", quit_timeout = 1,
+    on_connect = function(sock) return H.command(sock, "CLIENT", "SETNAME", "cp-exiting-q") end,
+  }
+  local qpool = clientpool.new(qopts)
   local r = assert(H.redis())
+  local qheld = assert(qpool:acquire())
   local held = assert(pool:acquire())
   local parked = assert(pool:acquire())
   parked:release()                    -- idle for 60 s: the pool's timer task waits that long
@@ -31,6 +39,13 @@ it("closes a connection released after the reload instead of parking it", functi
   assert.truthy(H.wait_until(function() return ngx.worker.exiting() end, 5), "the worker did not start exiting")
 
   held:release()
+  qheld:release()
+  -- redis let it go before the release returned (no wait here)
+  assert.are.equal(0, r:clients("cp-exiting-q"))
+  assert.are.same({ closed_exiting = 1, quit = 1, closed = 1, parked = 0 },
+                  { closed_exiting = qmgr.stats.closed_exiting, quit = qmgr.stats.quit,
+                    closed = qmgr.stats.closed, parked = qmgr.stats.parked })
+  assert.are.equal(0, qpool:stats().live)
   assert.are.equal(1, mgr.stats.closed_exiting)
   assert.are.equal(1, mgr.stats.parked)             -- only the one parked before the reload
   local s = pool:stats()
