@@ -5,6 +5,10 @@
 --   init()        init_by_lua (the master, before it forks): fleet.new
 --   init_worker() init_worker_by_lua: this worker's pool on the fleet
 --   /redis        one PING through the pool (503 when the acquire fails)
+--   /retire       ... and the connection retired (release(false)): every
+--                 request closes one and opens one. ?noquit=1: through a
+--                 pool of the same cap on a fleet of its own whose close
+--                 does not wait for redis's (option quit off)
 --   /fleet        the fleet's figures: live idle members reclaimed (one line)
 --   /stats        this worker's pool: pid live fleet.member.live
 --   /fill?n=      the rebalance case: a worker holding nothing takes n
@@ -22,20 +26,46 @@ local common = require "fleet_common"
 local ping = common.ping
 
 local M = {}
-local pool
+local pool, noquit
+
+-- The second fleet (the /retire?noquit=1 comparison).
+local function noquit_name() return conf.name .. "-noquit" end
+M.noquit_name = noquit_name
 
 function M.init()
   fleet.new(conf.name, { max_live = conf.max_live })
+  fleet.new(noquit_name(), { max_live = conf.max_live })
 end
 
 function M.init_worker()
+  -- quit: a close returns once redis has closed its end, so the fleet's
+  -- slot is free only when redis no longer counts the connection
   pool = clientpool.new(cpngx.tcp {
     host = "127.0.0.1", port = conf.redis_port, connect_timeout = 1,
+    quit = "QUIT\r\n", quit_timeout = 1,
     fleet = conf.name, acquire_timeout = 5, max_waiting = 1000,
+  })
+  noquit = clientpool.new(cpngx.tcp {
+    host = "127.0.0.1", port = conf.redis_port, connect_timeout = 1,
+    fleet = noquit_name(), acquire_timeout = 5, max_waiting = 1000,
   })
 end
 
 function M.redis() common.redis(pool) end
+
+function M.retire()
+  local p = ngx.var.arg_noquit and noquit or pool
+  local lease, code, detail = p:acquire()
+  if not lease then
+    ngx.status = 503
+    ngx.say("acquire: ", tostring(code), " ", tostring(detail))
+    return
+  end
+  local ok, err = ping(lease.client)
+  lease:release(false)
+  if not ok then ngx.status = 502; ngx.say("ping: ", tostring(err)) return end
+  ngx.say("PONG")
+end
 
 function M.fleet()
   local s = fleet.stats(conf.name)

@@ -27,6 +27,7 @@ end
 function M.init_worker()
   pool = clientpool.new(cpngx.tcp {
     host = "127.0.0.1", port = conf.target_port, connect_timeout = 0.2,
+    quit = "QUIT\r\n", quit_timeout = 1,   -- a close returns once redis let go (the cap at redis)
     fleet = conf.name, acquire_timeout = 10, max_waiting = 1000,
   })
 end
