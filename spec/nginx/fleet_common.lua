@@ -15,7 +15,8 @@ end
 
 -- The /redis handler: a lease from pool, one PING, "PONG" (503 when no
 -- lease, 502 when the PING failed: the client is closed, not kept).
-function M.redis(pool)
+-- retire: the client is closed after a good PING too (release(false)).
+function M.redis(pool, retire)
   local lease, code, detail = pool:acquire()
   if not lease then
     ngx.status = 503
@@ -29,7 +30,7 @@ function M.redis(pool)
     ngx.say("ping: ", tostring(err))
     return
   end
-  lease:release()
+  lease:release(not retire)
   ngx.say("PONG")
 end
 

@@ -124,6 +124,29 @@ function H.command(sock, ...)
   return read_reply(sock)
 end
 
+--- Counts the connections named `name` in the private redis (CLIENT
+-- LIST) from a light thread of its own, every `every` seconds (nil: as
+-- often as redis answers), until the returned stop() is called; stop()
+-- returns the most seen at once and the number of samples.
+function H.sample_clients(name, every)
+  local stopped, max_seen, samples = false, 0, 0
+  local t = ngx.thread.spawn(function()
+    local r = assert(H.redis())
+    while not stopped do
+      local n = r:clients(name)
+      samples = samples + 1
+      if n > max_seen then max_seen = n end
+      if every then ngx.sleep(every) end
+    end
+    r:close()
+  end)
+  return function()
+    stopped = true
+    ngx.thread.wait(t)
+    return max_seen, samples
+  end
+end
+
 --- A fresh connection to the private redis (not pooled), or to the one
 -- on `port` (the second redis, conf.redis2_port); `password`: AUTH first.
 function H.redis(port, password)

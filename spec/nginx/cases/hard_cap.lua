@@ -49,17 +49,7 @@ describe("the cap in nginx, with slow and failing destroys", function()
       end,
     }
     app.pools.hard_cap = pool
-    local stop, max_seen, samples = false, 0, 0
-    local sampler = ngx.thread.spawn(function()
-      local r = assert(H.redis())
-      while not stop do
-        local n = r:clients(NAME)
-        samples = samples + 1
-        if n > max_seen then max_seen = n end
-        ngx.sleep(0.002)
-      end
-      r:close()
-    end)
+    local stop = H.sample_clients(NAME, 0.002)
     local threads, errors = {}, {}
     for i = 1, 20 do
       threads[i] = ngx.thread.spawn(function()
@@ -77,8 +67,7 @@ describe("the cap in nginx, with slow and failing destroys", function()
     assert.truthy(H.wait_until(function() return pool:stats().closing == 0 end, 5))
     pool:close()
     assert.truthy(H.wait_until(function() return pool:stats().live == 0 end, 5))
-    stop = true
-    ngx.thread.wait(sampler)
+    local max_seen, samples = stop()
     ngx.say(string.format("# %d clients made, %d slow and %d failing destroys; at once: hooks %d, redis %d " ..
       "(%d samples)", f.created, f.slow, f.failed, f.max_open, max_seen, samples))
     assert.are.same({}, errors)

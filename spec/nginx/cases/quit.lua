@@ -9,8 +9,17 @@ local clientpool = require "clientpool"
 local cpngx = require "clientpool.ngx"
 local app = require "app"
 
-local function named(name)
-  return function(sock) return H.command(sock, "CLIENT", "SETNAME", name) end
+-- A pool of tcp{} cosockets to the private redis, its connections named
+-- `name` (CLIENT SETNAME), with options `o` on top; registered in
+-- app.pools. Returns the pool and its manager.
+local function tcp_pool(name, o)
+  local opts = { host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 1, read_timeout = 2,
+                 on_connect = function(sock) return H.command(sock, "CLIENT", "SETNAME", name) end }
+  for k, v in pairs(o) do opts[k] = v end
+  local popts, mgr = cpngx.tcp(opts)
+  local pool = clientpool.new(popts)
+  app.pools[name] = pool
+  return pool, mgr
 end
 
 -- `workers` light threads each acquire, PING and retire (release(false):
@@ -21,16 +30,7 @@ end
 -- ping(client): "PONG" (default: a raw cosocket's).
 local function churn(pool, name, workers, rounds, ping)
   ping = ping or function(sock) return H.command(sock, "PING") end
-  local stop, max_seen, samples = false, 0, 0
-  local sampler = ngx.thread.spawn(function()
-    local r = assert(H.redis())
-    while not stop do
-      local n = r:clients(name)
-      samples = samples + 1
-      if n > max_seen then max_seen = n end
-    end
-    r:close()
-  end)
+  local stop = H.sample_clients(name)
   local threads, errors = {}, {}
   for i = 1, workers do
     threads[i] = ngx.thread.spawn(function()
@@ -46,8 +46,7 @@ local function churn(pool, name, workers, rounds, ping)
   end
   for i = 1, workers do assert(ngx.thread.wait(threads[i])) end
   assert.truthy(H.wait_until(function() return pool:stats().closing == 0 end, 5))
-  stop = true
-  ngx.thread.wait(sampler)
+  local max_seen, samples = stop()
   assert.are.same({}, errors)
   return max_seen, samples
 end
@@ -55,11 +54,8 @@ end
 describe("quit: the close waits for the peer's", function()
   it("tcp{}: under churn, redis never counts more than max_live of the pool's connections", function()
     local NAME, MAX_LIVE = "cp-quit-tcp", 2
-    local pool, mgr = cpngx.tcp { host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 1,
-                                  read_timeout = 2, quit = "QUIT\r\n", on_connect = named(NAME),
-                                  max_live = MAX_LIVE, max_idle = 0, acquire_timeout = 10 }
-    pool = clientpool.new(pool)
-    app.pools.quit_tcp = pool
+    local pool, mgr = tcp_pool(NAME, { quit = "QUIT\r\n", max_live = MAX_LIVE, max_idle = 0,
+                                       acquire_timeout = 10 })
     local max_seen, samples = churn(pool, NAME, 6, 150)
     ngx.log(ngx.NOTICE, "quit tcp: redis saw at most ", max_seen, " in ", samples, " samples; ",
             mgr.stats.quit, " quits confirmed")
@@ -102,11 +98,7 @@ describe("quit: the close waits for the peer's", function()
   it("a peer that does not close: the close waits quit_timeout, then closes anyway (counted)", function()
     local NAME = "cp-quit-deaf"
     -- PING is answered, never followed by a close: the wait runs out
-    local opts, mgr = cpngx.tcp { host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 1,
-                                  read_timeout = 2, quit = "PING\r\n", quit_timeout = 0.2, on_connect = named(NAME),
-                                  max_live = 1, acquire_timeout = 5 }
-    local pool = clientpool.new(opts)
-    app.pools.quit_deaf = pool
+    local pool, mgr = tcp_pool(NAME, { quit = "PING\r\n", quit_timeout = 0.2, max_live = 1, acquire_timeout = 5 })
     local r = assert(H.redis())
     local l = assert(pool:acquire())
     assert.are.equal(1, r:clients(NAME))
@@ -139,11 +131,7 @@ describe("quit: the close waits for the peer's", function()
   -- 11 under make demo's fleet, cap 8). The take-back now waits for them.
   it("a take-back during a create's set-aside: no connection is left open uncounted", function()
     local NAME = "cp-quit-aside"
-    local opts, mgr = cpngx.tcp { host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 1,
-                                  read_timeout = 2, quit = "QUIT\r\n", quit_timeout = 1,
-                                  on_connect = named(NAME), max_live = 3, acquire_timeout = 5 }
-    local pool = clientpool.new(opts)
-    app.pools.quit_aside = pool
+    local pool, mgr = tcp_pool(NAME, { quit = "QUIT\r\n", quit_timeout = 1, max_live = 3, acquire_timeout = 5 })
     local r = assert(H.redis())
     local a, b = assert(pool:acquire()), assert(pool:acquire())
     a:release(); b:release()

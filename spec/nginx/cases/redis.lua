@@ -49,17 +49,7 @@ describe("PING over the ngx manager", function()
   it("under 50 concurrent requests in one worker, redis never sees more than max_live", function()
     local max_live = 4
     local pool, mgr = redis_pool("load", { max_live = max_live, acquire_timeout = 10 })
-    local sampling, max_seen, samples = true, 0, 0
-    local sampler = ngx.thread.spawn(function()
-      local r = assert(H.redis())
-      while sampling do
-        local n = r:clients("cp-load")
-        samples = samples + 1
-        if n > max_seen then max_seen = n end
-        ngx.sleep(0.001)
-      end
-      r:close()
-    end)
+    local stop = H.sample_clients("cp-load", 0.001)
     local ok_count, bad = 0, {}
     local threads = {}
     for c = 1, 50 do
@@ -72,8 +62,7 @@ describe("PING over the ngx manager", function()
       end)
     end
     for _, t in ipairs(threads) do ngx.thread.wait(t) end
-    sampling = false
-    ngx.thread.wait(sampler)
+    local max_seen, samples = stop()
     assert.are.same({}, bad)
     assert.are.equal(500, ok_count)
     assert.is_true(samples > 20, "only " .. samples .. " samples")

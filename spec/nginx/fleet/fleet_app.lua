@@ -53,19 +53,7 @@ end
 
 function M.redis() common.redis(pool) end
 
-function M.retire()
-  local p = ngx.var.arg_noquit and noquit or pool
-  local lease, code, detail = p:acquire()
-  if not lease then
-    ngx.status = 503
-    ngx.say("acquire: ", tostring(code), " ", tostring(detail))
-    return
-  end
-  local ok, err = ping(lease.client)
-  lease:release(false)
-  if not ok then ngx.status = 502; ngx.say("ping: ", tostring(err)) return end
-  ngx.say("PONG")
-end
+function M.retire() common.redis(ngx.var.arg_noquit and noquit or pool, true) end
 
 function M.fleet()
   local s = fleet.stats(conf.name)
