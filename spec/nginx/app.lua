@@ -190,6 +190,18 @@ function A.manager_pool(name, make, defaults, o)
   return pool, mgr
 end
 
+--- A pool of tcp{} cosockets to the private redis whose connections are
+-- named `client_name` there (CLIENT SETNAME; default: name), so they can
+-- be counted apart from the spec's own (r:clients(client_name)).
+function A.redis_pool(name, o, client_name)
+  local conf = require "spec_conf"
+  client_name = client_name or name
+  return A.manager_pool(name, cpngx.tcp, {
+    host = "127.0.0.1", port = conf.redis_port, connect_timeout = 1, read_timeout = 5, scheduler = "ngx",
+    on_connect = function(sock) return harness().command(sock, "CLIENT", "SETNAME", client_name) end,
+  }, o)
+end
+
 --- A pool of keep-alive HTTP connections to this nginx (clientpool.ngx).
 function A.http_pool(name, o)
   local conf = require "spec_conf"

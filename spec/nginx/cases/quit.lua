@@ -10,17 +10,8 @@ local cpngx = require "clientpool.ngx"
 local app = require "app"
 
 -- A pool of tcp{} cosockets to the private redis, its connections named
--- `name` (CLIENT SETNAME), with options `o` on top; registered in
--- app.pools. Returns the pool and its manager.
-local function tcp_pool(name, o)
-  local opts = { host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 1, read_timeout = 2,
-                 on_connect = function(sock) return H.command(sock, "CLIENT", "SETNAME", name) end }
-  for k, v in pairs(o) do opts[k] = v end
-  local popts, mgr = cpngx.tcp(opts)
-  local pool = clientpool.new(popts)
-  app.pools[name] = pool
-  return pool, mgr
-end
+-- `name` there (app.redis_pool).
+local tcp_pool = app.redis_pool
 
 -- `workers` light threads each acquire, PING and retire (release(false):
 -- the destroy closes a live connection) or release (parked, then closed by

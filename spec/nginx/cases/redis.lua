@@ -2,23 +2,10 @@
 -- concurrent load in one worker redis never sees more than max_live
 -- connections from the pool.
 local H = require "harness"
-local clientpool = require "clientpool"
-local cpngx = require "clientpool.ngx"
 local app = require "app"
 
--- A pool whose connections are named in redis (CLIENT SETNAME) so they can
--- be counted apart from the spec's own connections.
-local function redis_pool(name, o)
-  local opts = { host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 1, read_timeout = 5,
-                 scheduler = "ngx",
-                 on_connect = function(sock) return H.command(sock, "CLIENT", "SETNAME", "cp-" .. name) end }
-  for k, v in pairs(o) do opts[k] = v end
-  local popts, mgr = cpngx.tcp(opts)
-  local pool = clientpool.new(popts)
-  app.pools[name] = pool
-  app.managers[name] = mgr
-  return pool, mgr
-end
+-- A pool whose connections are named "cp-<name>" in redis.
+local function redis_pool(name, o) return app.redis_pool(name, o, "cp-" .. name) end
 
 describe("PING over the ngx manager", function()
   it("reuses one connection across requests", function()
