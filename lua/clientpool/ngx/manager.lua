@@ -6,6 +6,7 @@ local ngx = ngx
 local type, error, pairs, ipairs, tostring, pcall, setmetatable =
       type, error, pairs, ipairs, tostring, pcall, setmetatable
 local math_floor, math_huge = math.floor, math.huge
+local string_find = string.find
 
 local keys = require "clientpool.ngx.keys"
 local fail, check_params, encode, parse = keys.fail, keys.check_params, keys.encode, keys.parse
@@ -84,13 +85,19 @@ local HOOKS = { "create", "destroy", "park", "unpark", "keepalive_check" }
 local managers = setmetatable({}, { __mode = "k" }) -- options table -> manager
 local nmanagers = 0
 
+-- A timeout in ms. nginx's settimeouts takes 1 .. 2^31-1 ms (0 would mean
+-- its 60 s default, more raises where the socket is used): said now.
 local function check_timeout(o, name, what)
   local v = o[name]
   if v == nil then return nil end
   if type(v) ~= "number" or v ~= v or v <= 0 or v == math_huge then
     fail("%s: '%s' must be a finite number of seconds > 0, got %s", what, name, tostring(v))
   end
-  return math_floor(v * 1000 + 0.5)
+  local ms = math_floor(v * 1000 + 0.5)
+  if ms < 1 or ms > 2147483647 then
+    fail("%s: '%s' must be from 0.001 to 2147483.647 seconds (nginx's range), got %s", what, name, tostring(v))
+  end
+  return ms
 end
 
 -- Returns the options table for clientpool.new and the manager. `own`: the
@@ -263,23 +270,66 @@ local function new_manager(o, what, own, make_adapter)
   -- rather than find nginx's pool short of the connections the pool
   -- counts; never past that deadline, so a create killed meanwhile
   -- (ngx.exit, a kill) cannot hold them up for good.
+  -- A create killed meanwhile never ends its set-aside (nginx closes what
+  -- it held with its request): past the deadline the count starts again.
+  -- e.owed: take-backs that found nothing while set-asides were held past
+  -- their deadline (a slow driver login, a DNS lookup): the creates holding
+  -- them close that many instead of parking them again.
+  local function aside_held(e)
+    return e.aside_until ~= nil and ngx.now() < e.aside_until
+  end
   local function aside_begin(e)
     local t = ngx.now() + (ct or 1000) / 1000 + 0.1
-    e.asides = (e.asides or 0) + 1
+    if not aside_held(e) then e.asides, e.owed = 0, nil end
+    e.asides = e.asides + 1
     if not e.aside_until or t > e.aside_until then e.aside_until = t end
   end
   local function aside_end(e)
-    e.asides = e.asides - 1
-    if e.asides <= 0 then e.asides, e.aside_until = nil, nil end
-  end
-  local function aside_held(e)
-    return e.aside_until ~= nil and ngx.now() < e.aside_until
+    e.asides = (e.asides or 1) - 1
+    if e.asides <= 0 then e.asides, e.aside_until, e.owed = nil, nil, nil end
   end
   local function aside_wait(e)
     while aside_held(e) do
       ngx.sleep(0.001)
       ngx.update_time()
     end
+  end
+
+  -- Closes a cosocket; with quit, sends it first and reads (discarding
+  -- late replies) until the peer closes, within quit_ms. Where nothing can
+  -- yield (no cosockets) it just closes.
+  local function close_sock(sock)
+    if quit and COSOCKET[get_phase()] then
+      sock:settimeouts(quit_ms, quit_ms, quit_ms)
+      -- (a socket already closed, by its caller or the peer, is not quit)
+      if sock:send(quit) then
+        local confirmed = false
+        ngx.update_time()
+        local deadline = ngx.now() + quit_ms / 1000
+        repeat
+          local data, err = sock:receiveany(65536)
+          if not data then
+            -- the peer let go (closed, or reset); anything else ("timeout",
+            -- "socket busy reading": another thread's read) is no answer
+            confirmed = err == "closed" or string_find(tostring(err), "reset", 1, true) ~= nil
+            break
+          end
+          ngx.update_time()
+          local left = deadline - ngx.now()
+          if left <= 0 then break end
+          sock:settimeouts(quit_ms, quit_ms, math_floor(left * 1000) + 1)
+        until false
+        if confirmed then stats.quit = stats.quit + 1 else stats.quit_unconfirmed = stats.quit_unconfirmed + 1 end
+      end
+    end
+    return sock:close()
+  end
+
+  -- Closes a connection a create set aside (owed to a take-back): the quit
+  -- way for a cosocket, the driver's close for a driver object.
+  local function close_conn(obj)
+    if ad.raw then return close_sock(obj) end
+    return ad.close(obj)
   end
 
   -- Parks a connection of no record again (set aside by create, below).
@@ -316,13 +366,26 @@ local function new_manager(o, what, own, make_adapter)
       -- this key waits for them (e.aside_until) instead of opening one more.
       local aside, n = {}, 0
       aside_begin(e)
-      repeat
-        n = n + 1
-        aside[n] = obj
-        obj, reused = open(e)
-      until not obj or reused == 0 or n > pool_size
-      for i = 1, n do repark(aside[i]) end
+      -- (protected: a driver's connect may raise, and what is set aside
+      -- must go back and the set-aside end either way)
+      local pok, perr = pcall(function()
+        repeat
+          n = n + 1
+          aside[n] = obj
+          obj, reused = open(e)
+        until not obj or reused == 0 or n > pool_size
+      end)
+      for i = 1, n do
+        if (e.owed or 0) > 0 then
+          e.owed = e.owed - 1
+          pcall(close_conn, aside[i])
+          stats.closed_parked = stats.closed_parked + 1
+        else
+          repark(aside[i])
+        end
+      end
       aside_end(e)
+      if not pok then error(perr, 0) end
       stats.set_aside = stats.set_aside + n
       if not obj then return nil, reused end
     end
@@ -411,30 +474,6 @@ local function new_manager(o, what, own, make_adapter)
     return PARKED
   end
 
-  -- Closes a cosocket; with quit, sends it first and reads (discarding
-  -- late replies) until the peer closes, within quit_ms. Where nothing can
-  -- yield (no cosockets) it just closes.
-  local function close_sock(sock)
-    if quit and COSOCKET[get_phase()] then
-      sock:settimeouts(quit_ms, quit_ms, quit_ms)
-      local confirmed = false
-      if sock:send(quit) then
-        ngx.update_time()
-        local deadline = ngx.now() + quit_ms / 1000
-        repeat
-          local data, err = sock:receiveany(65536)
-          if not data then confirmed = err ~= "timeout"; break end   -- closed or reset: the peer let go
-          ngx.update_time()
-          local left = deadline - ngx.now()
-          if left <= 0 then break end
-          sock:settimeouts(quit_ms, quit_ms, math_floor(left * 1000) + 1)
-        until false
-      end
-      if confirmed then stats.quit = stats.quit + 1 else stats.quit_unconfirmed = stats.quit_unconfirmed + 1 end
-    end
-    return sock:close()
-  end
-
   -- Takes one parked connection of key back from nginx's pool and closes
   -- it: a connect to "unix:" with pool = name returns a pooled connection if
   -- there is one and fails at once, without any I/O, if there is none.
@@ -453,6 +492,9 @@ local function new_manager(o, what, own, make_adapter)
     if ok then
       close_sock(sock)
       if live then stats.closed = stats.closed + 1 else stats.closed_parked = stats.closed_parked + 1 end
+    elseif (e.asides or 0) > 0 then
+      -- still set aside past its deadline: its create closes one for us
+      e.owed = (e.owed or 0) + 1
     end
   end
 
@@ -467,8 +509,9 @@ local function new_manager(o, what, own, make_adapter)
     end
     if quit and COSOCKET[get_phase()] then
       if ad.raw then
-        local ok = pcall(close_sock, client)
-        if ok then stats.closed = stats.closed + 1 end
+        local ok, r = pcall(close_sock, client)
+        if not ok then ok, r = pcall(client.close, client) end
+        if ok and r then stats.closed = stats.closed + 1 end
         return
       end
       -- a driver object: parked and taken back at once (no I/O, no yield
@@ -526,7 +569,9 @@ local function new_manager(o, what, own, make_adapter)
     local ok, good = pcall(validate, obj, key, idle_s)
     e.checking = e.checking - 1
     if ok and good and pcall(opts.park, obj, key) then return true end
-    if not (ok and good) then opts.destroy(obj, key) end   -- (a failed park closed it already)
+    -- (a failed park closed it already, except a cosocket with quit in an
+    -- exiting worker, which it leaves to destroy: harmless on a closed one)
+    opts.destroy(obj, key)
     return false, GONE
   end
 
