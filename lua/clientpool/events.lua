@@ -59,14 +59,19 @@ local function destroy_done(self, rec, ok, err)
   return pending
 end
 
--- The body of a destroy's coroutine. Run to its end by the destroyer
--- (_dco: it never yielded), the destroyer reports it; else whoever resumed
--- it last (the adopting task, or the scheduler itself) is past that point,
--- and the body reports it here.
+-- The body of a destroy's coroutine. Run to its end by the destroyer's
+-- first resume (_dsync[co]: it never yielded to it), the destroyer reports
+-- it; else whoever resumed it last (the adopting task, or the scheduler
+-- itself) is past that point, and the body reports it here. Per coroutine,
+-- not one field: in OpenResty a hook's cosocket I/O suspends its destroyer
+-- without a yield to it, and other requests run destroys of their own
+-- meanwhile (one at a time, a destroy of one request's connection queued
+-- behind another request's round trip ran after its own request had ended
+-- and nginx had closed that connection behind the pool's back).
 local function destroy_body(self, destroy, client, key, rec)
   local ok, err = true, nil
   if IS_51 then destroy(client, key) else ok, err = pcall(destroy, client, key) end
-  if self._dco == co_running() then return ok, err end
+  if self._dsync[co_running()] then return ok, err end
   if destroy_done(self, rec, ok, err) > 0 then pump(self) end
 end
 
@@ -98,8 +103,8 @@ end
 -- After the first resume of a destroy's coroutine: dead, the hook returned
 -- (or raised); suspended, it yielded (the yield's values follow ok) and the
 -- rest runs as a task, which passes that yield on.
-local function resumed(self, prev, co, rec, ok, a, ...)
-  self._dco = prev
+local function resumed(self, co, rec, ok, a, ...)
+  self._dsync[co] = nil
   if co_status(co) == "dead" then
     if not ok then return destroy_done(self, rec, false, a) end   -- (5.1: the hook raised)
     if IS_51 then return destroy_done(self, rec, true) end
@@ -119,9 +124,8 @@ local function run_destroy(self, destroy, rec, client, name)
     return 0
   end
   local co = co_create(destroy_body)
-  local prev = self._dco
-  self._dco = co
-  return resumed(self, prev, co, rec, co_resume(co, self, destroy, client, key, rec))
+  self._dsync[co] = true
+  return resumed(self, co, rec, co_resume(co, self, destroy, client, key, rec))
 end
 
 -- Runs the queued destroys, one at a time and in order, each hook after
@@ -301,10 +305,10 @@ end
 -- returned true: a handoff's wake) ends the pump without one more
 -- next_event to learn the queue is empty (issue 17: a call per handoff).
 local function pump_done(self)
-  -- (not from inside a destroy hook that runs now, _dco: the run_queued
+  -- (not from inside a destroy hook that runs now, _dsync: the run_queued
   -- that started it goes on once it returns, so hooks that call into the
   -- pool do not nest one coroutine per queued destroy)
-  if self._dqt >= self._dqh and not self._dco then return run_queued(self) end
+  if self._dqt >= self._dqh and not self._dsync[co_running()] then return run_queued(self) end
   if self._drain_hs then wake_drainers(self) end
 end
 

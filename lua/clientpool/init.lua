@@ -89,7 +89,7 @@ function _M.new(opts)
   pools_made = pools_made + 1
   -- The pool's private fields, by the file that owns them (the others read
   -- some of them). Lazily set: _timer_at, _timer_h, _timer_spawned, _kicked,
-  -- _dco (events), _early_leaks (leak), _run_h, _run_waits (floor), _drain_started
+  -- _early_leaks (leak), _run_h, _run_waits (floor), _drain_started
   -- (drain), _frel, _fp, _fpsync (checkout), _warm (here).
   local self = setmetatable({
     _e = e, _c = c, _sched = sched, _mono = sched.monotonic == true,          -- base, options
@@ -115,6 +115,7 @@ function _M.new(opts)
     _create_err = {},             -- key name -> the error of its last failed create (BACKOFF)
     _timeouts = 0, _ktimeouts = {},   -- stats: timeouts the driver decided (deadlines over hooks), by key
     _dq = {}, _dqh = 1, _dqt = 0, -- events: destroys queued until the pump is done (rec, client, name, reason)
+    _dsync = setmetatable({}, WEAK_KEYS), -- events: destroy coroutines still in their destroyer's first resume
     _hbase = (pools_made * 2654435761 + 2246822519) % 4294967296,   -- see checkout
     -- owners: the adapter's owner() (OpenResty: leases end with their request)
     _owner = type(sched.owner) == "function" and type(sched.owner_alive) == "function" and sched.owner or nil,

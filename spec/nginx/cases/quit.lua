@@ -115,6 +115,32 @@ describe("quit: the close waits for the peer's", function()
     pool:close()
   end)
 
+  -- Two requests retire a connection each while the peer takes its time
+  -- to answer the quit. The second destroy used to wait behind the first
+  -- (one destroy at a time per pool): its release returned, its request
+  -- ended and nginx closed its connection, plainly, before the destroy ran
+  -- in the first request. Now each request runs its own.
+  it("one request's slow close does not hold another request's destroy back", function()
+    local pool, mgr = tcp_pool("cp-quit-two", { quit = "PING\r\n", quit_timeout = 0.3, max_live = 2,
+                                                acquire_timeout = 5 })
+    local function retire()
+      local l = assert(pool:acquire())
+      assert.are.equal("PONG", H.command(l.client, "PING"))
+      l:release(false)
+    end
+    app.probes["quit-two-a:content"], app.probes["quit-two-b:content"] = retire, retire
+    local a = ngx.thread.spawn(H.http, "/phase/log?probe=quit-two-a")
+    ngx.sleep(0.05)                       -- a's close is waiting for its peer
+    local b = ngx.thread.spawn(H.http, "/phase/log?probe=quit-two-b")
+    assert(ngx.thread.wait(a)); assert(ngx.thread.wait(b))
+    assert.truthy(H.wait_until(function() return pool:stats().closing == 0 end, 3))
+    -- both quits were sent on open connections (not on one nginx had closed)
+    assert.are.same({ quit_unconfirmed = 2, closed = 2 },
+                    { quit_unconfirmed = mgr.stats.quit_unconfirmed, closed = mgr.stats.closed })
+    assert.are.equal(0, pool:stats().live)
+    pool:close()
+  end)
+
   -- A destroy that takes a parked connection back while a create holds
   -- this key's parked connections aside (a fresh connect never reuses
   -- one) found none, returned, and freed the room: the set-aside one was
@@ -149,6 +175,100 @@ describe("quit: the close waits for the peer's", function()
     pool:close()
   end)
 
+  -- The same, with a create whose connect outlasts the wait's deadline (a
+  -- driver that logs in inside connect): the take-back gives up waiting,
+  -- and the create closes one set-aside connection for it instead of
+  -- parking it again (before, it stayed open, uncounted).
+  it("a take-back during a set-aside past its deadline: the create closes what it owes", function()
+    local NAME = "cp-quit-owed"
+    local opts, mgr = cpngx.driver {
+      preset = "redis", host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 0.2,
+      read_timeout = 2, quit_timeout = 1, max_live = 3, acquire_timeout = 5,
+      connect = function(red, c, copts)
+        local ok, err = red:connect(c.host, c.port, copts)
+        if ok and red:get_reused_times() == 0 then ngx.sleep(0.6) end   -- a slow login
+        return ok, err
+      end,
+      on_connect = function(red) return red:client("setname", NAME) end,
+    }
+    local pool = clientpool.new(opts)
+    app.pools[NAME] = pool
+    local r = assert(H.redis())
+    local a, b = assert(pool:acquire()), assert(pool:acquire())
+    a:release(); b:release()
+    assert.are.equal(2, r:clients(NAME))
+    local retire = ngx.thread.spawn(function() pool:configure { max_idle = 0 } end)
+    local l = assert(pool:acquire())
+    assert(ngx.thread.wait(retire))
+    l:release()
+    assert.truthy(H.wait_until(function() return pool:stats().closing == 0 end, 3))
+    local s = pool:stats()
+    assert.truthy(H.wait_until(function() return r:clients(NAME) == s.live end, 2),
+                  "redis holds " .. r:clients(NAME) .. " of the pool's connections, the pool counts " .. s.live)
+    assert.are.equal(1, mgr.stats.set_aside)
+    assert.are.equal(3, mgr.stats.closed_parked)
+    r:close()
+    pool:close()
+  end)
+
+  -- A create killed while it holds parked connections aside never ends
+  -- its set-aside: once its deadline has passed the count starts again,
+  -- so a later set-aside does not keep unparks waiting after it ended.
+  it("a create killed during its set-aside does not hold later unparks up", function()
+    -- a driver whose fresh connect takes 50 ms (a login): a set-aside lasts that long
+    local opts, mgr = cpngx.driver {
+      preset = "redis", host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 0.2,
+      max_live = 3, acquire_timeout = 5,
+      connect = function(red, c, copts)
+        local ok, err = red:connect(c.host, c.port, copts)
+        if ok and red:get_reused_times() == 0 then ngx.sleep(0.05) end
+        return ok, err
+      end,
+    }
+    local pool = clientpool.new(opts)
+    app.pools["cp-quit-killed"] = pool
+    -- a connection parked under the pool's nginx name with no record: the
+    -- next create sets it aside for its fresh connect
+    local function stray()
+      local sock = ngx.socket.tcp()
+      assert(sock:connect("127.0.0.1", H.conf.redis_port, { pool = mgr.name() }))
+      assert(sock:setkeepalive(1000, 10))
+    end
+    stray()
+    -- the manager's create hook killed in its fresh connect (as ngx.exit
+    -- kills a request's light threads), the stray set aside
+    local killed = ngx.thread.spawn(opts.create)
+    assert(ngx.thread.kill(killed))
+    assert.are.equal(0, mgr.stats.set_aside)      -- (set aside, never parked again)
+    ngx.sleep(0.35)                       -- past that set-aside's deadline (connect_timeout + 0.1)
+    stray()
+    local made = ngx.thread.spawn(function() return pool:acquire() end)
+    local _, l = assert(ngx.thread.wait(made))
+    assert.are.equal(1, mgr.stats.set_aside)      -- (the second stray)
+    l:release()                           -- parked: the next acquire unparks it
+    local done = false
+    local t = ngx.thread.spawn(function()
+      local l2 = assert(pool:acquire())
+      done = true
+      l2:release()
+    end)
+    assert.is_true(done, "the unpark waited (a set-aside still counted as held)")
+    ngx.thread.wait(t)
+    pool:close()
+  end)
+
+  it("a socket its caller closed: release(false) neither quits nor counts a close", function()
+    local pool, mgr = tcp_pool("cp-quit-closed", { quit = "QUIT\r\n", max_live = 1 })
+    local l = assert(pool:acquire())
+    l.client:close()
+    l:release(false)
+    assert.are.same({ quit = 0, quit_unconfirmed = 0, closed = 0 },
+                    { quit = mgr.stats.quit, quit_unconfirmed = mgr.stats.quit_unconfirmed,
+                      closed = mgr.stats.closed })
+    assert.are.equal(0, pool:stats().live)
+    pool:close()
+  end)
+
   it("a bad quit is refused, naming the option", function()
     for _, bad in ipairs { 1, "", true, {} } do
       local ok, err = pcall(cpngx.tcp, { host = "127.0.0.1", port = 1, quit = bad })
@@ -158,5 +278,14 @@ describe("quit: the close waits for the peer's", function()
     local ok, err = pcall(cpngx.driver, { preset = "redis", host = "127.0.0.1", port = 1, quit = 7 })
     assert.is_false(ok)
     assert.matches("driver%(%): 'quit' must be", err)
+    -- a timeout nginx cannot take: 0 ms would be its 60 s default, more than 2^31-1 ms raises later
+    for _, bad in ipairs { 0.0004, 3e6 } do
+      ok, err = pcall(cpngx.tcp, { host = "127.0.0.1", port = 1, quit = "QUIT\r\n", quit_timeout = bad })
+      assert.is_false(ok)
+      assert.matches("tcp%(%): 'quit_timeout' must be from 0.001 to 2147483.647 seconds", err)
+    end
+    ok, err = pcall(cpngx.tcp, { host = "127.0.0.1", port = 1, quit_timeout = 1 })
+    assert.is_false(ok)
+    assert.matches("'quit_timeout' without 'quit'", err)
   end)
 end)
