@@ -42,6 +42,49 @@ local function churn(pool, name, workers, rounds, ping)
   return max_seen, samples
 end
 
+-- Two idle connections retired (configure max_idle = 0: the first
+-- destroy's QUIT round trip suspends a light thread, the second waits its
+-- turn) while a create sets the other parked connection aside and
+-- connects; then what redis holds must be what the pool counts, each
+-- connection taken back and closed (the third released past max_idle).
+local function retire_during_set_aside(pool, mgr, name)
+  local r = assert(H.redis())
+  local a, b = assert(pool:acquire()), assert(pool:acquire())
+  a:release(); b:release()
+  assert.are.equal(2, r:clients(name))
+  local retire = ngx.thread.spawn(function() pool:configure { max_idle = 0 } end)
+  local l = assert(pool:acquire())
+  assert(ngx.thread.wait(retire))
+  l:release()
+  assert.truthy(H.wait_until(function() return pool:stats().closing == 0 end, 3))
+  local s = pool:stats()
+  assert.truthy(H.wait_until(function() return r:clients(name) == s.live end, 2),
+                "redis holds " .. r:clients(name) .. " of the pool's connections, the pool counts " .. s.live)
+  assert.are.equal(1, mgr.stats.set_aside)
+  assert.are.equal(3, mgr.stats.closed_parked)
+  r:close()
+end
+
+-- A driver{ preset = "redis" } pool whose fresh connects take `login`
+-- seconds more (a driver that logs in inside connect), options o on top.
+local function slow_driver_pool(name, login, o)
+  local opts = {
+    preset = "redis", host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 0.2,
+    max_live = 3, acquire_timeout = 5,
+    connect = function(red, c, copts)
+      local ok, err = red:connect(c.host, c.port, copts)
+      if ok and red:get_reused_times() == 0 then ngx.sleep(login) end
+      return ok, err
+    end,
+    on_connect = function(red) return red:client("setname", name) end,
+  }
+  for k, v in pairs(o or {}) do opts[k] = v end
+  local popts, mgr = cpngx.driver(opts)
+  local pool = clientpool.new(popts)
+  app.pools[name] = pool
+  return pool, mgr, popts
+end
+
 describe("quit: the close waits for the peer's", function()
   it("tcp{}: under churn, redis never counts more than max_live of the pool's connections", function()
     local NAME, MAX_LIVE = "cp-quit-tcp", 2
@@ -147,31 +190,10 @@ describe("quit: the close waits for the peer's", function()
   -- parked again later, open for good and counted nowhere (redis saw 9 and
   -- 11 under make demo's fleet, cap 8). The take-back now waits for them.
   it("a take-back during a create's set-aside: no connection is left open uncounted", function()
-    local NAME = "cp-quit-aside"
-    local pool, mgr = tcp_pool(NAME, { quit = "QUIT\r\n", quit_timeout = 1, max_live = 3, acquire_timeout = 5 })
-    local r = assert(H.redis())
-    local a, b = assert(pool:acquire()), assert(pool:acquire())
-    a:release(); b:release()
-    assert.are.equal(2, r:clients(NAME))
-    -- both idle records retired: the first destroy's QUIT round trip
-    -- suspends this light thread; the second destroy waits its turn
-    local retire = ngx.thread.spawn(function() pool:configure { max_idle = 0 } end)
-    -- meanwhile a create: it sets the other parked connection aside and
-    -- connects (a yield), while the second destroy looks for it
-    local l = assert(pool:acquire())
-    assert(ngx.thread.wait(retire))
-    l:release()
-    assert.truthy(H.wait_until(function() return pool:stats().closing == 0 end, 3))
-    local s = pool:stats()
-    -- what redis holds is what the pool counts
-    assert.truthy(H.wait_until(function() return r:clients(NAME) == s.live end, 2),
-                  "redis holds " .. r:clients(NAME) .. " of the pool's connections, the pool counts " .. s.live)
-    assert.are.equal(1, mgr.stats.set_aside)
-    -- the two retired and the third (released past max_idle = 0): each
-    -- taken back and closed, none left to nginx's keepalive timeout
-    assert.are.equal(3, mgr.stats.closed_parked)
+    local pool, mgr = tcp_pool("cp-quit-aside", { quit = "QUIT\r\n", quit_timeout = 1, max_live = 3,
+                                                  acquire_timeout = 5 })
+    retire_during_set_aside(pool, mgr, "cp-quit-aside")
     assert.are.equal(3, mgr.stats.quit)
-    r:close()
     pool:close()
   end)
 
@@ -180,34 +202,8 @@ describe("quit: the close waits for the peer's", function()
   -- and the create closes one set-aside connection for it instead of
   -- parking it again (before, it stayed open, uncounted).
   it("a take-back during a set-aside past its deadline: the create closes what it owes", function()
-    local NAME = "cp-quit-owed"
-    local opts, mgr = cpngx.driver {
-      preset = "redis", host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 0.2,
-      read_timeout = 2, quit_timeout = 1, max_live = 3, acquire_timeout = 5,
-      connect = function(red, c, copts)
-        local ok, err = red:connect(c.host, c.port, copts)
-        if ok and red:get_reused_times() == 0 then ngx.sleep(0.6) end   -- a slow login
-        return ok, err
-      end,
-      on_connect = function(red) return red:client("setname", NAME) end,
-    }
-    local pool = clientpool.new(opts)
-    app.pools[NAME] = pool
-    local r = assert(H.redis())
-    local a, b = assert(pool:acquire()), assert(pool:acquire())
-    a:release(); b:release()
-    assert.are.equal(2, r:clients(NAME))
-    local retire = ngx.thread.spawn(function() pool:configure { max_idle = 0 } end)
-    local l = assert(pool:acquire())
-    assert(ngx.thread.wait(retire))
-    l:release()
-    assert.truthy(H.wait_until(function() return pool:stats().closing == 0 end, 3))
-    local s = pool:stats()
-    assert.truthy(H.wait_until(function() return r:clients(NAME) == s.live end, 2),
-                  "redis holds " .. r:clients(NAME) .. " of the pool's connections, the pool counts " .. s.live)
-    assert.are.equal(1, mgr.stats.set_aside)
-    assert.are.equal(3, mgr.stats.closed_parked)
-    r:close()
+    local pool, mgr = slow_driver_pool("cp-quit-owed", 0.6, { read_timeout = 2, quit_timeout = 1 })
+    retire_during_set_aside(pool, mgr, "cp-quit-owed")
     pool:close()
   end)
 
@@ -215,18 +211,8 @@ describe("quit: the close waits for the peer's", function()
   -- its set-aside: once its deadline has passed the count starts again,
   -- so a later set-aside does not keep unparks waiting after it ended.
   it("a create killed during its set-aside does not hold later unparks up", function()
-    -- a driver whose fresh connect takes 50 ms (a login): a set-aside lasts that long
-    local opts, mgr = cpngx.driver {
-      preset = "redis", host = "127.0.0.1", port = H.conf.redis_port, connect_timeout = 0.2,
-      max_live = 3, acquire_timeout = 5,
-      connect = function(red, c, copts)
-        local ok, err = red:connect(c.host, c.port, copts)
-        if ok and red:get_reused_times() == 0 then ngx.sleep(0.05) end
-        return ok, err
-      end,
-    }
-    local pool = clientpool.new(opts)
-    app.pools["cp-quit-killed"] = pool
+    -- fresh connects take 50 ms more (a login): a set-aside lasts that long
+    local pool, mgr, opts = slow_driver_pool("cp-quit-killed", 0.05)
     -- a connection parked under the pool's nginx name with no record: the
     -- next create sets it aside for its fresh connect
     local function stray()
