@@ -93,6 +93,37 @@ describe("clientpool.events", function()
       return c
     end
 
+    -- A hook that re-enters the pool through a coroutine of its own (as
+    -- the pool's bounded acquisitions and try_acquire do) must not start
+    -- the queued destroys inside itself: one nested hook per queued
+    -- destroy grows the C stack until a resume fails (a review found it
+    -- when the check looked at the running coroutine alone).
+    it("a hook re-entering the pool from a nested coroutine runs no queued destroy inside itself", function()
+      local depth, deepest, held = 0, 0, nil
+      local pool
+      pool = clientpool.new {
+        create = function() return {} end, max_live = 8,
+        destroy = function()
+          depth = depth + 1
+          if depth > deepest then deepest = depth end
+          if held then
+            local l = held
+            held = nil
+            coroutine.wrap(function() l:release() end)()   -- max_idle 0: queues its destroy too
+          end
+          depth = depth - 1
+        end,
+      }
+      local ls = {}
+      for i = 1, 4 do ls[i] = assert(pool:try_acquire()) end
+      for i = 1, 3 do ls[i]:release() end
+      held = ls[4]
+      pool:configure { max_idle = 0 }       -- the 3 idle ones: destroys queued, the first runs
+      assert.are.equal(1, deepest)
+      local s = pool:stats()
+      assert.are.same({ live = 0, closing = 0 }, { live = s.live, closing = s.closing })
+    end)
+
     it("in a plain script: release(false), destroy() and close() have closed their clients when they return", function()
       local c = counting()
       local pool = clientpool.new { create = c.create, destroy = c.destroy, max_live = 2 }

@@ -124,7 +124,8 @@ local function run_destroy(self, destroy, rec, client, name)
     return 0
   end
   local co = co_create(destroy_body)
-  self._dsync[co] = true
+  local ctx = self._sched.context
+  self._dsync[co] = ctx and ctx() or true
   return resumed(self, co, rec, co_resume(co, self, destroy, client, key, rec))
 end
 
@@ -304,11 +305,29 @@ end
 -- The last event taken (left == 0) by a handler that queued nothing (it
 -- returned true: a handoff's wake) ends the pump without one more
 -- next_event to learn the queue is empty (issue 17: a call per handoff).
+-- Whether this call runs inside a destroy hook's first resume: one of
+-- those coroutines (_dsync) is running, or is "normal", having resumed the
+-- coroutine that runs (a hook that calls into the pool, through coroutines
+-- of the pool's own or the user's). In OpenResty a hook suspended by its
+-- cosocket I/O still reads "running" to other requests, which are not
+-- inside it: there _dsync holds the hook's request (sched.context()), and
+-- only a hook of this request counts. (Called only when destroys are
+-- queued: the loop stays off the hot path.)
+local function in_destroy(self)
+  local ctx = self._sched.context
+  local cur = ctx and ctx()
+  for co, at in pairs(self._dsync) do
+    local st = co_status(co)
+    if (st == "running" or st == "normal") and (at == true or at == cur) then return true end
+  end
+  return false
+end
+
 local function pump_done(self)
-  -- (not from inside a destroy hook that runs now, _dsync: the run_queued
-  -- that started it goes on once it returns, so hooks that call into the
-  -- pool do not nest one coroutine per queued destroy)
-  if self._dqt >= self._dqh and not self._dsync[co_running()] then return run_queued(self) end
+  -- (not from inside a destroy hook that runs now: the run_queued that
+  -- started it goes on once it returns, so hooks that call into the pool
+  -- do not nest one coroutine per queued destroy)
+  if self._dqt >= self._dqh and not in_destroy(self) then return run_queued(self) end
   if self._drain_hs then wake_drainers(self) end
 end
 

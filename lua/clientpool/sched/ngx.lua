@@ -653,6 +653,13 @@ function M.owner()
   return ref, ctx
 end
 
+--- The request (or timer) the running code belongs to: lightuserdata,
+-- or nil. The driver tells a destroy hook suspended by cosocket I/O (in
+-- another request) from one the running code is nested in.
+function M.context()
+  return get_request and get_request() or nil
+end
+
 --- Whether the owner (ref, ctx) is still running; a second value, the
 -- table that replaced ctx (ngx.ctx = t), when it was replaced.
 function M.owner_alive(ref, ctx)
