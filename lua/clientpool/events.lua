@@ -52,6 +52,13 @@ local pack, unpack = base.pack, base.unpack
 -- suspended for good
 local IS_51 = _VERSION == "Lua 5.1" and rawget(_G, "jit") == nil
 
+-- The host context the running code belongs to (the adapter's optional
+-- context(): OpenResty's request or timer), or nil.
+local function context_of(self)
+  local ctx = self._sched.context
+  return ctx and ctx()
+end
+
 -- The hook has returned or failed: its record's room is free.
 local function destroy_done(self, rec, ok, err)
   if not ok then log(self, "destroy hook failed: " .. tostring(err)) end
@@ -124,8 +131,7 @@ local function run_destroy(self, destroy, rec, client, name)
     return 0
   end
   local co = co_create(destroy_body)
-  local ctx = self._sched.context
-  self._dsync[co] = ctx and ctx() or true
+  self._dsync[co] = context_of(self) or true
   return resumed(self, co, rec, co_resume(co, self, destroy, client, key, rec))
 end
 
@@ -297,14 +303,6 @@ ON[EV_TIMER] = function(self, _, _, _, _, tt)
   arm(self, tt)
 end
 
--- Carries out the engine's queued events, one at a time and in order, so a
--- hook that re-enters the pool sees them in order too. A tail call per
--- event, not a loop: under LuaJIT a loop here aborts every trace recorded
--- through it (create, wait, destroy paths), and the aborts blacklist the
--- functions they start in, checkout and acquire included, hot path and all.
--- The last event taken (left == 0) by a handler that queued nothing (it
--- returned true: a handoff's wake) ends the pump without one more
--- next_event to learn the queue is empty (issue 17: a call per handoff).
 -- Whether this call runs inside a destroy hook's first resume: one of
 -- those coroutines (_dsync) is running, or is "normal", having resumed the
 -- coroutine that runs (a hook that calls into the pool, through coroutines
@@ -314,8 +312,7 @@ end
 -- only a hook of this request counts. (Called only when destroys are
 -- queued: the loop stays off the hot path.)
 local function in_destroy(self)
-  local ctx = self._sched.context
-  local cur = ctx and ctx()
+  local cur = context_of(self)
   for co, at in pairs(self._dsync) do
     local st = co_status(co)
     if (st == "running" or st == "normal") and (at == true or at == cur) then return true end
@@ -323,6 +320,14 @@ local function in_destroy(self)
   return false
 end
 
+-- Carries out the engine's queued events, one at a time and in order, so a
+-- hook that re-enters the pool sees them in order too. A tail call per
+-- event, not a loop: under LuaJIT a loop here aborts every trace recorded
+-- through it (create, wait, destroy paths), and the aborts blacklist the
+-- functions they start in, checkout and acquire included, hot path and all.
+-- The last event taken (left == 0) by a handler that queued nothing (it
+-- returned true: a handoff's wake) ends the pump without one more
+-- next_event to learn the queue is empty (issue 17: a call per handoff).
 local function pump_done(self)
   -- (not from inside a destroy hook that runs now: the run_queued that
   -- started it goes on once it returns, so hooks that call into the pool

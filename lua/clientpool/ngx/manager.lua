@@ -268,10 +268,9 @@ local function new_manager(o, what, own, make_adapter)
   -- latest of their deadlines (the connect timeout, and a little). While
   -- any holds some, an unpark or a take-back of the key waits (aside_wait)
   -- rather than find nginx's pool short of the connections the pool
-  -- counts; never past that deadline, so a create killed meanwhile
-  -- (ngx.exit, a kill) cannot hold them up for good.
-  -- A create killed meanwhile never ends its set-aside (nginx closes what
-  -- it held with its request): past the deadline the count starts again.
+  -- counts; never past that deadline. A create killed meanwhile (ngx.exit,
+  -- a kill) never ends its set-aside (nginx closes what it held with its
+  -- request): past the deadline the count starts again.
   -- e.owed: take-backs that found nothing while set-asides were held past
   -- their deadline (a slow driver login, a DNS lookup): the creates holding
   -- them close that many instead of parking them again.
@@ -444,11 +443,12 @@ local function new_manager(o, what, own, make_adapter)
     end
     if worker_exiting() then
       stats.closed_exiting = stats.closed_exiting + 1
-      -- a cosocket with quit is left to the destroy that retires the
-      -- record (park must not yield): it closes it the quit way
-      if quit and ad.raw then error("clientpool.ngx: worker exiting: connection closed instead of parked", 0) end
-      pcall(ad.close, obj)
-      if ad_done then ad_done(obj) end
+      -- (a cosocket with quit is left to the destroy that retires the
+      -- record, which quits it: park must not yield)
+      if not (quit and ad.raw) then
+        pcall(ad.close, obj)
+        if ad_done then ad_done(obj) end
+      end
       error("clientpool.ngx: worker exiting: connection closed instead of parked", 0)
     end
     local e, err = entry(key)
