@@ -351,10 +351,10 @@ local function new_manager(o, what, own, make_adapter)
     end
     local e, err = entry(key)
     if not e then return nil, err end
-    if not fresh then
+    if not fresh and e.aside_until then
       -- an unpark while a create of this key holds parked connections aside
       -- (below): wait for them rather than open one more connection than
-      -- the pool counts
+      -- the pool counts (the field test first: every reuse passes here)
       aside_wait(e)
     end
     local obj, reused = open(e)
