@@ -164,7 +164,7 @@ http {
   if not srv.pid then return nil, "nginx wrote no pid file" end
   -- every port answers
   for _ = 1, 100 do
-    if sh("curl -fs -o /dev/null http://127.0.0.1:" .. ports.keep .. "/ready/") then return srv end
+    if sh("curl -fs --max-time 5 -o /dev/null http://127.0.0.1:" .. ports.keep .. "/ready/") then return srv end
     sh("sleep 0.05")
   end
   srv:stop()
@@ -218,7 +218,7 @@ end
 
 --- The most requests in flight at once on nginx connection c (/slow).
 function N:inflight(c)
-  local p = io.popen("curl -fs 'http://127.0.0.1:" .. self.ports.keep .. "/inflight?c=" .. c .. "'")
+  local p = io.popen("curl -fs --max-time 30 'http://127.0.0.1:" .. self.ports.keep .. "/inflight?c=" .. c .. "'")
   local s = p:read("*a")
   p:close()
   return tonumber(s)

@@ -370,7 +370,7 @@ EOF2
   pid=$(cat "$dir/nginx.pid" 2>/dev/null)
   [ -n "$pid" ] || return 1
   for _ in $(seq 1 50); do
-    curl -fs "http://127.0.0.1:$metrics_port/metrics" -o /dev/null 2>/dev/null && return 0
+    curl -fs --max-time 5 "http://127.0.0.1:$metrics_port/metrics" -o /dev/null 2>/dev/null && return 0
     sleep 0.1
   done
   cat "$dir/error.log"
@@ -494,10 +494,10 @@ master_pid=$(nginx_pid)
 check "warm floor of the spec nginx, before any request: redis sees min_idle=$floor_min_idle connections" \
   floor_check "$master_pid" 1 "$floor_min_idle"
 for _ in $(seq 1 50); do
-  curl -fs "http://127.0.0.1:$port/ping" >/dev/null 2>&1 && break
+  curl -fs --max-time 5 "http://127.0.0.1:$port/ping" >/dev/null 2>&1 && break
   sleep 0.1
 done
-curl -fs "http://127.0.0.1:$port/ping" >/dev/null || { tail -20 "$run/error.log"; die "nginx does not answer on $port"; }
+curl -fs --max-time 5 "http://127.0.0.1:$port/ping" >/dev/null || { tail -20 "$run/error.log"; die "nginx does not answer on $port"; }
 note "nginx pid $master_pid on 127.0.0.1:$port, redis on 127.0.0.1:$redis_port, run dir $run"
 
 # ---------------------------------------------------------------- cases
