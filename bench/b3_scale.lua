@@ -40,6 +40,7 @@ return function(U)
 
   -- keys
   local hot, cycling = {}, {}
+  local cycling_1_ns
   for _, size in ipairs(SIZES) do
     local pool = clientpool.new { max_live = size, create = new_client }
     local keys = {}
@@ -56,13 +57,31 @@ return function(U)
     local r = U.ratio(hot_pairs, bare_pairs)
     hot[#hot + 1] = r
     U.row("B3.keys." .. LABEL[size], "pair on one key, " .. LABEL[size] .. " keys / bare pair", r, "x")
-    r = U.ratio(cycling_pairs, bare_pairs)
+    local cycling_ns
+    r, cycling_ns = U.ratio(cycling_pairs, bare_pairs)
+    cycling_1_ns = cycling_1_ns or cycling_ns
     cycling[#cycling + 1] = r
     U.row("B3.keyscyc." .. LABEL[size], "pair cycling through " .. LABEL[size] .. " keys / bare pair", r, "x")
     pool:close()
   end
   flat("B3.keys.flat", "pair on one key: 100k keys / 1 key", hot)
   flat("B3.keyscyc.flat", "pair cycling: 100k keys / 1 key", cycling)
+
+  -- (reference) the floor under B3.keyscyc.flat: a pool keyed by Lua
+  -- strings looks each name up in a table, and what that lookup costs more
+  -- at 100k keys than at 1 (no pool: a bare table of "key" .. i names,
+  -- cycled the same way) is added to the pair at 1 key (docs/performance.md,
+  -- "B3.keyscyc: the name lookup is the floor")
+  local function lookups(size)
+    local ids, names = {}, {}
+    for i = 1, size do names[i] = "key" .. i; ids[names[i]] = i end
+    return U.loop("ids, names, size, j", [=[
+      j = j % size + 1
+      if not ids[names[j]] then error("lost " .. j) end]=], ids, names, size, 0)
+  end
+  local _, lookup_100k, lookup_1 = U.ratio(lookups(SIZES[#SIZES]), lookups(1))
+  U.row("B3.keyscyc.floor", "(reference) its floor: 1 + the name lookup's growth / pair",
+        1 + (lookup_100k - lookup_1) / cycling_1_ns, "x")
 
   -- waiters: size tasks queue (acquire_timeout set, so each has a deadline
   -- in the heap); the measured acquisitions queue behind them and time out
