@@ -473,6 +473,16 @@ double clientpool_lease_age(const clientpool_t *p, int32_t lease, uint32_t gen, 
  * for a stale handle (*key untouched): the driver keeps neither per lease. */
 int32_t clientpool_lease_record(const clientpool_t *p, int32_t lease, uint32_t gen, int32_t *key);
 
+/* Marks a held lease as a checkout's (the driver's checkout form, whose
+ * handle is a plain number: a forged one must not end a lease of the
+ * acquire form).  0, or -1 for a stale handle.  The mark ends with the
+ * lease. */
+int clientpool_lease_checkout(clientpool_t *p, int32_t lease, uint32_t gen);
+
+/* As clientpool_lease_record, for a lease marked by clientpool_lease_checkout
+ * only (-1 for any other). */
+int32_t clientpool_checkout_record(const clientpool_t *p, int32_t lease, uint32_t gen, int32_t *key);
+
 /* Whether the pool is closed (1) or not (0). */
 int clientpool_is_closed(const clientpool_t *p);
 

@@ -91,7 +91,10 @@ typedef struct lease {
   uint32_t gen;
   int32_t record;        /* NONE when free */
   int32_t hpos;          /* leak_threshold entry, or NONE */
-  int32_t next_free;
+  union {
+    int32_t next_free;   /* free */
+    int32_t checkout;    /* held: 1 when a checkout holds it (clientpool_lease_checkout) */
+  };
   double since;
 } lease_t;
 
@@ -1025,6 +1028,7 @@ HOT int32_t lease_alloc(clientpool_t *p, int32_t r, double now) {
   l = p->lea_free;
   x = &p->lea[l];
   p->lea_free = x->next_free;
+  x->checkout = 0;
   x->record = r;
   x->since = now;
   x->hpos = NONE;
@@ -2609,6 +2613,17 @@ int32_t clientpool_lease_record(const clientpool_t *p, int32_t l, uint32_t gen, 
   if (l < 0 || l >= p->nlea || (r = p->lea[l].record) == NONE || p->lea[l].gen != gen) return NONE;
   if (key) *key = p->rec[r].key;
   return r;
+}
+
+int clientpool_lease_checkout(clientpool_t *p, int32_t l, uint32_t gen) {
+  if (l < 0 || l >= p->nlea || p->lea[l].record == NONE || p->lea[l].gen != gen) return -1;
+  p->lea[l].checkout = 1;
+  return 0;
+}
+
+int32_t clientpool_checkout_record(const clientpool_t *p, int32_t l, uint32_t gen, int32_t *key) {
+  if (l < 0 || l >= p->nlea || !p->lea[l].checkout) return NONE;
+  return clientpool_lease_record(p, l, gen, key);
 }
 
 int clientpool_is_closed(const clientpool_t *p) { return p->closed; }

@@ -664,6 +664,25 @@ static int lcp_lease_age(lua_State *L) {
   return 1;
 }
 
+/* E:mark_checkout(lease, gen) -> true, or false for a stale handle: the
+ * lease is a checkout's (clientpool_lease_checkout) */
+static int lcp_mark_checkout(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  lua_pushboolean(L, clientpool_lease_checkout(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3)) == 0);
+  return 1;
+}
+
+/* E:checkout_record(lease, gen) -> record, key of a lease a checkout holds,
+ * or nothing (stale, or a lease of the acquire form) */
+static int lcp_checkout_record(lua_State *L) {
+  clientpool_t *p = lcp_self(L);
+  int32_t key, rec = clientpool_checkout_record(p, (int32_t)lua_tointeger(L, 2), (uint32_t)lua_tointeger(L, 3), &key);
+  if (rec < 0) return 0;
+  lua_pushinteger(L, rec);
+  lua_pushinteger(L, key);
+  return 2;
+}
+
 static const char *const by_names[CLIENTPOOL_BY_COUNT] = {
   "idle", "lifetime", "invalid", "error", "max_idle", "drain", "leaked", "retired", "evicted", "resized",
   "shed"
@@ -770,7 +789,7 @@ static const luaL_Reg pool_methods[] = {
   {"next_event", lcp_next_event}, {"pending", lcp_pending},
   {"next_deadline", lcp_next_deadline}, {"is_closed", lcp_is_closed},
   {"lease_age", lcp_lease_age}, {"stats", lcp_stats}, {"sentinel", lcp_sentinel}, {"disarm", lcp_disarm},
-  {"guarded", lcp_guarded},
+  {"guarded", lcp_guarded}, {"mark_checkout", lcp_mark_checkout}, {"checkout_record", lcp_checkout_record},
   {"set_notify", lcp_set_notify}, {"retire_before", lcp_retire_before},
   {"retire_upto", lcp_retire_upto}, {"regrant", lcp_regrant},
   {"release_closes", lcp_release_closes},

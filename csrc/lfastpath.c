@@ -16,7 +16,7 @@
  *                                        lease_release, set_flags, direct
  *                                        [, acquire_direct, try_direct] }
  * parts: the driver's tables, names and functions, as in fp_parts below:
- *   kids, clients, co_rec, co_key, held  the pool's tables
+ *   kids, clients, held  the pool's tables
  *   default    the default key's name         hbase   the pool's handle base
  *   hslots     lease slots in a handle's low part (a handle is
  *              ((gen + hbase) mod 2^32) * hslots + slot)
@@ -76,14 +76,14 @@
  * named in fp_parts (same order), the field names of lease_fields
  * (fp_lease_fields: same order), then the sentinel metatable and the
  * engine's table of sentinels (lcp_push_guards). */
-enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS, FP_CO_REC, FP_CO_KEY,
+enum { FP_ENGINE = 1, FP_POOL, FP_KIDS, FP_CLIENTS,
        FP_DEFAULT, FP_LAYOUT, FP_HSLOTS, FP_VALIDATE, FP_LUA_CHECKOUT, FP_LUA_CHECKIN, FP_CHECKOUT_FROM,
        FP_CHECKIN_REST, FP_HELD, FP_LEASE_MT, FP_PUMP, FP_DRAIN_WAKE,
        FP_LUA_RELEASE, FP_ACQUIRE_FROM, FP_TRY_FROM, FP_ACQUIRE_REST, FP_TRY_REST,
        FP_L_CLIENT, FP_L_SENTINEL,
        FP_SENTINEL_MT, FP_GUARDS, FP_N };
 static const char *const fp_parts[] = {
-  "kids", "clients", "co_rec", "co_key", "default", "hbase", "hslots", "validate",
+  "kids", "clients", "default", "hbase", "hslots", "validate",
   "checkout", "checkin", "checkout_from", "checkin_rest", "held",
   "lease_mt", "pump", "drain_wake", "release",
   "acquire_from", "try_from", "acquire_rest", "try_rest", NULL
@@ -218,10 +218,10 @@ static int fast_checkout(lua_State *L) {
   fast = fp_acquire(L, 2, lay, &g, &k, &p, &name);
   if (fast < 0) return 0;
   if (fast) {
-    lua_pushinteger(L, g.record);
-    lua_rawseti(L, FP(CO_REC), g.lease + 1);
-    lua_pushvalue(L, name);
-    lua_rawseti(L, FP(CO_KEY), g.lease + 1);
+    /* the engine marks the lease a checkout's (checkin's test): where two
+     * tables by lease slot, the record and the name, cost a third of a
+     * lua5.4 pair (issue 17) */
+    clientpool_lease_checkout(p, g.lease, g.lease_gen);
     lua_rawgeti(L, FP(CLIENTS), g.record);
     lua_pushinteger(L, (lua_Integer)(((int64_t)(uint32_t)(g.lease_gen + lay->hbase) << lay->hbits) + g.lease));
     return 2;
@@ -261,31 +261,26 @@ static int fp_release(clientpool_t *p, const fp_layout *lay, int32_t l, uint32_t
 
 /* checkin of handle h (valid: fp_handle), reuse at index 3 nil or a
  * boolean (of type reuse_type): FP_DONE when done (or a no-op: nothing
- * pushed), 0 when nothing was done, else 4 (false, record, pending, lease
+ * pushed), 0 when nothing was done, else 4 (false, record, pending, key id
  * pushed: released, events pending). */
 static int fp_checkin(lua_State *L, int64_t h, int reuse_type) {
   clientpool_t *p;
   const fp_layout *lay;
-  int32_t l, rec, pending;
+  int32_t l, rec, key, pending;
   uint32_t gen;
-  int rc, held;
   lay = fp_lay(L);
   if (!fp_is_pool(L, lay)) return 0;
   if ((lay->flags & (FP_ON_DRAIN | FP_ON_RELEASE)) || (p = fp_engine(lay)) == NULL) return 0;
   l = (int32_t)(h & (lay->hslots - 1));
-  lua_rawgeti(L, FP(CO_REC), l + 1);
-  rec = (int32_t)lcp_tointegerx(L, -1, &held);
-  if (!held) return FP_DONE;                              /* no checkout holds the slot */
   gen = (uint32_t)(h >> lay->hbits) - lay->hbase;
-  rc = fp_release(p, lay, l, gen, fp_reason(L, 3, reuse_type));
-  if (rc != 0) return FP_DONE;                            /* stale: not this holder's */
-  lua_pushnil(L);
-  lua_rawseti(L, FP(CO_REC), l + 1);
+  /* stale, or a lease of the acquire form (a forged handle): a no-op */
+  if ((rec = clientpool_checkout_record(p, l, gen, &key)) < 0) return FP_DONE;
+  if (fp_release(p, lay, l, gen, fp_reason(L, 3, reuse_type)) != 0) return FP_DONE;
   if ((pending = clientpool_pending(p)) == 0) return FP_DONE;
   lua_pushboolean(L, 0);
   lua_pushinteger(L, rec);
   lua_pushinteger(L, pending);
-  lua_pushinteger(L, l);
+  lua_pushinteger(L, key);
   return 4;
 }
 
@@ -294,7 +289,7 @@ static int fp_checkin(lua_State *L, int64_t h, int reuse_type) {
 /* checkin's parts for a Lua wrapper (Lua 5.1 and LuaJIT inside OpenResty,
  * where the rest may yield: a destroy's coroutine.resume yields the caller
  * there, and LuaJIT cannot yield across lua_call): true when done, false,
- * record, pending, lease when released with events pending, nothing when
+ * record, pending, key id when released with events pending, nothing when
  * nothing was done. */
 static int fast_checkin(lua_State *L) {
   int64_t h;
@@ -402,7 +397,7 @@ static int lcp_direct_checkin(lua_State *L) {
     return fp_lua(L, FP(LUA_CHECKIN), 3);
   }
   top = lua_gettop(L);
-  /* released, events pending: checkin_rest(pool, h, rec, client, reuse, pending, name) */
+  /* released, events pending: checkin_rest(pool, h, rec, client, reuse, pending, k) */
   lua_pushvalue(L, FP(CHECKIN_REST));
   lua_pushvalue(L, 1);
   lua_pushvalue(L, 2);
@@ -410,7 +405,7 @@ static int lcp_direct_checkin(lua_State *L) {
   lua_rawgeti(L, FP(CLIENTS), lua_tointeger(L, top - 2));
   if (t == LUA_TNONE) lua_pushnil(L); else lua_pushvalue(L, 3);
   lua_pushvalue(L, top - 1);
-  lua_rawgeti(L, FP(CO_KEY), lua_tointeger(L, top) + 1);
+  lua_pushvalue(L, top);
   return fp_call(L, top, 7);
 }
 

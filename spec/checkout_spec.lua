@@ -19,6 +19,13 @@ local function checkout_pairs(pool)
   end
 end
 
+-- The handle a checkout of lease slot l, generation g would have had
+-- (checkout.lua's layout): what a caller who forged a number could pass.
+local function forged_handle(pool, lease)
+  local l, g = require("clientpool.base").slot_of(pool, lease)
+  return ((g + pool._hbase) % 2 ^ 32) * 2097152 + l
+end
+
 local function is_int(v)
   return type(v) == "number" and v >= 0 and math.floor(v) == v
 end
@@ -44,6 +51,23 @@ for _, backend in ipairs { "core", "ffi" } do
         sched.sleep(0)
         sched.sleep(0)
       end
+
+      bit("ends no lease of the acquire form given a handle forged to name it (the engine marks checkouts)", function()
+        run(function(sched)
+          local pool = mkpool(sched)
+          local _, h = pool:checkout("k")
+          local lease = assert(pool:acquire("k"))
+          local forged = forged_handle(pool, lease)
+          assert.are_not.equal(h, forged)
+          pool:checkin(forged)
+          pool:checkin(forged, false)
+          assert.equal(2, H.check(pool).leases)
+          lease:release()
+          assert.equal(1, H.check(pool).leases)
+          pool:checkin(h)
+          assert.equal(0, H.check(pool).leases)
+        end)
+      end)
 
       bit("hands out a client and an integer handle; checkin returns the client for reuse", function()
         run(function(sched)
@@ -748,6 +772,24 @@ describe("checkout/checkin, acquire/release and try_acquire: the C fast path agr
     ok, err = pcall(function() pool:checkin() end)
     assert.truthy(not ok and err:find("checkout_spec.lua:%d+: clientpool: bad argument #1 to 'checkin'"), err)
     pool:close()
+  end)
+
+  it("ends no lease of the acquire form given a handle forged to name it, as the Lua path", function()
+    for _, fast in ipairs { true, false } do
+      local pool = clientpool.new { backend = "core", max_live = 2, create = function() return {} end }
+      assert(rawget(pool, "checkin") ~= nil, "fast path installed")
+      if not fast then H.without_fastpath(pool) end
+      local _, h = pool:checkout()
+      local lease = assert(pool:acquire())
+      local forged = forged_handle(pool, lease)
+      pool:checkin(forged)
+      pool:checkin(forged, false)
+      assert.equal(2, H.check(pool).leases)
+      lease:release()
+      pool:checkin(h)
+      assert.equal(0, H.check(pool).leases)
+      pool:close()
+    end
   end)
 
   it("is installed only where its common case needs no Lua", function()

@@ -256,8 +256,7 @@ local function checkout_from(self, key, k, name, st, rec, l, g, validate, idle, 
     error("clientpool: checkout: more than " .. HSLOTS .. " leases at once (use acquire)", 2)
   end
   local h = ((g + self._hbase) % GENS) * HSLOTS + l
-  self._co_rec[l + 1] = rec
-  self._co_key[l + 1] = name
+  self._e:mark_checkout(l, g)     -- (checkin finds the record and key through it)
   if self._early_leaks then report_early(self, l, g) end
   local rl = self._rec_leases
   if rl then hold(rl, rec, h) end
@@ -283,8 +282,10 @@ function Pool:checkout(key)
   return checkout_from(self, key, nil, name)
 end
 
--- checkin's less common work: shared records, events, drain, park, listeners.
-local function checkin_rest(self, h, rec, client, reuse, pending, name)
+-- checkin's less common work: shared records, events, drain, park, listeners
+-- (k: the key's id; its name is read before the events, which may forget it).
+local function checkin_rest(self, h, rec, client, reuse, pending, k)
+  local name = self._knames[k]
   local rl = self._rec_leases
   if rl and rl[rec] then rl[rec][h] = nil end
   if pending > 0 then pump(self) end
@@ -308,26 +309,26 @@ end
 function Pool:checkin(h, reuse)
   check_checkin_args(h, reuse)
   local l = h % HSLOTS
-  local cr = self._co_rec
-  local rec = cr[l + 1]
-  if rec == nil then return end                 -- no checkout holds the slot
-  local client = self._clients[rec]
   local g = ((h - l) / HSLOTS - self._hbase) % GENS
+  -- the engine knows which leases checkouts hold (checkout_from marks them):
+  -- a stale handle, or one naming a lease of the acquire form, is a no-op
+  local rec, k = self._e:checkout_record(l, g)
+  if rec == nil then return end
+  local client = self._clients[rec]
   -- a checkout has no observe: its checkin for reuse is the outcome that
   -- lets a probe pass (checkin(h, false) lets the next acquisition probe)
-  if reuse ~= false and self._c.probe then probe_passed(self, l, g, self._co_key[l + 1]) end
+  if reuse ~= false and self._c.probe then probe_passed(self, l, g, self._knames[k]) end
   local now
   if not self._mono then now = self._sched.now() end
   local reason = reuse == false and BY_ERROR or -1
   if reason == -1 and self._park then
     -- parked before the release (see park_first)
-    if not park_first(self, rec, client, self._co_key[l + 1], h, l, g, now) then reason = BY.retired end
+    if not park_first(self, rec, client, self._knames[k], h, l, g, now) then reason = BY.retired end
   end
   local ok, pending = self._e:release(l, g, reason, now)
   if not ok then return end                     -- stale: another holder's lease or none
-  cr[l + 1] = nil
   if pending > 0 or self._rec_leases or self._drain_hs or self._on.release then
-    checkin_rest(self, h, rec, client, reuse, pending, self._co_key[l + 1])
+    checkin_rest(self, h, rec, client, reuse, pending, k)
   end
 end
 
@@ -422,8 +423,7 @@ function M.install_fastpath(self, mod)
   if not mod.fastpath or not self._mono or c.capacity > 1 or c.probe or self._park then return end
   local checkout, checkin, lua_acquire, lua_try = Pool.checkout, Pool.checkin, Pool.acquire, Pool.try_acquire
   local fp = mod.fastpath(self._e, self, {
-    kids = self._kids, clients = self._clients, co_rec = self._co_rec,
-    co_key = self._co_key, default = DEFAULT, hbase = self._hbase, hslots = HSLOTS,
+    kids = self._kids, clients = self._clients, default = DEFAULT, hbase = self._hbase, hslots = HSLOTS,
     validate = self._validate and true or false, checkout = checkout, checkin = checkin,
     checkout_from = checkout_from, checkin_rest = checkin_rest,
     held = self._held, lease_mt = self._lmt, pump = pump,
@@ -484,13 +484,13 @@ function M.install_fastpath(self, mod)
   else
     local ci = fp.checkin_parts
     self.checkin = function(s, h, reuse)
-      local done, rec, pending, l = ci(s, h, reuse)
+      local done, rec, pending, k = ci(s, h, reuse)
       if done then return end
       if done == nil then
         check_checkin_args(h, reuse)
         return checkin(s, h, reuse)
       end
-      checkin_rest(s, h, rec, s._clients[rec], reuse, pending, s._co_key[l + 1])
+      checkin_rest(s, h, rec, s._clients[rec], reuse, pending, k)
     end
   end
   if fp.direct then

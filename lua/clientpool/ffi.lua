@@ -229,6 +229,19 @@ function Engine:guarded(s)
   end
 end
 
+--- E:mark_checkout(lease, gen) -> true, or false for a stale handle: the
+-- lease is a checkout's (clientpool_lease_checkout)
+function Engine:mark_checkout(lease, gen)
+  return C.clientpool_lease_checkout(self.p, lease, gen) == 0
+end
+
+--- E:checkout_record(lease, gen) -> record, key of a lease a checkout holds,
+-- or nothing (stale, or a lease of the acquire form)
+function Engine:checkout_record(lease, gen)
+  local rec = C.clientpool_checkout_record(self.p, lease, gen, key_out)
+  if rec >= 0 then return rec, key_out[0] end
+end
+
 -- status, record, lease, gen, validate, idle, pending [, sentinel]
 local function grant_results(self, st, p, g, sentinel)
   if sentinel and (st == GRANT_IDLE or st == GRANT_CREATE) then

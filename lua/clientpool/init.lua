@@ -111,7 +111,6 @@ function _M.new(opts)
     _scratch = {}, _drain_hs = nil,         -- stats' scratch table; drain: drain() waiters
     _pgen = {}, _pgen_next = 0,             -- admission: pause generations
     _adopted = setmetatable({}, WEAK_KEYS), -- acquire: try_acquire's adopted coroutines
-    _co_rec = {}, _co_key = {},   -- checkouts: lease slot + 1 -> record, key name
     _create_err = {},             -- key name -> the error of its last failed create (BACKOFF)
     _timeouts = 0, _ktimeouts = {},   -- stats: timeouts the driver decided (deadlines over hooks), by key
     _dq = {}, _dqh = 1, _dqt = 0, -- events: destroys queued until the pump is done (rec, client, name, reason)

@@ -22,8 +22,9 @@ local M = {}
 -- leak_threshold, if a lease or a checkout holds it; false if none does.
 local function report_held(self, l, g, since)
   local lease = self._held[l]
-  local _, lg, k
+  local _, lg, k, crec
   if lease then _, lg, _, k = slot_of(self, lease) end
+  if not (lease and lg == g) then crec, k = self._e:checkout_record(l, g) end
   if lease and lg == g then
     local name = self._knames[k]
     -- (no traceback for a lease taken before configure() set leak_threshold)
@@ -36,10 +37,10 @@ local function report_held(self, l, g, since)
         name, info.held, tostring(lease._where)))
     end
     return true
-  elseif self._co_rec[l + 1] ~= nil then
+  elseif crec ~= nil then
     -- a checkout (no lease object, no traceback; _held may still name the
     -- slot's last lease, released: the C fast release leaves its entry)
-    local name = self._co_key[l + 1]
+    local name = self._knames[k]
     local info = { leaked = false, held = clock(self) - since, where = "checkout" }
     if self._on.leak then
       emit(self, "leak", hook_key(name), info)

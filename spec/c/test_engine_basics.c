@@ -211,6 +211,36 @@ static void t_reuse_lifo(void) {
   CHECK(pstats(p).reused == 3);
 }
 
+/* A lease marked a checkout's (the driver's checkout form) is the only kind
+ * clientpool_checkout_record answers for; the mark ends with the lease, and
+ * the slot's next lease starts unmarked. */
+static void t_checkout_mark(void) {
+  clientpool_config_t c = cfg_base();
+  clientpool_t *p = POOL(c);
+  int32_t k = PKEY(p), lk = -7;
+  hold_t a, b;
+
+  a = NEW_LEASE(p, k, 0);
+  CHECK_EQ(clientpool_checkout_record(p, a.lease, a.gen, &lk), -1);        /* the acquire form */
+  CHECK_EQ(lk, -7);
+  CHECK_EQ(clientpool_lease_checkout(p, a.lease, a.gen + 1), -1);          /* stale */
+  CHECK_EQ(clientpool_lease_checkout(p, -1, a.gen), -1);
+  CHECK_EQ(clientpool_lease_checkout(p, 1 << 30, a.gen), -1);
+  CHECK_EQ(clientpool_checkout_record(p, a.lease, a.gen, &lk), -1);
+  CHECK_EQ(clientpool_lease_checkout(p, a.lease, a.gen), 0);
+  CHECK_EQ(clientpool_checkout_record(p, a.lease, a.gen, &lk), a.record);
+  CHECK_EQ(lk, k);
+  CHECK_EQ(clientpool_checkout_record(p, a.lease, a.gen + 1, &lk), -1);    /* another generation */
+  CHECK_EQ(clientpool_checkout_record(p, -1, a.gen, &lk), -1);
+  CHECK_EQ(clientpool_checkout_record(p, 1 << 30, a.gen, &lk), -1);
+  RELEASE(p, a, 1);
+  CHECK_EQ(clientpool_checkout_record(p, a.lease, a.gen, &lk), -1);        /* released */
+  b = REUSE(p, k, 2, NULL);
+  CHECK_EQ(b.lease, a.lease);                                              /* the slot again */
+  CHECK_EQ(clientpool_checkout_record(p, b.lease, b.gen, &lk), -1);        /* unmarked */
+  RELEASE(p, b, 3);
+}
+
 static void t_validate_after_idle(void) {
   clientpool_config_t c = cfg_base();
   clientpool_grant_t g;
@@ -545,6 +575,7 @@ const test_t tests_basics[] = {
   T(t_create_failure_hands_capacity_to_waiter),
   /* 3 reuse */
   T(t_reuse_lifo),
+  T(t_checkout_mark),
   T(t_validate_after_idle),
   /* 4 idle timeout */
   T(t_idle_timeout_at_acquire),
