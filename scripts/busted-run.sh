@@ -59,10 +59,17 @@ if [ "$nspec" -eq 0 ]; then
 fi
 
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-# -o plainTerminal: a stable summary line without colours whatever .busted says.
+crumb=$(mktemp)
+trap 'rm -f "$out" "$crumb"' EXIT
+here=$(cd "$(dirname "$0")" && pwd)
+# A crash leaves a core file here (where the kernel's core_pattern is a
+# plain name) for the backtrace printed below.
+ulimit -c unlimited 2>/dev/null || true
+started=$(date +%s)
+# -o busted_crumbs.lua: plainTerminal's output (a stable summary line without
+# colours whatever .busted says), and the test under way kept in $crumb.
 # shellcheck disable=SC2086
-${BUSTED_PREFIX:-} "$lua" "$busted" -o plainTerminal "$@" 2>&1 | tee "$out"
+BUSTED_CRUMB=$crumb ${BUSTED_PREFIX:-} "$lua" "$busted" -o "$here/busted_crumbs.lua" "$@" 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 [ -z "${BUSTED_LOG:-}" ] || cp "$out" "$BUSTED_LOG"
 
@@ -72,6 +79,15 @@ summary=$(sed -E 's/\x1b\[[0-9;]*m//g' "$out" |
 
 if [ -z "$summary" ]; then
   echo "$label: no summary line from busted (exit status $rc): crashed, failed to start, or a sanitizer ended it"
+  [ ! -s "$crumb" ] || echo "$label: it ended during: $(cat "$crumb")"
+  # the interpreter's backtrace, when it dumped a core here and gdb is installed
+  core=$(find . -maxdepth 1 -name 'core*' -type f -newermt "@$started" 2>/dev/null | head -n 1)
+  if [ -n "$core" ]; then
+    if command -v gdb >/dev/null; then
+      gdb -batch -q -ex 'bt 40' "$(command -v "$lua" || echo "$lua")" "$core" 2>&1 | tail -n 45
+    fi
+    rm -f "$core"
+  fi
   echo "0 passed, 1 failed"
   exit 1
 fi
