@@ -219,7 +219,7 @@ static int fast_checkout(lua_State *L) {
   if (fast < 0) return 0;
   if (fast) {
     /* the engine marks the lease a checkout's (checkin's test): where two
-     * tables by lease slot, the record and the name, cost a third of a
+     * tables by lease slot, the record and the name, cost a fifth of a
      * lua5.4 pair (issue 17) */
     clientpool_lease_checkout(p, g.lease, g.lease_gen);
     lua_rawgeti(L, FP(CLIENTS), g.record);

@@ -173,6 +173,38 @@ for _, S in ipairs(H.schedulers { hosts = true }) do
         end)
       end)
 
+      -- The engine's events carry a lease's generation (a uint32) in an
+      -- int32 field: past 2^31 reuses of a slot (hours of a busy worker on
+      -- slot 0) it arrives negative. Fed what the engine would send for
+      -- this lease's generation + 2^32 (the same uint32), the report must
+      -- still find the lease, and the checkout.
+      it("leak_threshold reports leases whose generation passed 2^31 (the event's int32)", function()
+        run(function(sched)
+          local pool = mkpool(sched, { leak_threshold = T(1000) })
+          local got = {}
+          pool:on("leak", function(key, info) got[#got + 1] = { key = key, info = info } end)
+          local lease = assert(pool:acquire("k"))
+          local base = require "clientpool.base"
+          local l, g, _, k = base.slot_of(pool, lease)
+          local on_leak = require("clientpool.events").on[base.core.EV_LEAK]
+          on_leak(pool, nil, l, g - 2 ^ 32, k, sched.now())
+          assert.equal(1, #got)
+          assert.equal(lease, got[1].info.lease)
+          local _, h = pool:checkout("c")
+          assert(h)
+          local cl = h % 2097152                            -- (checkout.lua's handle layout)
+          local cg = ((h - cl) / 2097152 - pool._hbase) % 2 ^ 32
+          local _, ck = pool._e:checkout_record(cl, cg)
+          on_leak(pool, nil, cl, cg - 2 ^ 32, ck, sched.now())
+          assert.equal(2, #got)
+          assert.equal("c", got[2].key)
+          assert.equal("checkout", got[2].info.where)
+          pool:checkin(h)
+          lease:release()
+          assert.is_nil(pool._early_leaks and next(pool._early_leaks))
+        end)
+      end)
+
       it("leak_threshold reports a lease or checkout whose validate or create outlasted it, once it is held", function()
         run(function(sched)
           local pool = mkpool(sched, {

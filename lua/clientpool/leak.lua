@@ -63,6 +63,10 @@ local function report_early(self, l, g)
 end
 
 events.on[base.core.EV_LEAK] = function(self, _, a, b, c, tt)
+  -- b: the lease's generation, a uint32 the event carries as an int32
+  -- (negative past 2^31 reuses of the slot); grants and E:guarded give it
+  -- unsigned
+  b = b % 4294967296
   if a < 0 then
     -- a lease collected while held (one report per lease; its client is
     -- destroyed when its last lease ends)
