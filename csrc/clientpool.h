@@ -118,7 +118,9 @@ enum {
  * that its destroy hook returned or failed: EV_DESTROY starts a destroy
  * (the record is `closing`), it does not free anything.  Waiters are served
  * from that capacity only then.  A driver without a destroy hook calls
- * clientpool_destroyed at once when it reads EV_DESTROY. */
+ * clientpool_destroyed at once when it reads EV_DESTROY.  A generation in
+ * an event (EV_WAKE's and EV_LEAK's b) is the uint32 cast to the int32
+ * field: negative past 2^31 reuses of the slot, so compare it modulo 2^32. */
 enum {
   CLIENTPOOL_EV_NONE = 0,
   CLIENTPOOL_EV_WAKE = 1,      /* a = waiter slot, b = its gen: it has a result */

@@ -42,6 +42,43 @@ describe("clientpool.events", function()
     events.pump(pool)              -- nothing queued: a no-op
   end)
 
+  -- The engine's events carry a waiter's generation (a uint32) in an int32
+  -- field: past 2^31 waits on a slot (hours of a busy pool on slot 0) it
+  -- arrives negative, and a wake that did not match the waiter's
+  -- generation was dropped: the waiter slept until its timeout. Here every
+  -- wake is handed over as the engine would send generation + 2^32 (the
+  -- same uint32).
+  it("a wake whose generation passed 2^31 (the event's int32) still wakes its waiter", function()
+    local sched = Loop.new { clock = "virtual" }
+    local pool = clientpool.new { create = function() return {} end, max_live = 1, acquire_timeout = 10,
+                                  scheduler = sched }
+    local wake = events.on[core.EV_WAKE]
+    events.on[core.EV_WAKE] = function(self, e, a, b, ...)
+      if b >= 0 and b < 2 ^ 31 then b = b - 2 ^ 32 end
+      return wake(self, e, a, b, ...)
+    end
+    local got, waited
+    local ok, err = pcall(function()
+      local held = assert(pool:acquire())
+      sched.spawn(function()
+        local t0 = sched.now()
+        local lease, e2 = pool:acquire()
+        got, waited = lease or e2, sched.now() - t0
+        if lease then lease:release() end
+      end)
+      sched.spawn(function()
+        sched.sleep(1)
+        held:release()
+      end)
+      sched.run()
+    end)
+    events.on[core.EV_WAKE] = wake
+    assert(ok, err)
+    assert.is_table(got)
+    assert.equal(1, waited)
+    assert.equal(0, pool:stats().timeouts)
+  end)
+
   it("the pool's timer retires an idle client at idle_timeout, with no acquire to look", function()
     local sched = Loop.new { clock = "virtual" }
     local pool = clientpool.new { create = function() return {} end, max_live = 1, idle_timeout = 2,

@@ -269,6 +269,9 @@ M.wake_drainers = wake_drainers
 -- and destroyed records. A handler returns true when it called the engine
 -- not at all (so queued nothing): see pump.
 ON[EV_WAKE] = function(self, e, a, b)
+  -- b: the waiter's generation, a uint32 the event carries as an int32
+  -- (negative past 2^31 waits on the slot); E:wait gave it unsigned
+  b = b % 4294967296
   local h = self._waiters[a]
   if h ~= nil and self._wgen[a] == b then
     if self._sched.wake(h, give_back, self, a, b) then return true end
