@@ -12,7 +12,15 @@ local error, pcall, tostring, assert = error, pcall, tostring, assert
 
 local _M = {}
 
-local lib                              -- clientpool.core's shared object, loaded once
+-- clientpool.core's shared object, loaded once per process and anchored in
+-- the registry: a module-level local went with this module when the
+-- modules were unloaded (busted does between spec files; a host reloading
+-- code may), the collector then closed the library (dlclose), and a handle
+-- that outlived the modules called into unmapped code (the fleet handle's
+-- finalizer is a function pointer into it).
+local ANCHOR = "clientpool.ffibase: the C library"
+local registry = debug and debug.getregistry and debug.getregistry() or {}
+local lib = registry[ANCHOR]
 
 --- library(who, probe, cdef): the C library, with the header whose C type
 -- probe names declared (module cdef's text) if it is not yet; who names
@@ -21,6 +29,7 @@ function _M.library(who, probe, cdef)
   if lib == nil then
     lib = ffi.load(assert(package.searchpath("clientpool.core", package.cpath),
                           who .. ": clientpool.core (the C module) not found on package.cpath"))
+    registry[ANCHOR] = lib
   end
   -- a second cdef of the same struct would raise "attempt to redefine"
   if not pcall(ffi.typeof, probe) then ffi.cdef(require(cdef)) end
