@@ -22,9 +22,8 @@ local M = {}
 -- leak_threshold, if a lease or a checkout holds it; false if none does.
 local function report_held(self, l, g, since)
   local lease = self._held[l]
-  local _, lg, k, crec
+  local _, lg, k
   if lease then _, lg, _, k = slot_of(self, lease) end
-  if not (lease and lg == g) then crec, k = self._e:checkout_record(l, g) end
   if lease and lg == g then
     local name = self._knames[k]
     -- (no traceback for a lease taken before configure() set leak_threshold)
@@ -37,9 +36,12 @@ local function report_held(self, l, g, since)
         name, info.held, tostring(lease._where)))
     end
     return true
-  elseif crec ~= nil then
-    -- a checkout (no lease object, no traceback; _held may still name the
-    -- slot's last lease, released: the C fast release leaves its entry)
+  end
+  -- a checkout (no lease object, no traceback; _held may still name the
+  -- slot's last lease, released: the C fast release leaves its entry)
+  local rec
+  rec, k = self._e:checkout_record(l, g)
+  if rec ~= nil then
     local name = self._knames[k]
     local info = { leaked = false, held = clock(self) - since, where = "checkout" }
     if self._on.leak then
